@@ -1,0 +1,27 @@
+"""Errors raised by ensemble_core: each says what was wrong and how to fix it.
+
+Every error derives from :class:`EnsembleError`, so the CLI can turn any of them into a
+one-line message and exit code 2 before anything is computed or written.
+"""
+
+from __future__ import annotations
+
+
+class EnsembleError(Exception):
+    """Base class of every error the project raises on purpose."""
+
+
+class ConfigError(EnsembleError, ValueError):
+    """A configuration value is missing, unknown or out of range."""
+
+
+class DataError(EnsembleError):
+    """A dataset cannot be found, prepared or read."""
+
+
+class MeshError(EnsembleError, ValueError):
+    """The requested device mesh cannot be built on the devices present."""
+
+
+class CheckpointError(EnsembleError):
+    """A checkpoint cannot be written or restored (or does not fit the config)."""

@@ -1,0 +1,65 @@
+"""Struct-of-arrays evaluation: all members over the test set, no Python loop over members."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from ensemble_core.data import to_float
+from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS
+from ensemble_core.train import map_members
+
+
+def make_predict(model: nn.Module, mesh: Mesh, strategy: str = "vmap"):
+    """Build ``predict(params, images) -> member_probs``.
+
+    ``params`` leaves ``[E, ...]`` sharded over ``'ensemble'``; ``images`` uint8
+    ``[B, H, W, C]`` sharded over ``'data'`` (every member sees the same batch, the
+    HOWTO's ``in_axes=(0, None)``). Returns float32 ``[E, B, C]`` softmax probabilities.
+    """
+
+    def member(params, images):
+        return jax.nn.softmax(model.apply({"params": params}, to_float(images)), axis=-1)
+
+    def local(params, images):
+        return map_members(lambda p: member(p, images), strategy)(params)
+
+    return jax.jit(
+        jax.shard_map(
+            local,
+            mesh=mesh,
+            in_specs=(P(ENSEMBLE_AXIS), P(DATA_AXIS)),
+            out_specs=P(ENSEMBLE_AXIS, DATA_AXIS),
+        )
+    )
+
+
+def member_probs(
+    predict, params: Any, images: np.ndarray, mesh: Mesh, batch_size: int
+) -> np.ndarray:
+    """Every member's probabilities on ``images`` (uint8 ``[N, H, W, C]``), in chunks.
+
+    The last chunk is padded to the chunk size (so one compiled program serves all
+    chunks) and the padding is cut off.
+
+    Returns:
+      float32 ``[E, N, C]`` on the host.
+    """
+    n = len(images)
+    data = mesh.shape[DATA_AXIS]
+    chunk = -(-min(batch_size, n) // data) * data
+    sharding = NamedSharding(mesh, P(DATA_AXIS))
+    out = []
+    for start in range(0, n, chunk):
+        part = images[start : start + chunk]
+        pad = chunk - len(part)
+        if pad:
+            part = np.concatenate([part, np.zeros((pad, *part.shape[1:]), part.dtype)])
+        probs = predict(params, jax.device_put(part, sharding))
+        out.append(probs[:, : chunk - pad] if pad else probs)
+    return np.asarray(jnp.concatenate(out, axis=1), dtype=np.float32)

@@ -1,0 +1,99 @@
+"""The device mesh ``('ensemble', 'data')`` and how members and batches lie on it.
+
+The HOWTO pins one member per device with ``jax.pmap`` (so E must equal the device
+count). Here the member axis of every state leaf is sharded over mesh axis ``'ensemble'``
+and each batch over ``'data'``; any E runs on any number of devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from ensemble_core.errors import MeshError
+
+ENSEMBLE_AXIS = "ensemble"
+DATA_AXIS = "data"
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshPlan:
+    """Axis sizes and the (possibly padded) number of members actually trained."""
+
+    ensemble: int
+    data: int
+    num_members: int  # E asked for
+    padded_members: int  # E rounded up to a multiple of `ensemble`
+
+    @property
+    def members_per_device(self) -> int:
+        return self.padded_members // self.ensemble
+
+
+def plan_mesh(
+    num_members: int,
+    num_devices: int,
+    data: int = 1,
+    ensemble: int | None = None,
+    pad: bool = False,
+    batch_size: int | None = None,
+) -> MeshPlan:
+    """Choose mesh axis sizes.
+
+    With ``ensemble=None`` the ensemble axis is the largest divisor of E that fits in
+    ``num_devices // data``, so no padding is ever needed.
+
+    Raises:
+      MeshError: ``data`` does not divide the devices, the axes need more devices than
+        exist, E does not divide over an explicit ensemble axis (and ``pad`` is off), or
+        the batch does not divide over the data axis.
+    """
+    if num_devices % data:
+        raise MeshError(
+            f"mesh.data={data} does not divide the {num_devices} devices; fix: set mesh.data "
+            f"to a divisor of {num_devices}"
+        )
+    room = num_devices // data
+    if ensemble is None:
+        ensemble = max(d for d in range(1, min(room, num_members) + 1) if num_members % d == 0)
+    if ensemble * data > num_devices:
+        raise MeshError(
+            f"mesh.ensemble={ensemble} x mesh.data={data} needs {ensemble * data} devices but "
+            f"only {num_devices} exist; fix: lower them or set XLA_FLAGS="
+            f"--xla_force_host_platform_device_count={ensemble * data} on CPU"
+        )
+    padded = -(-num_members // ensemble) * ensemble
+    if padded != num_members and not pad:
+        raise MeshError(
+            f"ensemble.size={num_members} does not split evenly over mesh.ensemble={ensemble}; "
+            f"fix: choose a size divisible by {ensemble}, leave mesh.ensemble unset, or set "
+            f"ensemble.pad=true to train {padded - num_members} extra member(s)"
+        )
+    if batch_size is not None and batch_size % data:
+        raise MeshError(
+            f"train.batch_size={batch_size} does not split over mesh.data={data}; fix: use a "
+            f"multiple of {data}"
+        )
+    return MeshPlan(ensemble=ensemble, data=data, num_members=num_members, padded_members=padded)
+
+
+def make_mesh(plan: MeshPlan, devices=None) -> Mesh:
+    """A ``Mesh`` of shape ``(plan.ensemble, plan.data)`` over the first devices."""
+    devices = list(devices if devices is not None else jax.devices())[: plan.ensemble * plan.data]
+    return jax.make_mesh(
+        (plan.ensemble, plan.data),
+        (ENSEMBLE_AXIS, DATA_AXIS),
+        axis_types=(jax.sharding.AxisType.Auto,) * 2,
+        devices=devices,
+    )
+
+
+def member_sharding(mesh: Mesh) -> NamedSharding:
+    """Leading (member) axis over ``'ensemble'``, the rest replicated."""
+    return NamedSharding(mesh, P(ENSEMBLE_AXIS))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())

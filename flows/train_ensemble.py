@@ -1,0 +1,136 @@
+"""The training pipeline flow and its command line.
+
+    python -m flows.train_ensemble [--config FILE] [--set dotted.key=value ...]
+                                   [--output-dir DIR] [--run-name NAME]
+
+prepare_dataset -> split_rngs -> train_ensemble (orbax checkpoints) -> evaluate -> report.
+The last line printed is the run directory ``DIR/NAME``. Bad input exits with code 2 and
+a one-line message before anything is computed or written.
+"""
+
+from __future__ import annotations
+
+from flows import _env  # noqa: F401,I001  (must precede every JAX import)
+
+import argparse
+import datetime as dt
+import os
+import sys
+from pathlib import Path
+
+from prefect import flow
+from prefect.runtime import flow_run
+
+from ensemble_core import pipeline
+from ensemble_core.config import (
+    CheckpointConfig,
+    DataConfig,
+    EnsembleConfig,
+    EvalConfig,
+    MeshConfig,
+    ModelConfig,
+    PipelineConfig,
+    TrainConfig,
+    load_config,
+)
+from ensemble_core.errors import ConfigError, EnsembleError
+from tasks.evaluate import evaluate
+from tasks.prepare_dataset import prepare_dataset
+from tasks.report import report
+from tasks.split_rngs import split_rngs
+from tasks.train_ensemble import train_ensemble as train_task
+
+DEFAULT_OUTPUT_DIR = "runs"
+
+
+def default_run_name() -> str:
+    """``YYYYmmdd-HHMMSS[-<flow run name>]``: unique per run, sortable by time."""
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = flow_run.get_name()
+    return f"{stamp}-{name}" if name else stamp
+
+
+def check_output_dir(output_dir: str | Path) -> Path:
+    """Create ``output_dir`` if needed and make sure it is writable.
+
+    Raises:
+      ConfigError: it cannot be created or written.
+    """
+    out = Path(output_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"cannot create output directory '{out}': {err.strerror}; fix: pass a writable --output-dir") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(f"output directory '{out}' is not writable; fix: pass a writable --output-dir")
+    return out
+
+
+@flow(name="train-ensemble", log_prints=True)
+def train_ensemble(
+    seed: int = 0,
+    data: DataConfig = DataConfig(),
+    model: ModelConfig = ModelConfig(),
+    ensemble: EnsembleConfig = EnsembleConfig(),
+    train: TrainConfig = TrainConfig(),
+    mesh: MeshConfig = MeshConfig(),
+    checkpoint: CheckpointConfig = CheckpointConfig(),
+    eval: EvalConfig = EvalConfig(),  # noqa: A002  (the config section's name)
+    output_dir: str = DEFAULT_OUTPUT_DIR,
+    run_name: str | None = None,
+) -> str:
+    """Train, checkpoint, evaluate and report a deep ensemble; returns the run directory.
+
+    Every parameter but ``output_dir``/``run_name`` is a section of
+    :class:`ensemble_core.config.PipelineConfig`; re-using a run name resumes that run.
+    """
+    config = PipelineConfig(
+        seed=seed, data=data, model=model, ensemble=ensemble, train=train, mesh=mesh,
+        checkpoint=checkpoint, eval=eval,
+    )
+    mesh_plan = pipeline.plan(config)  # MeshError before any compute
+    run_name = run_name or default_run_name()
+    run_dir = check_output_dir(output_dir) / run_name
+    dataset = prepare_dataset(config.data)
+    keys = split_rngs(config, mesh_plan.padded_members)
+    summary = train_task(config, dataset, keys, str(run_dir))
+    evaluation = evaluate(config, dataset, str(run_dir))
+    report(run_name, config.model_dump(mode="json"), summary, evaluation, str(run_dir))
+    return str(run_dir)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m flows.train_ensemble", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", help="YAML config file (default: the built-in defaults = configs/default.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config key, e.g. --set ensemble.size=4 (repeatable)")
+    parser.add_argument("--output-dir", default=DEFAULT_OUTPUT_DIR, help="parent of run directories (default: runs)")
+    parser.add_argument("--run-name", help="run directory name; an existing run resumes (default: a timestamp)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config = load_config(args.config, args.overrides)
+        pipeline.plan(config)
+        check_output_dir(args.output_dir)
+    except EnsembleError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    run_name = args.run_name or dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    try:
+        run_dir = train_ensemble(
+            **{name: getattr(config, name) for name in PipelineConfig.model_fields},
+            output_dir=args.output_dir,
+            run_name=run_name,
+        )
+    except EnsembleError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(run_dir, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

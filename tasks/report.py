@@ -1,0 +1,30 @@
+"""Prefect task: report.json, report.md, plots, and markdown/table artifacts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from ensemble_core import pipeline
+from ensemble_core import report as report_lib
+
+REPORT_KEY = "ensemble-report"
+MEMBERS_KEY = "ensemble-members"
+
+
+@task(name="report")
+def report(run_name: str, config: dict, train_summary: dict, evaluation: dict, run_dir: str) -> str:
+    """Write the report files and publish them as artifacts; returns report.json's path."""
+    rep = pipeline.write_report(run_name, config, train_summary, evaluation, Path(run_dir))
+    create_markdown_artifact(
+        markdown=report_lib.render_markdown(rep, plots=False),
+        key=REPORT_KEY,
+        description=f"Ensemble report of run {run_name}",
+    )
+    create_table_artifact(
+        table=report_lib.member_table(rep), key=MEMBERS_KEY, description="Per-member vs ensemble test metrics"
+    )
+    get_run_logger().info("report written to %s", Path(run_dir) / "report.json")
+    return str(Path(run_dir) / "report.json")
