@@ -44,9 +44,7 @@ class DataConfig(_Section):
     max_train_examples: int | None = Field(
         None, ge=1, description="Use only the first N training examples (None: all)."
     )
-    max_test_examples: int | None = Field(
-        None, ge=1, description="Use only the first N test examples (None: all)."
-    )
+    max_test_examples: int | None = Field(None, ge=1, description="Use only the first N test examples (None: all).")
 
 
 class ModelConfig(_Section):
@@ -89,14 +87,11 @@ class TrainConfig(_Section):
 class MeshConfig(_Section):
     """The device mesh, axes ('ensemble', 'data')."""
 
-    data: int = Field(
-        1, ge=1, description="Devices that split each batch (gradients averaged)."
-    )
+    data: int = Field(1, ge=1, description="Devices that split each batch (gradients averaged).")
     ensemble: int | None = Field(
         None,
         ge=1,
-        description="Devices that split the members. None: the largest divisor of E "
-        "that fits in devices // data.",
+        description="Devices that split the members. None: the largest divisor of E that fits in devices // data.",
     )
 
 
@@ -140,10 +135,7 @@ def _describe(err: ValidationError) -> str:
                 f"(known keys are listed in configs/default.yaml)"
             )
         else:
-            parts.append(
-                f"config key '{key}': {e['msg']} (got {e.get('input')!r}); "
-                f"fix: set a valid '{key}'"
-            )
+            parts.append(f"config key '{key}': {e['msg']} (got {e.get('input')!r}); fix: set a valid '{key}'")
     return "; ".join(parts)
 
 
@@ -161,9 +153,7 @@ def validate(raw: dict[str, Any]) -> PipelineConfig:
 
 def _set_dotted(raw: dict[str, Any], assignment: str) -> None:
     if "=" not in assignment:
-        raise ConfigError(
-            f"override '{assignment}' has no '='; fix: write it as dotted.key=value"
-        )
+        raise ConfigError(f"override '{assignment}' has no '='; fix: write it as dotted.key=value")
     key, text = assignment.split("=", 1)
     parts = key.strip().split(".")
     if not all(parts):
@@ -198,15 +188,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             text = p.read_text()
         except OSError as err:
             raise ConfigError(
-                f"cannot read config file '{p}': {err.strerror}; fix: pass an existing "
-                f"readable YAML file to --config"
+                f"cannot read config file '{p}': {err.strerror}; fix: pass an existing readable YAML file to --config"
             ) from None
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as err:
             raise ConfigError(
-                f"config file '{p}' is not valid YAML ({str(err).splitlines()[0]}); "
-                f"fix: correct the syntax"
+                f"config file '{p}' is not valid YAML ({str(err).splitlines()[0]}); fix: correct the syntax"
             ) from None
         if loaded is None:
             loaded = {}

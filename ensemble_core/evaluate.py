@@ -8,7 +8,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from ensemble_core.data import to_float
 from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS
@@ -39,9 +40,7 @@ def make_predict(model: nn.Module, mesh: Mesh, strategy: str = "vmap"):
     )
 
 
-def member_probs(
-    predict, params: Any, images: np.ndarray, mesh: Mesh, batch_size: int
-) -> np.ndarray:
+def member_probs(predict, params: Any, images: np.ndarray, mesh: Mesh, batch_size: int) -> np.ndarray:
     """Every member's probabilities on ``images`` (uint8 ``[N, H, W, C]``), in chunks.
 
     The last chunk is padded to the chunk size (so one compiled program serves all

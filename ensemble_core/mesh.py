@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from ensemble_core.errors import MeshError
 
@@ -73,8 +74,7 @@ def plan_mesh(
         )
     if batch_size is not None and batch_size % data:
         raise MeshError(
-            f"train.batch_size={batch_size} does not split over mesh.data={data}; fix: use a "
-            f"multiple of {data}"
+            f"train.batch_size={batch_size} does not split over mesh.data={data}; fix: use a multiple of {data}"
         )
     return MeshPlan(ensemble=ensemble, data=data, num_members=num_members, padded_members=padded)
 

@@ -49,13 +49,8 @@ def ece(probs: np.ndarray, labels: np.ndarray, num_bins: int = 15) -> float:
     """
     curve = reliability_curve(probs, labels, num_bins)
     n = len(labels)
-    return float(
-        sum(
-            c / n * abs(a - f)
-            for c, a, f in zip(curve["count"], curve["accuracy"], curve["confidence"])
-            if c
-        )
-    )
+    bins = zip(curve["count"], curve["accuracy"], curve["confidence"], strict=True)
+    return float(sum(c / n * abs(a - f) for c, a, f in bins if c))
 
 
 def entropy(probs: np.ndarray) -> np.ndarray:

@@ -61,8 +61,10 @@ def check_against_dataset(cfg: PipelineConfig, dataset: dict) -> None:
     Raises:
       ConfigError: the batch is larger than the training split.
     """
-    n = dataset["num_train"] if cfg.data.max_train_examples is None else min(
-        dataset["num_train"], cfg.data.max_train_examples
+    n = (
+        dataset["num_train"]
+        if cfg.data.max_train_examples is None
+        else min(dataset["num_train"], cfg.data.max_train_examples)
     )
     if cfg.train.batch_size > n:
         raise ConfigError(
@@ -215,9 +217,7 @@ def train_ensemble(
     }
 
 
-def evaluate(
-    cfg: PipelineConfig, dataset: dict, run_dir: str | Path, *, strategy: str | None = None
-) -> dict:
+def evaluate(cfg: PipelineConfig, dataset: dict, run_dir: str | Path, *, strategy: str | None = None) -> dict:
     """Restore the latest checkpoint, predict the test split with every member, score it.
 
     Writes ``run_dir/predictions.npz``: ``member_probs`` float32 ``[E, N, C]`` (padding
@@ -231,9 +231,7 @@ def evaluate(
     strategy = strategy or default_strategy(jax.default_backend())
     tx = make_optimizer(cfg.train)
     keys = member_keys(cfg.seed, mesh_plan.padded_members)
-    target = jax.eval_shape(
-        lambda: init_ensemble(model, tx, keys["init"], tuple(dataset["image_shape"]), mesh)
-    )
+    target = jax.eval_shape(lambda: init_ensemble(model, tx, keys["init"], tuple(dataset["image_shape"]), mesh))
     with EnsembleCheckpointer(run_dir / CHECKPOINT_DIR, keep=cfg.checkpoint.keep) as ckpt:
         state, _ = ckpt.restore(_with_shardings(target, mesh))
     images, labels = _load(cfg, dataset, "test")
@@ -271,9 +269,7 @@ def write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def write_report(
-    run_name: str, config: dict, train_summary: dict, evaluation: dict, run_dir: str | Path
-) -> dict:
+def write_report(run_name: str, config: dict, train_summary: dict, evaluation: dict, run_dir: str | Path) -> dict:
     """Write ``report.json``, ``report.md`` and ``plots/*.png``; returns the report dict."""
     run_dir = Path(run_dir)
     rep = report_lib.build_report(run_name, config, train_summary, evaluation, run_dir)

@@ -15,9 +15,7 @@ from ensemble_core import metrics as metrics_lib  # noqa: E402
 SCORE_KEYS = ("accuracy", "nll", "brier", "ece")
 
 
-def build_report(
-    run_name: str, config: dict, train_summary: dict, evaluation: dict, run_dir: str | Path
-) -> dict:
+def build_report(run_name: str, config: dict, train_summary: dict, evaluation: dict, run_dir: str | Path) -> dict:
     """Assemble the ``report.json`` object (see the README for every key)."""
     timing = train_summary["timing"]
     return {
@@ -55,7 +53,9 @@ def _fmt(x: float) -> str:
 
 def member_table(report: dict) -> list[dict]:
     """One row per member plus the member mean and the ensemble (for tables/artifacts)."""
-    rows = [{"model": f"member {i}", **{k: round(m[k], 4) for k in SCORE_KEYS}} for i, m in enumerate(report["members"])]
+    rows = [
+        {"model": f"member {i}", **{k: round(m[k], 4) for k in SCORE_KEYS}} for i, m in enumerate(report["members"])
+    ]
     rows.append({"model": "member mean", **{k: round(report["member_mean"][k], 4) for k in SCORE_KEYS}})
     rows.append({"model": "ensemble", **{k: round(report["ensemble"][k], 4) for k in SCORE_KEYS}})
     return rows
@@ -120,8 +120,8 @@ def make_plots(report: dict, member_probs: np.ndarray, labels: np.ndarray, plots
         (f"best member {best} (ECE {report['members'][best]['ece']:.3f})", member_probs[best]),
     ):
         curve = metrics_lib.reliability_curve(probs, labels, bins)
-        xs = [c for c, n in zip(curve["confidence"], curve["count"]) if n]
-        ys = [a for a, n in zip(curve["accuracy"], curve["count"]) if n]
+        xs = [c for c, n in zip(curve["confidence"], curve["count"], strict=True) if n]
+        ys = [a for a, n in zip(curve["accuracy"], curve["count"], strict=True) if n]
         ax.plot(xs, ys, "o-", label=name)
     ax.set(xlabel="confidence (top label)", ylabel="accuracy", title="Reliability diagram", xlim=(0, 1), ylim=(0, 1))
     ax.legend(loc="upper left", fontsize=8)

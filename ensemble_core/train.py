@@ -3,10 +3,10 @@
 The ensemble state is one pytree whose leaves carry a leading member axis ``E``
 (``params``, ``opt_state``). The step is a ``jax.shard_map`` over the mesh
 ``('ensemble', 'data')``: each device holds ``E / ensemble`` members and ``B / data``
-examples of each member's batch; gradients are averaged over ``'data'`` with
-``lax.pmean`` (the data-parallel pattern). The training split lives on device (uint8,
-replicated), so a step only ships its ``[E, B]`` int32 indices: data loading never
-blocks the accelerator.
+examples of each member's batch; gradients are averaged over ``'data'`` (the
+data-parallel pattern: a psum of each shard's share of the batch-mean loss gradient).
+The training split lives on device (uint8, replicated), so a step only ships its
+``[E, B]`` int32 indices: data loading never blocks the accelerator.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax import lax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from jaxtyping import Array, Float, Int, UInt8
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from jaxtyping import Array, Int, UInt8
 
 from ensemble_core.config import TrainConfig
 from ensemble_core.data import to_float
@@ -127,9 +128,7 @@ def state_shardings(state: EnsembleState, mesh: Mesh) -> EnsembleState:
 # MARK: the step
 
 
-def make_train_step(
-    model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh, strategy: str = "vmap"
-) -> Callable:
+def make_train_step(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh, strategy: str = "vmap") -> Callable:
     """Build ``train_step(state, images, labels, indices) -> (state, metrics)``.
 
     Args of the returned (jitted, state-donating) function:
@@ -144,16 +143,24 @@ def make_train_step(
       mean softmax cross-entropy (nats) and accuracy on its batch, before the update.
     """
 
+    data_size = mesh.shape[DATA_AXIS]
+
     def member_update(params, opt_state, images, labels):
+        # Each data shard holds B / data examples; its share of the batch-mean loss is its
+        # sum over the global batch size. Params are invariant over 'data', so under
+        # shard_map's varying-manual-axes typing the gradient w.r.t. them is psum-ed over
+        # 'data' by JAX itself (the transpose of the implicit pvary): the sum of the
+        # shares' gradients is the gradient of the global batch mean.
+        global_batch = labels.shape[0] * data_size
+
         def loss_fn(p):
             logits = model.apply({"params": p}, to_float(images))
-            loss = optax.losses.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-            return loss, logits
+            losses = optax.losses.softmax_cross_entropy_with_integer_labels(logits, labels)
+            return losses.sum() / global_batch, logits
 
-        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-        grads = lax.pmean(grads, DATA_AXIS)
-        accuracy = jnp.mean(jnp.argmax(logits, -1) == labels)
-        loss, accuracy = lax.pmean((loss, accuracy), DATA_AXIS)
+        (share, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        correct = jnp.sum(jnp.argmax(logits, -1) == labels) / global_batch
+        loss, accuracy = lax.psum((share, correct), DATA_AXIS)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss, accuracy
 
@@ -289,5 +296,3 @@ def stacked(members: list[Any]) -> Any:
 def unstacked(tree: Any, i: int) -> Any:
     """Member ``i`` of a struct-of-arrays pytree."""
     return jax.tree.map(lambda x: x[i], tree)
-
-

@@ -10,8 +10,6 @@ a one-line message before anything is computed or written.
 
 from __future__ import annotations
 
-from flows import _env  # noqa: F401,I001  (must precede every JAX import)
-
 import argparse
 import datetime as dt
 import os
@@ -34,6 +32,7 @@ from ensemble_core.config import (
     load_config,
 )
 from ensemble_core.errors import ConfigError, EnsembleError
+from flows import _env  # noqa: F401,I001  (must precede every JAX import)
 from tasks.evaluate import evaluate
 from tasks.prepare_dataset import prepare_dataset
 from tasks.report import report
@@ -60,7 +59,9 @@ def check_output_dir(output_dir: str | Path) -> Path:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ConfigError(f"cannot create output directory '{out}': {err.strerror}; fix: pass a writable --output-dir") from None
+        raise ConfigError(
+            f"cannot create output directory '{out}': {err.strerror}; fix: pass a writable --output-dir"
+        ) from None
     if not os.access(out, os.W_OK | os.X_OK):
         raise ConfigError(f"output directory '{out}' is not writable; fix: pass a writable --output-dir")
     return out
@@ -85,8 +86,14 @@ def train_ensemble(
     :class:`ensemble_core.config.PipelineConfig`; re-using a run name resumes that run.
     """
     config = PipelineConfig(
-        seed=seed, data=data, model=model, ensemble=ensemble, train=train, mesh=mesh,
-        checkpoint=checkpoint, eval=eval,
+        seed=seed,
+        data=data,
+        model=model,
+        ensemble=ensemble,
+        train=train,
+        mesh=mesh,
+        checkpoint=checkpoint,
+        eval=eval,
     )
     mesh_plan = pipeline.plan(config)  # MeshError before any compute
     run_name = run_name or default_run_name()
@@ -102,8 +109,14 @@ def train_ensemble(
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m flows.train_ensemble", description=__doc__.split("\n")[0])
     parser.add_argument("--config", help="YAML config file (default: the built-in defaults = configs/default.yaml)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config key, e.g. --set ensemble.size=4 (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key, e.g. --set ensemble.size=4 (repeatable)",
+    )
     parser.add_argument("--output-dir", default=DEFAULT_OUTPUT_DIR, help="parent of run directories (default: runs)")
     parser.add_argument("--run-name", help="run directory name; an existing run resumes (default: a timestamp)")
     return parser.parse_args(argv)

@@ -15,6 +15,13 @@ def evaluate(config: PipelineConfig, dataset: dict, run_dir: str) -> dict:
     e, m = result["ensemble"], result["member_mean"]
     get_run_logger().info(
         "ensemble accuracy %.4f NLL %.4f Brier %.4f ECE %.4f (member mean: %.4f / %.4f / %.4f / %.4f)",
-        e["accuracy"], e["nll"], e["brier"], e["ece"], m["accuracy"], m["nll"], m["brier"], m["ece"],
+        e["accuracy"],
+        e["nll"],
+        e["brier"],
+        e["ece"],
+        m["accuracy"],
+        m["nll"],
+        m["brier"],
+        m["ece"],
     )
     return result

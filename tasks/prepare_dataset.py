@@ -15,7 +15,11 @@ def prepare_dataset(data: DataConfig) -> dict:
     info = pipeline.prepare_dataset(data)
     get_run_logger().info(
         "dataset %s: %d train / %d test, %d classes, images %s, in %s",
-        info["name"], info["num_train"], info["num_test"], info["num_classes"],
-        tuple(info["image_shape"]), info["data_dir"],
+        info["name"],
+        info["num_train"],
+        info["num_test"],
+        info["num_classes"],
+        tuple(info["image_shape"]),
+        info["data_dir"],
     )
     return info

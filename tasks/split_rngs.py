@@ -13,8 +13,12 @@ def split_rngs(config: PipelineConfig, num_members: int) -> dict[str, list[list[
     """Raw uint32 key data ``{purpose: [[k0, k1]] * E}`` for ``num_members`` members."""
     layout = pipeline.split_rngs(config, num_members)
     logger = get_run_logger()
-    logger.info("seed %d -> %d members x %s keys, member i = fold_in(fold_in(key(seed), purpose), i)",
-                config.seed, num_members, list(layout))
+    logger.info(
+        "seed %d -> %d members x %s keys, member i = fold_in(fold_in(key(seed), purpose), i)",
+        config.seed,
+        num_members,
+        list(layout),
+    )
     for i in range(num_members):
         logger.debug("member %d: %s", i, {p: v[i] for p, v in layout.items()})
     return layout

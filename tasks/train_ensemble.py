@@ -37,15 +37,14 @@ def train_ensemble(config: PipelineConfig, dataset: dict, keys: dict, run_dir: s
         bar.set_postfix(loss=f"{sum(record['train_loss']) / len(record['train_loss']):.4f}")
         logger.info(
             "epoch %d/%d train loss per member %s, accuracy %s",
-            record["epoch"], total,
+            record["epoch"],
+            total,
             [round(x, 4) for x in record["train_loss"]],
             [round(x, 4) for x in record["train_accuracy"]],
         )
 
     try:
-        summary = pipeline.train_ensemble(
-            config, dataset, keys, Path(run_dir), on_step=on_step, on_epoch=on_epoch
-        )
+        summary = pipeline.train_ensemble(config, dataset, keys, Path(run_dir), on_step=on_step, on_epoch=on_epoch)
     finally:
         bar.close()
     update_progress_artifact(artifact_id, progress=100.0)
@@ -53,7 +52,11 @@ def train_ensemble(config: PipelineConfig, dataset: dict, keys: dict, run_dir: s
         logger.info("resumed from the checkpoint of epoch %d", summary["resumed_from"])
     logger.info(
         "trained on %s (%d devices, mesh %s, strategy %s): compile %.2f s, train %.1f s",
-        summary["backend"], summary["devices"], summary["mesh"], summary["strategy"],
-        summary["timing"]["compile_seconds"], summary["timing"]["train_seconds"],
+        summary["backend"],
+        summary["devices"],
+        summary["mesh"],
+        summary["strategy"],
+        summary["timing"]["compile_seconds"],
+        summary["timing"]["train_seconds"],
     )
     return summary

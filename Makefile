@@ -1,0 +1,28 @@
+# Quick start:  make run   (set up the environment, train the default ensemble)
+#               make test  (run the test suite on 8 simulated CPU devices)
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup run test lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c requirements.lock -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m flows.train_ensemble $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

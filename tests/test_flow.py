@@ -1,0 +1,186 @@
+"""The Prefect flow end to end on a tiny config, under prefect_test_harness."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.stats
+from sklearn.metrics import accuracy_score, log_loss
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def prefect_server():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def _tiny(tfds_dir):
+    return ["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", f"data.data_dir={tfds_dir}"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(prefect_server, tfds_dir, tmp_path_factory):
+    from flows.train_ensemble import main
+
+    out = tmp_path_factory.mktemp("runs")
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main([*_tiny(tfds_dir), "--output-dir", str(out), "--run-name", "tiny"])
+    return rc, buf.getvalue(), out / "tiny"
+
+
+def test_cli_prints_run_dir_last(finished_run):
+    rc, stdout, run_dir = finished_run
+    assert rc == 0
+    assert stdout.strip().splitlines()[-1] == str(run_dir)
+    for name in (
+        "report.json",
+        "report.md",
+        "predictions.npz",
+        "plots/reliability.png",
+        "plots/members.png",
+        "plots/training_curves.png",
+    ):
+        assert (run_dir / name).is_file(), name
+    assert (run_dir / "checkpoints" / "2").is_dir()
+
+
+def test_report_matches_predictions_recomputed_independently(finished_run):
+    """report.json metrics vs. scikit-learn (accuracy, log loss), SciPy (entropy) and
+    plain loops (Brier, ECE, disagreement) on predictions.npz."""
+    _, _, run_dir = finished_run
+    report = json.loads((run_dir / "report.json").read_text())
+    with np.load(run_dir / "predictions.npz") as f:
+        member_probs, labels = f["member_probs"], f["labels"]
+    assert member_probs.dtype == np.float32 and member_probs.shape == (4, 200, 10)
+    assert np.issubdtype(labels.dtype, np.integer) and labels.shape == (200,)
+    ens = member_probs.astype(np.float64).mean(0)
+
+    def brier(p):
+        return np.mean([sum((p[i, c] - (c == labels[i])) ** 2 for c in range(10)) for i in range(len(labels))])
+
+    def ece(p, bins=15):
+        conf, pred = p.max(1), p.argmax(1)
+        total = 0.0
+        for b in range(bins):
+            sel = [i for i in range(len(labels)) if b / bins < conf[i] <= (b + 1) / bins]
+            if sel:
+                total += len(sel) / len(labels) * abs(np.mean(pred[sel] == labels[sel]) - np.mean(conf[sel]))
+        return total
+
+    members = list(zip(report["members"], member_probs.astype(np.float64), strict=True))
+    for got, p in [(report["ensemble"], ens), *members]:
+        assert got["accuracy"] == pytest.approx(accuracy_score(labels, p.argmax(1)))
+        assert got["nll"] == pytest.approx(log_loss(labels, p, labels=range(10)), rel=1e-6)
+        assert got["brier"] == pytest.approx(brier(p))
+        assert got["ece"] == pytest.approx(ece(p))
+    h = scipy.stats.entropy(ens, axis=1)
+    assert report["diversity"]["predictive_entropy"] == pytest.approx(h.mean())
+    member_h = np.mean([scipy.stats.entropy(p, axis=1) for p in member_probs.astype(np.float64)], axis=0)
+    assert report["diversity"]["mutual_information"] == pytest.approx((h - member_h).mean(), abs=1e-9)
+    preds = member_probs.argmax(2)
+    pairs = [np.mean(preds[i] != preds[j]) for i in range(4) for j in range(i + 1, 4)]
+    assert report["diversity"]["disagreement"] == pytest.approx(np.mean(pairs))
+
+
+def test_report_keys(finished_run):
+    _, _, run_dir = finished_run
+    r = json.loads((run_dir / "report.json").read_text())
+    for key in (
+        "run_name",
+        "config",
+        "backend",
+        "devices",
+        "mesh",
+        "ensemble",
+        "members",
+        "diversity",
+        "timing",
+        "checkpoint",
+    ):
+        assert key in r
+    assert r["run_name"] == "tiny" and r["backend"] == "cpu" and r["devices"] == 8
+    assert r["mesh"] == {"ensemble": 4, "data": 1}
+    assert r["config"]["ensemble"]["size"] == 4 and len(r["members"]) == 4
+    assert set(r["timing"]) >= {
+        "compile_seconds",
+        "train_seconds",
+        "train_member_images_per_s",
+        "eval_member_images_per_s",
+    }
+    assert r["timing"]["train_member_images_per_s"] > 0 and r["checkpoint"]["step"] == 2
+    assert len(r["history"]) == 2 and len(r["history"][0]["train_loss"]) == 4
+    assert "| ensemble |" in (run_dir / "report.md").read_text()
+
+
+def test_artifacts_and_task_runs(finished_run):
+    import asyncio
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    async def read():
+        async with get_client() as client:
+            arts = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["ensemble-report", "ensemble-members"]))
+            )
+            runs = await client.read_task_runs()
+            return arts, runs
+
+    arts, runs = asyncio.run(read())
+    assert {a.key for a in arts} == {"ensemble-report", "ensemble-members"}
+    report_md = next(a for a in arts if a.key == "ensemble-report").data
+    assert "Ensemble report: tiny" in report_md
+    names = {r.name.rsplit("-", 1)[0] for r in runs if r.state and r.state.is_completed()}
+    assert {"prepare_dataset", "split_rngs", "train_ensemble", "evaluate", "report"} <= names
+
+
+def test_rerun_same_name_resumes_without_training(finished_run, tfds_dir):
+    from flows.train_ensemble import main
+
+    _, _, run_dir = finished_run
+    before = (run_dir / "predictions.npz").read_bytes()
+    assert main([*_tiny(tfds_dir), "--output-dir", str(run_dir.parent), "--run-name", "tiny"]) == 0
+    r = json.loads((run_dir / "report.json").read_text())
+    assert r["resumed_from_epoch"] == 2 and r["timing"]["train_seconds"] == 0
+    with np.load(run_dir / "predictions.npz") as a:
+        import io
+
+        with np.load(io.BytesIO(before)) as b:
+            np.testing.assert_array_equal(a["member_probs"], b["member_probs"])
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--set", "train.learning_rate=-0.1"], "train.learning_rate"),
+        (["--set", "ensemble.size=0"], "ensemble.size"),
+        (["--set", "mesh.data=3"], "mesh.data=3 does not divide"),
+        (["--set", "mesh.ensemble=3", "--set", "ensemble.size=4"], "ensemble.pad=true"),
+        (["--config", "/nonexistent.yaml"], "cannot read config file"),
+        (["--set", "unknown.key=1"], "unknown config key 'unknown'"),
+    ],
+)
+def test_cli_bad_input_exits_2_with_one_line(tmp_path, args, fragment):
+    out = tmp_path / "runs"
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.train_ensemble", *args, "--output-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0]
+    assert not out.exists()  # nothing was written

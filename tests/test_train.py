@@ -1,0 +1,144 @@
+"""Training: struct-of-arrays equals per-member training; topology invariance; mesh plans."""
+
+import jax
+import numpy as np
+import pytest
+
+from ensemble_core import mesh as mesh_lib
+from ensemble_core import rngs
+from ensemble_core.config import ModelConfig, TrainConfig
+from ensemble_core.errors import MeshError
+from ensemble_core.models import build_model
+from ensemble_core.train import (
+    fit,
+    init_ensemble,
+    make_optimizer,
+    make_train_step,
+    train_member_alone,
+    unstacked,
+)
+
+N_TRAIN = 256
+BATCH = 32
+
+
+def _train(model, tx, images, labels, num_members, plan, strategy, epochs=1, seed=0):
+    mesh = mesh_lib.make_mesh(plan)
+    keys = rngs.member_keys(seed, plan.padded_members)
+    state = init_ensemble(model, tx, keys["init"], images.shape[1:], mesh)
+    imgs = jax.device_put(images, mesh_lib.replicated(mesh))
+    labs = jax.device_put(labels, mesh_lib.replicated(mesh))
+    step = make_train_step(model, tx, mesh, strategy)
+    state, timing = fit(state, step, imgs, labs, keys["data"], mesh, epochs=epochs, batch_size=BATCH)
+    return state, timing
+
+
+def _assert_trees_close(a, b, atol=1e-5):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model_name, strategy", [("cnn", "unroll"), ("cnn", "vmap"), ("mlp", "vmap")])
+def test_stacked_ensemble_equals_members_trained_alone(mnist_train, model_name, strategy):
+    images, labels = mnist_train[0][:N_TRAIN], mnist_train[1][:N_TRAIN]
+    e = 4
+    model = build_model(ModelConfig(name=model_name, hidden_sizes=(32,)), 10)
+    tx = make_optimizer(TrainConfig())
+    plan = mesh_lib.plan_mesh(e, jax.device_count(), ensemble=2)
+    state, timing = _train(model, tx, images, labels, e, plan, strategy)
+    assert int(state.step) == timing["steps"] == N_TRAIN // BATCH
+
+    keys = rngs.member_keys(0, e)
+    order = rngs.epoch_order(keys["data"], 0, N_TRAIN, BATCH)  # [S, E, B]
+    for m in range(e):
+        params0 = model.init(keys["init"][m], np.zeros((1, 28, 28, 1), np.float32))["params"]
+        alone = train_member_alone(model, tx, params0, images, labels, order[:, m])
+        _assert_trees_close(unstacked(state.params, m), alone)
+
+
+@pytest.mark.parametrize("ensemble_axis, data_axis", [(1, 1), (2, 1), (4, 1), (2, 2), (1, 4)])
+def test_same_members_on_any_mesh(mnist_train, ensemble_axis, data_axis):
+    images, labels = mnist_train[0][:N_TRAIN], mnist_train[1][:N_TRAIN]
+    model = build_model(ModelConfig(name="cnn"), 10)
+    tx = make_optimizer(TrainConfig())
+    ref_plan = mesh_lib.plan_mesh(4, 1)
+    ref, _ = _train(model, tx, images, labels, 4, ref_plan, "unroll")
+    plan = mesh_lib.plan_mesh(4, ensemble_axis * data_axis, data=data_axis, ensemble=ensemble_axis)
+    got, _ = _train(model, tx, images, labels, 4, plan, "unroll")
+    assert got.params["Dense_0"]["kernel"].sharding.mesh.shape == {"ensemble": ensemble_axis, "data": data_axis}
+    _assert_trees_close(got.params, ref.params)
+
+
+def test_member_is_independent_of_ensemble_size(mnist_train):
+    images, labels = mnist_train[0][:N_TRAIN], mnist_train[1][:N_TRAIN]
+    model = build_model(ModelConfig(name="mlp", hidden_sizes=(32,)), 10)
+    tx = make_optimizer(TrainConfig())
+    small, _ = _train(model, tx, images, labels, 2, mesh_lib.plan_mesh(2, 8), "vmap")
+    big, _ = _train(model, tx, images, labels, 6, mesh_lib.plan_mesh(6, 8), "vmap")
+    _assert_trees_close(unstacked(small.params, 1), unstacked(big.params, 1))
+
+
+def test_training_reduces_loss(mnist_train):
+    images, labels = mnist_train[0][:1024], mnist_train[1][:1024]
+    model = build_model(ModelConfig(name="mlp", hidden_sizes=(64,)), 10)
+    tx = make_optimizer(TrainConfig(learning_rate=0.05))
+    plan = mesh_lib.plan_mesh(2, 8)
+    mesh = mesh_lib.make_mesh(plan)
+    keys = rngs.member_keys(0, 2)
+    state = init_ensemble(model, tx, keys["init"], (28, 28, 1), mesh)
+    records = []
+    step = make_train_step(model, tx, mesh, "vmap")
+    fit(
+        state,
+        step,
+        jax.device_put(images),
+        jax.device_put(labels),
+        keys["data"],
+        mesh,
+        epochs=3,
+        batch_size=BATCH,
+        on_epoch_end=lambda e, s, r: records.append(r),
+    )
+    assert len(records) == 3
+    first, last = np.asarray(records[0]["train_loss"]), np.asarray(records[-1]["train_loss"])
+    assert np.all(last < 0.5 * first)
+    assert np.all(np.asarray(records[-1]["train_accuracy"]) > 0.8)
+
+
+def test_mesh_plans():
+    assert mesh_lib.plan_mesh(8, 8) == mesh_lib.MeshPlan(8, 1, 8, 8)
+    assert mesh_lib.plan_mesh(6, 8) == mesh_lib.MeshPlan(6, 1, 6, 6)
+    assert mesh_lib.plan_mesh(7, 4) == mesh_lib.MeshPlan(1, 1, 7, 7)
+    assert mesh_lib.plan_mesh(12, 8, data=2) == mesh_lib.MeshPlan(4, 2, 12, 12)
+    assert mesh_lib.plan_mesh(5, 8, ensemble=4, pad=True) == mesh_lib.MeshPlan(4, 1, 5, 8)
+    with pytest.raises(MeshError, match="does not split evenly"):
+        mesh_lib.plan_mesh(5, 8, ensemble=4)
+    with pytest.raises(MeshError, match="does not divide the 8 devices"):
+        mesh_lib.plan_mesh(4, 8, data=3)
+    with pytest.raises(MeshError, match="needs 16 devices"):
+        mesh_lib.plan_mesh(16, 8, ensemble=16)
+    with pytest.raises(MeshError, match="batch_size=33"):
+        mesh_lib.plan_mesh(4, 8, data=2, batch_size=33)
+
+
+def test_padded_members_are_real_members(mnist_train):
+    images, labels = mnist_train[0][:N_TRAIN], mnist_train[1][:N_TRAIN]
+    model = build_model(ModelConfig(name="mlp", hidden_sizes=(16,)), 10)
+    tx = make_optimizer(TrainConfig())
+    padded, _ = _train(model, tx, images, labels, 3, mesh_lib.plan_mesh(3, 8, ensemble=2, pad=True), "vmap")
+    plain, _ = _train(model, tx, images, labels, 3, mesh_lib.plan_mesh(3, 8), "vmap")
+    assert padded.params["Dense_0"]["kernel"].shape[0] == 4
+    _assert_trees_close(jax.tree.map(lambda x: x[:3], padded.params), plain.params)
+
+
+def test_epoch_order_is_a_permutation_per_member():
+    keys = rngs.member_keys(3, 4)
+    order = rngs.epoch_order(keys["data"], 0, 100, 10)
+    assert order.shape == (10, 4, 10)
+    for m in range(4):
+        assert sorted(order[:, m].ravel().tolist()) == list(range(100))
+    assert not np.array_equal(order[:, 0], order[:, 1])
+    assert not np.array_equal(order, rngs.epoch_order(keys["data"], 1, 100, 10))
+    # Member keys do not depend on the ensemble size.
+    more = rngs.member_keys(3, 9)
+    np.testing.assert_array_equal(jax.random.key_data(keys["init"]), jax.random.key_data(more["init"])[:4])
