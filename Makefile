@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench clean serve stop
 
 setup: $(STAMP)
 
@@ -26,3 +26,10 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# The local Prefect stack: server on 127.0.0.1:4200, work pool, deployments, worker.
+serve: $(STAMP)
+	NIGHTLY_CRON="$(NIGHTLY_CRON)" NIGHTLY_TIMEZONE="$(NIGHTLY_TIMEZONE)" scripts/serve.sh
+
+stop:
+	scripts/stop.sh

@@ -109,6 +109,17 @@ class EvalConfig(_Section):
     ece_bins: int = Field(15, ge=2, description="Equal-width bins for ECE.")
 
 
+class PromotionConfig(_Section):
+    """Champion/challenger: when a new ensemble replaces the current champion."""
+
+    metric: Literal["nll", "brier", "ece", "accuracy"] = Field(
+        "nll",
+        description="Ensemble test metric compared with the champion's on the same test split "
+        "(accuracy: higher is better; the others: lower is better).",
+    )
+    enabled: bool = Field(True, description="Compare with (and maybe replace) the champion after evaluation.")
+
+
 # MARK: the whole config
 
 
@@ -123,6 +134,7 @@ class PipelineConfig(_Section):
     mesh: MeshConfig = Field(default_factory=MeshConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    promotion: PromotionConfig = Field(default_factory=PromotionConfig)
 
 
 def _describe(err: ValidationError) -> str:

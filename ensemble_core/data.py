@@ -239,5 +239,8 @@ def load_split(
 
 
 def to_float(images):
-    """uint8 ``[..., H, W, C]`` -> float32 in [0, 1] (works on numpy and jax arrays)."""
-    return images.astype("float32") / 255.0
+    """uint8 ``[..., H, W, C]`` -> float32 in [0, 1]; float input is taken to be in [0, 1]
+    already and only cast to float32 (works on numpy and jax arrays)."""
+    if images.dtype == np.uint8:
+        return images.astype("float32") / 255.0
+    return images.astype("float32")

@@ -17,12 +17,13 @@ from typing import Any
 import jax
 import numpy as np
 
+from ensemble_core import champion as champion_lib
 from ensemble_core import data as data_lib
 from ensemble_core import metrics as metrics_lib
 from ensemble_core import report as report_lib
 from ensemble_core.checkpoint import EnsembleCheckpointer
 from ensemble_core.config import DataConfig, PipelineConfig
-from ensemble_core.errors import CheckpointError, ConfigError
+from ensemble_core.errors import CheckpointError, ConfigError, DataError
 from ensemble_core.evaluate import make_predict, member_probs
 from ensemble_core.mesh import MeshPlan, make_mesh, plan_mesh, replicated
 from ensemble_core.models import build_model
@@ -177,6 +178,7 @@ def train_ensemble(
                         "step": int(st.step),
                         "data_position": {"next_epoch": done, "step_in_epoch": 0},
                         "members_trained": mesh_plan.padded_members,
+                        "dataset": {k: dataset[k] for k in ("name", "num_classes", "image_shape")},
                         "history": history,
                     },
                 )
@@ -217,34 +219,161 @@ def train_ensemble(
     }
 
 
-def evaluate(cfg: PipelineConfig, dataset: dict, run_dir: str | Path, *, strategy: str | None = None) -> dict:
-    """Restore the latest checkpoint, predict the test split with every member, score it.
-
-    Writes ``run_dir/predictions.npz``: ``member_probs`` float32 ``[E, N, C]`` (padding
-    members dropped) and ``labels`` int32 ``[N]``.
+def restore_ensemble(cfg: PipelineConfig, run_dir: str | Path, num_classes: int, image_shape) -> tuple:
+    """Restore the latest checkpoint of ``run_dir`` onto the mesh ``cfg`` asks for.
 
     Returns:
-      :func:`ensemble_core.metrics.evaluate_all` plus ``"eval_member_images_per_s"``.
+      ``(state, mesh, model)``: the :class:`EnsembleState` (leaves ``[E_trained, ...]``).
+
+    Raises:
+      CheckpointError: no checkpoint, or one that does not fit ``cfg``.
     """
-    run_dir = Path(run_dir)
-    mesh_plan, mesh, model = _model_and_mesh(cfg, dataset)
-    strategy = strategy or default_strategy(jax.default_backend())
+    mesh_plan = plan(cfg)
+    mesh = make_mesh(mesh_plan)
+    model = build_model(cfg.model, num_classes)
     tx = make_optimizer(cfg.train)
     keys = member_keys(cfg.seed, mesh_plan.padded_members)
-    target = jax.eval_shape(lambda: init_ensemble(model, tx, keys["init"], tuple(dataset["image_shape"]), mesh))
-    with EnsembleCheckpointer(run_dir / CHECKPOINT_DIR, keep=cfg.checkpoint.keep) as ckpt:
+    target = jax.eval_shape(lambda: init_ensemble(model, tx, keys["init"], tuple(image_shape), mesh))
+    with EnsembleCheckpointer(Path(run_dir) / CHECKPOINT_DIR, keep=cfg.checkpoint.keep) as ckpt:
         state, _ = ckpt.restore(_with_shardings(target, mesh))
-    images, labels = _load(cfg, dataset, "test")
+    return state, mesh, model
+
+
+def predict_member_probs(
+    cfg: PipelineConfig, state, mesh, model, images: np.ndarray, *, strategy: str | None = None
+) -> tuple[np.ndarray, float]:
+    """Member probabilities float32 ``[E, N, C]`` (padding members dropped) and the
+    steady-state throughput in member-images/s (the program is compiled first)."""
+    strategy = strategy or default_strategy(jax.default_backend())
     predict = make_predict(model, mesh, strategy)
     member_probs(predict, state.params, images[: cfg.eval.batch_size], mesh, cfg.eval.batch_size)  # compile
     t0 = time.perf_counter()
     probs = member_probs(predict, state.params, images, mesh, cfg.eval.batch_size)
     seconds = time.perf_counter() - t0
     probs = probs[: cfg.ensemble.size]
-    _atomic_savez(run_dir / PREDICTIONS, member_probs=probs, labels=labels.astype(np.int32))
+    return probs, probs.shape[0] * probs.shape[1] / seconds
+
+
+def evaluate(
+    cfg: PipelineConfig,
+    dataset: dict,
+    run_dir: str | Path,
+    *,
+    strategy: str | None = None,
+    write_predictions: bool = True,
+) -> dict:
+    """Restore the latest checkpoint, predict the test split with every member, score it.
+
+    Writes ``run_dir/predictions.npz`` (unless ``write_predictions`` is False):
+    ``member_probs`` float32 ``[E, N, C]`` and ``labels`` int32 ``[N]``.
+
+    Returns:
+      :func:`ensemble_core.metrics.evaluate_all` plus ``"eval_member_images_per_s"``.
+    """
+    run_dir = Path(run_dir)
+    state, mesh, model = restore_ensemble(cfg, run_dir, dataset["num_classes"], dataset["image_shape"])
+    images, labels = _load(cfg, dataset, "test")
+    probs, throughput = predict_member_probs(cfg, state, mesh, model, images, strategy=strategy)
+    if write_predictions:
+        atomic_savez(run_dir / PREDICTIONS, member_probs=probs, labels=labels.astype(np.int32))
     result = metrics_lib.evaluate_all(probs, labels, cfg.eval.ece_bins)
-    result["eval_member_images_per_s"] = probs.shape[0] * probs.shape[1] / seconds
+    result["eval_member_images_per_s"] = throughput
     return result
+
+
+def compare_with_champion(
+    cfg: PipelineConfig, dataset: dict, run_name: str, run_dir: str | Path, evaluation: dict, output_dir: str | Path
+) -> dict:
+    """Champion/challenger: promote this run if it is not worse than the champion.
+
+    Both are scored on this run's test split: when the champion was measured on another
+    data config, its checkpoint is re-evaluated on this one first. The champion pointer
+    is replaced atomically and a row is appended to ``history.jsonl``.
+
+    Returns:
+      ``{"promoted", "reason", "metric", "challenger", "champion", "champion_run",
+      "history"}`` (``champion``: its ensemble metrics, None when there was none).
+    """
+    metric = cfg.promotion.metric
+    data_key = cfg.data.model_dump(mode="json")
+    current = champion_lib.read_champion(output_dir)
+    champion_metrics = None
+    if current is not None:
+        if current["data"] == data_key:
+            champion_metrics = current["metrics"]
+        else:
+            meta = EnsembleCheckpointer(Path(current["run_dir"]) / CHECKPOINT_DIR).read_meta()
+            champion_cfg = PipelineConfig.model_validate({**meta["config"], "data": data_key})
+            champion_metrics = evaluate(champion_cfg, dataset, current["run_dir"], write_predictions=False)["ensemble"]
+    promoted, reason = champion_lib.decide(evaluation["ensemble"], champion_metrics, metric)
+    if promoted:
+        champion_lib.write_champion(
+            output_dir,
+            {
+                "run_name": run_name,
+                "run_dir": str(Path(run_dir).absolute()),
+                "data": data_key,
+                "metrics": evaluation["ensemble"],
+            },
+        )
+    history = champion_lib.append_history(
+        output_dir,
+        {
+            "run_name": run_name,
+            **{k: round(v, 6) for k, v in evaluation["ensemble"].items()},
+            "promoted": promoted,
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        },
+    )
+    return {
+        "promoted": promoted,
+        "reason": reason,
+        "metric": metric,
+        "challenger": evaluation["ensemble"],
+        "champion": champion_metrics,
+        "champion_run": current["run_name"] if current else None,
+        "history": history,
+    }
+
+
+def predict_images(run_dir: str | Path, images: np.ndarray, *, batch_size: int | None = None) -> dict[str, np.ndarray]:
+    """Ensemble predictions of a trained run on new images.
+
+    Args:
+      run_dir: a run directory with checkpoints (its config is read from the checkpoint).
+      images: uint8 ``[N, H, W, C]`` (0..255) or float ``[N, H, W, C]`` in [0, 1].
+
+    Returns:
+      ``ensemble_probs`` float32 ``[N, C]``, ``predictive_entropy`` and
+      ``mutual_information`` float32 ``[N]`` (nats), ``member_probs`` float32 ``[E, N, C]``,
+      ``predicted_class`` int32 ``[N]``.
+
+    Raises:
+      DataError: images of the wrong shape, or non-finite values.
+    """
+    meta = EnsembleCheckpointer(Path(run_dir) / CHECKPOINT_DIR).read_meta()
+    cfg = PipelineConfig.model_validate(meta["config"])
+    if batch_size:
+        cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"batch_size": batch_size})})
+    shape = tuple(meta["dataset"]["image_shape"])
+    if images.ndim == 3 and shape[-1] == 1:
+        images = images[..., None]
+    if images.ndim != 4 or tuple(images.shape[1:]) != shape:
+        dims = ", ".join(map(str, shape))
+        raise DataError(
+            f"images have shape {tuple(images.shape)} but the model takes [N, {dims}]; fix: reshape them to [N, {dims}]"
+        )
+    if images.dtype != np.uint8 and not np.all(np.isfinite(images)):
+        raise DataError("images contain NaN or infinite values; fix: clean them before predicting")
+    state, mesh, model = restore_ensemble(cfg, run_dir, meta["dataset"]["num_classes"], shape)
+    probs, _ = predict_member_probs(cfg, state, mesh, model, images)
+    return {
+        "ensemble_probs": metrics_lib.ensemble_probs(probs).astype(np.float32),
+        "predictive_entropy": metrics_lib.predictive_entropy(probs).astype(np.float32),
+        "mutual_information": metrics_lib.mutual_information(probs).astype(np.float32),
+        "member_probs": probs,
+        "predicted_class": np.argmax(probs.mean(0), -1).astype(np.int32),
+    }
 
 
 def _with_shardings(abstract, mesh):
@@ -252,7 +381,7 @@ def _with_shardings(abstract, mesh):
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
 
 
-def _atomic_savez(path: Path, **arrays: Any) -> None:
+def atomic_savez(path: Path, **arrays: Any) -> None:
     tmp = path.with_name(path.name + ".tmp.npz")
     np.savez(tmp, **arrays)
     os.replace(tmp, path)
@@ -269,10 +398,17 @@ def write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def write_report(run_name: str, config: dict, train_summary: dict, evaluation: dict, run_dir: str | Path) -> dict:
+def write_report(
+    run_name: str,
+    config: dict,
+    train_summary: dict,
+    evaluation: dict,
+    run_dir: str | Path,
+    promotion: dict | None = None,
+) -> dict:
     """Write ``report.json``, ``report.md`` and ``plots/*.png``; returns the report dict."""
     run_dir = Path(run_dir)
-    rep = report_lib.build_report(run_name, config, train_summary, evaluation, run_dir)
+    rep = report_lib.build_report(run_name, config, train_summary, evaluation, run_dir, promotion)
     with np.load(run_dir / PREDICTIONS) as preds:
         report_lib.make_plots(rep, preds["member_probs"], preds["labels"], run_dir / "plots")
     write_json(run_dir / "report.json", rep)

@@ -15,8 +15,18 @@ from ensemble_core import metrics as metrics_lib  # noqa: E402
 SCORE_KEYS = ("accuracy", "nll", "brier", "ece")
 
 
-def build_report(run_name: str, config: dict, train_summary: dict, evaluation: dict, run_dir: str | Path) -> dict:
-    """Assemble the ``report.json`` object (see the README for every key)."""
+def build_report(
+    run_name: str,
+    config: dict,
+    train_summary: dict,
+    evaluation: dict,
+    run_dir: str | Path,
+    promotion: dict | None = None,
+) -> dict:
+    """Assemble the ``report.json`` object (see the README for every key).
+
+    ``promotion`` is the champion/challenger decision
+    (:func:`ensemble_core.pipeline.compare_with_champion`), stored without its history."""
     timing = train_summary["timing"]
     return {
         "run_name": run_name,
@@ -44,6 +54,7 @@ def build_report(run_name: str, config: dict, train_summary: dict, evaluation: d
             "training_curves": "plots/training_curves.png",
         },
         "run_dir": str(run_dir),
+        "promotion": None if promotion is None else {k: v for k, v in promotion.items() if k != "history"},
     }
 
 
@@ -93,6 +104,20 @@ def render_markdown(report: dict, plots: bool = True) -> str:
         f"Checkpoint: `{report['checkpoint']['dir']}` step {report['checkpoint']['step']}.",
         "",
     ]
+    promo = report.get("promotion")
+    if promo:
+        verdict = "**promoted** to champion" if promo["promoted"] else "**rejected** (the champion stays)"
+        lines += [f"**Champion/challenger** on ensemble {promo['metric']}: {verdict}; {promo['reason']}.", ""]
+        if promo["champion"]:
+            lines += [
+                f"| | {' | '.join(SCORE_KEYS)} |",
+                "| --- | --- | --- | --- | --- |",
+                "| challenger (this run) | " + " | ".join(_fmt(promo["challenger"][k]) for k in SCORE_KEYS) + " |",
+                f"| champion ({promo['champion_run']}) | "
+                + " | ".join(_fmt(promo["champion"][k]) for k in SCORE_KEYS)
+                + " |",
+                "",
+            ]
     if plots:
         lines += [
             "![reliability](plots/reliability.png) ![members](plots/members.png) "

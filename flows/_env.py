@@ -2,12 +2,15 @@
 
 On CPU the project runs members in parallel on simulated host devices (one per member,
 up to 8). A user's own ``XLA_FLAGS`` always wins: the device-count flag is only added
-when ``XLA_FLAGS`` does not already set it.
+when ``XLA_FLAGS`` does not already set it. The same goes for the JAX compilation
+cache variables below: set them yourself to move or disable the cache.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 HOST_DEVICES = 8
 _FLAG = "--xla_force_host_platform_device_count"
@@ -18,6 +21,22 @@ def apply() -> None:
     if _FLAG not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={HOST_DEVICES}".strip()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # JAX's persistent compilation cache, shared by every run of this user: a nightly
+    # rerun of the same config loads its programs instead of compiling them again.
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache" / "ensemble-pipeline" / "jax"))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    if "jax" in sys.modules:  # imported before us (e.g. by a Prefect engine): JAX read its env already
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+        jax.config.update(
+            "jax_persistent_cache_min_compile_time_secs",
+            float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]),
+        )
+        jax.config.update(
+            "jax_persistent_cache_min_entry_size_bytes", int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"])
+        )
 
 
 apply()

@@ -8,6 +8,7 @@ The last line printed is the run directory ``DIR/NAME``. Bad input exits with co
 a one-line message before anything is computed or written.
 """
 
+# ruff: noqa: I001  (flows._env must be imported before anything that imports JAX)
 from __future__ import annotations
 
 import argparse
@@ -28,11 +29,13 @@ from ensemble_core.config import (
     MeshConfig,
     ModelConfig,
     PipelineConfig,
+    PromotionConfig,
     TrainConfig,
     load_config,
 )
 from ensemble_core.errors import ConfigError, EnsembleError
-from flows import _env  # noqa: F401,I001  (must precede every JAX import)
+from flows import _env  # noqa: F401  (must precede every JAX import)
+from tasks.champion import compare_with_champion
 from tasks.evaluate import evaluate
 from tasks.prepare_dataset import prepare_dataset
 from tasks.report import report
@@ -43,8 +46,10 @@ DEFAULT_OUTPUT_DIR = "runs"
 
 
 def default_run_name() -> str:
-    """``YYYYmmdd-HHMMSS[-<flow run name>]``: unique per run, sortable by time."""
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    """``YYYYmmdd-HHMMSS-<flow run name>`` from the flow run's scheduled start: unique per
+    flow run, sortable by time, and the same on a retry (so a retry resumes the run)."""
+    start = flow_run.get_scheduled_start_time()
+    stamp = (start or dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
     name = flow_run.get_name()
     return f"{stamp}-{name}" if name else stamp
 
@@ -67,7 +72,13 @@ def check_output_dir(output_dir: str | Path) -> Path:
     return out
 
 
-@flow(name="train-ensemble", log_prints=True)
+@flow(
+    name="train-ensemble",
+    log_prints=True,
+    retries=1,  # e.g. a preempted worker: the retry resumes from the latest checkpoint
+    retry_delay_seconds=60,
+    timeout_seconds=6 * 3600,
+)
 def train_ensemble(
     seed: int = 0,
     data: DataConfig = DataConfig(),
@@ -77,6 +88,7 @@ def train_ensemble(
     mesh: MeshConfig = MeshConfig(),
     checkpoint: CheckpointConfig = CheckpointConfig(),
     eval: EvalConfig = EvalConfig(),  # noqa: A002  (the config section's name)
+    promotion: PromotionConfig = PromotionConfig(),
     output_dir: str = DEFAULT_OUTPUT_DIR,
     run_name: str | None = None,
 ) -> str:
@@ -94,6 +106,7 @@ def train_ensemble(
         mesh=mesh,
         checkpoint=checkpoint,
         eval=eval,
+        promotion=promotion,
     )
     mesh_plan = pipeline.plan(config)  # MeshError before any compute
     run_name = run_name or default_run_name()
@@ -102,7 +115,10 @@ def train_ensemble(
     keys = split_rngs(config, mesh_plan.padded_members)
     summary = train_task(config, dataset, keys, str(run_dir))
     evaluation = evaluate(config, dataset, str(run_dir))
-    report(run_name, config.model_dump(mode="json"), summary, evaluation, str(run_dir))
+    decision = None
+    if config.promotion.enabled:
+        decision = compare_with_champion(config, dataset, run_name, str(run_dir), evaluation, str(output_dir))
+    report(run_name, config.model_dump(mode="json"), summary, evaluation, str(run_dir), decision)
     return str(run_dir)
 
 

@@ -15,9 +15,11 @@ MEMBERS_KEY = "ensemble-members"
 
 
 @task(name="report")
-def report(run_name: str, config: dict, train_summary: dict, evaluation: dict, run_dir: str) -> str:
+def report(
+    run_name: str, config: dict, train_summary: dict, evaluation: dict, run_dir: str, promotion: dict | None = None
+) -> str:
     """Write the report files and publish them as artifacts; returns report.json's path."""
-    rep = pipeline.write_report(run_name, config, train_summary, evaluation, Path(run_dir))
+    rep = pipeline.write_report(run_name, config, train_summary, evaluation, Path(run_dir), promotion)
     create_markdown_artifact(
         markdown=report_lib.render_markdown(rep, plots=False),
         key=REPORT_KEY,

@@ -1,0 +1,81 @@
+"""The prediction flow: per-example ensemble probabilities and uncertainty.
+
+    python -m flows.predict (--images FILE.npy | --tfds-name NAME [--tfds-split SPLIT])
+                            [--run-dir RUN] [--output-dir DIR] [--output FILE.npz]
+
+Uses the champion under ``--output-dir`` (default ``runs``) unless ``--run-dir`` names a
+run. Writes ``ensemble_probs`` [N, C], ``predictive_entropy`` [N], ``mutual_information``
+[N], ``member_probs`` [E, N, C] and ``predicted_class`` [N]; the last line printed is the
+output path.
+"""
+
+# ruff: noqa: I001  (flows._env must be imported before anything that imports JAX)
+from __future__ import annotations
+
+from flows import _env  # noqa: F401  (must precede every JAX import)
+
+import argparse
+import sys
+from pathlib import Path
+
+from prefect import flow
+
+from ensemble_core.errors import EnsembleError
+from tasks.predict import load_images, resolve_run
+from tasks.predict import predict as predict_task
+
+
+@flow(name="predict", log_prints=True)
+def predict(
+    images_npy: str | None = None,
+    tfds_name: str | None = None,
+    tfds_split: str = "test",
+    data_dir: str | None = None,
+    run_dir: str | None = None,
+    output_dir: str = "runs",
+    output: str | None = None,
+) -> str:
+    """Predict with the champion (or ``run_dir``); returns the path of the ``.npz`` written.
+
+    Args:
+      images_npy: a ``.npy`` of uint8 ``[N, H, W, C]`` (or float in [0, 1]) images.
+      tfds_name, tfds_split, data_dir: or a TFDS split instead.
+      run_dir: a run directory; default: the champion under ``output_dir``.
+      output: where to write; default ``<run_dir>/predictions-<input name>.npz``.
+    """
+    run = resolve_run(run_dir, output_dir)
+    images = load_images(images_npy, tfds_name, tfds_split, data_dir)
+    out = output or str(Path(run) / f"predictions-{Path(images).stem}.npz")
+    return predict_task(run, images, out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.predict", description=__doc__.split("\n")[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--images", help=".npy file of images [N, H, W, C]")
+    source.add_argument("--tfds-name", help="TFDS dataset to predict on")
+    parser.add_argument("--tfds-split", default="test")
+    parser.add_argument("--data-dir", help="TFDS data dir")
+    parser.add_argument("--run-dir", help="run directory (default: the champion)")
+    parser.add_argument("--output-dir", default="runs", help="where the champion pointer lives (default: runs)")
+    parser.add_argument("--output", help="output .npz path")
+    args = parser.parse_args(argv)
+    try:
+        path = predict(
+            images_npy=args.images,
+            tfds_name=args.tfds_name,
+            tfds_split=args.tfds_split,
+            data_dir=args.data_dir,
+            run_dir=args.run_dir,
+            output_dir=args.output_dir,
+            output=args.output,
+        )
+    except EnsembleError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(path, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Start the local Prefect stack: a server on 127.0.0.1 (SQLite, analytics off), the
+# process work pool, every deployment in prefect.yaml, and a worker. scripts/stop.sh
+# stops exactly the processes started here (their process groups, by the saved pids).
+#
+# Environment: PREFECT_PORT (4200), ENSEMBLE_POOL (ensemble-pool), ENSEMBLE_SERVE_DIR
+# (.serve: pid and log files), NIGHTLY_CRON / NIGHTLY_TIMEZONE (override the nightly
+# schedule of prefect.yaml), PREFECT_HOME (Prefect's own, ~/.prefect by default).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${ENSEMBLE_VENV:-.venv}/bin
+PORT=${PREFECT_PORT:-4200}
+POOL=${ENSEMBLE_POOL:-ensemble-pool}
+STATE=${ENSEMBLE_SERVE_DIR:-.serve}
+mkdir -p "$STATE"
+export PREFECT_SERVER_ANALYTICS_ENABLED=false
+export PREFECT_API_URL="http://127.0.0.1:${PORT}/api"
+
+alive() { [ -f "$STATE/$1.pid" ] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
+
+if alive server; then
+  echo "server already running (pid $(cat "$STATE/server.pid"))"
+else
+  setsid "$BIN/prefect" server start --host 127.0.0.1 --port "$PORT" >"$STATE/server.log" 2>&1 &
+  echo $! >"$STATE/server.pid"
+fi
+for _ in $(seq 1 180); do
+  if "$BIN/python" -c "import urllib.request,sys; urllib.request.urlopen('$PREFECT_API_URL/health', timeout=2)" 2>/dev/null; then
+    break
+  fi
+  alive server || { echo "the Prefect server exited; see $STATE/server.log" >&2; tail -20 "$STATE/server.log" >&2; exit 1; }
+  sleep 1
+done
+# Later `prefect ...` commands in this profile talk to this server.
+"$BIN/prefect" config set PREFECT_API_URL="$PREFECT_API_URL" >/dev/null
+"$BIN/prefect" work-pool inspect "$POOL" >/dev/null 2>&1 || "$BIN/prefect" work-pool create "$POOL" --type process
+"$BIN/prefect" --no-prompt deploy --all
+if [ -n "${NIGHTLY_CRON:-}${NIGHTLY_TIMEZONE:-}" ]; then
+  "$BIN/prefect" deployment schedule create train-ensemble/nightly --replace --accept-yes \
+    --cron "${NIGHTLY_CRON:-0 2 * * *}" --timezone "${NIGHTLY_TIMEZONE:-UTC}"
+fi
+if alive worker; then
+  echo "worker already running (pid $(cat "$STATE/worker.pid"))"
+else
+  setsid "$BIN/prefect" worker start --pool "$POOL" >"$STATE/worker.log" 2>&1 &
+  echo $! >"$STATE/worker.pid"
+fi
+echo "Prefect UI: http://127.0.0.1:${PORT}  (logs in $STATE/; stop with: make stop)"
