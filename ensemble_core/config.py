@@ -93,6 +93,12 @@ class MeshConfig(_Section):
         ge=1,
         description="Devices that split the members. None: the largest divisor of E that fits in devices // data.",
     )
+    member_strategy: Literal["auto", "vmap", "unroll"] = Field(
+        "auto",
+        description="How the members on one device are computed: 'vmap' (one batched "
+        "kernel per layer), 'unroll' (one kernel per member). 'auto': unroll on CPU, where "
+        "a vmapped convolution becomes a slow grouped convolution; vmap on GPU/TPU.",
+    )
 
 
 class CheckpointConfig(_Section):

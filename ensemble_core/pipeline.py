@@ -56,6 +56,13 @@ def plan(cfg: PipelineConfig, num_devices: int | None = None) -> MeshPlan:
     )
 
 
+def resolve_strategy(cfg: PipelineConfig) -> str:
+    """``mesh.member_strategy``, with 'auto' resolved for the current backend."""
+    if cfg.mesh.member_strategy != "auto":
+        return cfg.mesh.member_strategy
+    return default_strategy(jax.default_backend())
+
+
 def check_against_dataset(cfg: PipelineConfig, dataset: dict) -> None:
     """Config checks that need the dataset's size.
 
@@ -143,7 +150,7 @@ def train_ensemble(
     run_dir = Path(run_dir)
     check_against_dataset(cfg, dataset)
     mesh_plan, mesh, model = _model_and_mesh(cfg, dataset)
-    strategy = strategy or default_strategy(jax.default_backend())
+    strategy = strategy or resolve_strategy(cfg)
     tx = make_optimizer(cfg.train)
     member_key = keys_from_layout(keys)
     if len(member_key["init"]) != mesh_plan.padded_members:
@@ -244,7 +251,7 @@ def predict_member_probs(
 ) -> tuple[np.ndarray, float]:
     """Member probabilities float32 ``[E, N, C]`` (padding members dropped) and the
     steady-state throughput in member-images/s (the program is compiled first)."""
-    strategy = strategy or default_strategy(jax.default_backend())
+    strategy = strategy or resolve_strategy(cfg)
     predict = make_predict(model, mesh, strategy)
     member_probs(predict, state.params, images[: cfg.eval.batch_size], mesh, cfg.eval.batch_size)  # compile
     t0 = time.perf_counter()

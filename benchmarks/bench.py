@@ -1,0 +1,310 @@
+"""Ensemble training/evaluation throughput against the seed's per-member loop.
+
+    python -m benchmarks.bench                      # full table: cnn+mlp, E in 1..32
+    python -m benchmarks.bench --models cnn --sizes 8 --steps 10
+
+For each model and ensemble size E, two fresh worker processes (so peak memory is per
+configuration) measure:
+
+- ``project``: ``ensemble_core``'s jitted struct-of-arrays step on the mesh and member
+  strategy the project picks (or ``--strategy``), and the vmapped evaluation;
+- ``loop``: the baseline of the seed documents: each member trained alone by its own
+  jitted single-model step, one member after another, and evaluated the same way.
+
+Throughput is in member-images per second at batch 128 per member, steady state
+(compilation excluded and reported separately); peak host memory is the worker's
+``ru_maxrss``; device memory is reported where the backend exposes ``memory_stats``.
+``--compile-cache`` measures a cold and a warm persistent-compilation-cache start.
+Writes JSON (``--out``) and a PNG plot of throughput against E, and prints a table.
+"""
+
+# ruff: noqa: I001  (flows._env must be imported before JAX)
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BATCH = 128
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# MARK: worker (one configuration, one process)
+
+
+def _worker(args: argparse.Namespace) -> dict:
+    from flows import _env  # noqa: F401  (device layout and env, as in the flows)
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    from ensemble_core import data as data_lib
+    from ensemble_core import mesh as mesh_lib
+    from ensemble_core import rngs
+    from ensemble_core.config import ModelConfig, TrainConfig
+    from ensemble_core.evaluate import make_predict, member_probs
+    from ensemble_core.models import build_model
+    from ensemble_core.train import default_strategy, init_ensemble, make_optimizer, make_train_step
+
+    data_lib.prepare(data_lib.EMBEDDED, args.data_dir)
+    train_x, train_y = data_lib.load_split(data_lib.EMBEDDED, "train", args.data_dir)
+    test_x, _ = data_lib.load_split(data_lib.EMBEDDED, "test", args.data_dir)
+    e, steps = args.size, args.steps
+    model = build_model(ModelConfig(name=args.model), 10)
+    tx = make_optimizer(TrainConfig())
+    keys = rngs.member_keys(0, e)
+    order = np.stack([rngs.epoch_order(keys["data"], 0, len(train_x), BATCH)[: steps + 1]])[0]  # [S+1, E, B]
+    out = {
+        "model": args.model,
+        "size": e,
+        "method": args.method,
+        "backend": jax.default_backend(),
+        "devices": jax.device_count(),
+    }
+
+    if args.method == "project":
+        strategy = args.strategy or default_strategy(jax.default_backend())
+        plan = mesh_lib.plan_mesh(e, jax.device_count())
+        mesh = mesh_lib.make_mesh(plan)
+        state = init_ensemble(model, tx, keys["init"], (28, 28, 1), mesh)
+        x = jax.device_put(train_x, mesh_lib.replicated(mesh))
+        y = jax.device_put(train_y, mesh_lib.replicated(mesh))
+        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("ensemble", "data"))
+        idx = [jax.device_put(o, sharding) for o in order]
+        step = make_train_step(model, tx, mesh, strategy)
+        t0 = time.perf_counter()
+        compiled = step.lower(state, x, y, idx[0]).compile()
+        out["compile_seconds"] = time.perf_counter() - t0
+        state, m = compiled(state, x, y, idx[0])  # warm-up
+        jax.block_until_ready(m)
+        t0 = time.perf_counter()
+        for s in range(1, steps + 1):
+            state, m = compiled(state, x, y, idx[s])
+        jax.block_until_ready((state, m))
+        out["train_seconds"] = time.perf_counter() - t0
+        predict = make_predict(model, mesh, strategy)
+        member_probs(predict, state.params, test_x, mesh, 500)  # compile
+        t0 = time.perf_counter()
+        member_probs(predict, state.params, test_x, mesh, 500)
+        out["eval_seconds"] = time.perf_counter() - t0
+        out.update(strategy=strategy, mesh={"ensemble": plan.ensemble, "data": plan.data})
+    else:
+
+        @jax.jit
+        def step(params, opt_state, xb, yb):
+            def loss_fn(p):
+                logits = model.apply({"params": p}, data_lib.to_float(xb))
+                return optax.losses.softmax_cross_entropy_with_integer_labels(logits, yb).mean()
+
+            grads = jax.grad(loss_fn)(params)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        apply = jax.jit(lambda p, xb: jax.nn.softmax(model.apply({"params": p}, data_lib.to_float(xb))))
+        members = [model.init(keys["init"][m], jnp.zeros((1, 28, 28, 1)))["params"] for m in range(e)]
+        opt = [tx.init(p) for p in members]
+        x, y = jnp.asarray(train_x), jnp.asarray(train_y)
+        first = order[0, 0]
+        t0 = time.perf_counter()
+        step.lower(members[0], opt[0], x[first], y[first]).compile()
+        out["compile_seconds"] = time.perf_counter() - t0
+        for m in range(e):  # warm-up: one step per member (as the project's warm-up step)
+            members[m], opt[m] = step(members[m], opt[m], x[order[0, m]], y[order[0, m]])
+        jax.block_until_ready(members)
+        t0 = time.perf_counter()
+        for m in range(e):
+            for s in range(1, steps + 1):
+                members[m], opt[m] = step(members[m], opt[m], x[order[s, m]], y[order[s, m]])
+        jax.block_until_ready(members)
+        out["train_seconds"] = time.perf_counter() - t0
+        tx_dev = jnp.asarray(test_x)
+        for m in range(e):
+            jax.block_until_ready([apply(members[m], tx_dev[i : i + 500]) for i in range(0, len(test_x), 500)])
+        t0 = time.perf_counter()
+        res = [[apply(members[m], tx_dev[i : i + 500]) for i in range(0, len(test_x), 500)] for m in range(e)]
+        jax.block_until_ready(res)
+        out["eval_seconds"] = time.perf_counter() - t0
+
+    out["train_member_images_per_s"] = e * steps * BATCH / out["train_seconds"]
+    out["eval_member_images_per_s"] = e * len(test_x) / out["eval_seconds"]
+    out["peak_host_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    stats = jax.devices()[0].memory_stats() if hasattr(jax.devices()[0], "memory_stats") else None
+    out["peak_device_mb"] = stats["peak_bytes_in_use"] / 2**20 if stats and "peak_bytes_in_use" in stats else None
+    return out
+
+
+# MARK: driver
+
+
+def _run_worker(model: str, size: int, method: str, args, env: dict | None = None) -> dict:
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.bench",
+        "--worker",
+        "--model",
+        model,
+        "--size",
+        str(size),
+        "--method",
+        method,
+        "--steps",
+        str(args.steps),
+        "--data-dir",
+        args.data_dir,
+    ]
+    if args.strategy:
+        cmd += ["--strategy", args.strategy]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env or os.environ.copy())
+    if proc.returncode:
+        raise SystemExit(f"worker failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _table(rows: list[dict]) -> str:
+    head = (
+        f"{'model':5} {'E':>3} | {'train proj':>10} {'train loop':>10} {'speedup':>7} | "
+        f"{'eval proj':>10} {'eval loop':>10} {'speedup':>7} | {'compile s':>9} | {'peak MB':>8} | strategy"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        p, lp = r["project"], r["loop"]
+        lines.append(
+            f"{r['model']:5} {r['size']:>3} | {p['train_member_images_per_s']:>10.0f} "
+            f"{lp['train_member_images_per_s']:>10.0f} {r['train_speedup']:>6.2f}x | "
+            f"{p['eval_member_images_per_s']:>10.0f} {lp['eval_member_images_per_s']:>10.0f} "
+            f"{r['eval_speedup']:>6.2f}x | {p['compile_seconds']:>9.2f} | {p['peak_host_mb']:>8.0f} | "
+            f"{p['strategy']} mesh {p['mesh']['ensemble']}x{p['mesh']['data']}"
+        )
+    return "\n".join(lines)
+
+
+def _plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, kind in zip(axes, ("train", "eval"), strict=True):
+        for model, color in (("cnn", "tab:blue"), ("mlp", "tab:orange")):
+            rs = [r for r in rows if r["model"] == model]
+            if not rs:
+                continue
+            sizes = [r["size"] for r in rs]
+            ax.plot(
+                sizes,
+                [r["project"][f"{kind}_member_images_per_s"] for r in rs],
+                "o-",
+                color=color,
+                label=f"{model}: ensemble-pipeline",
+            )
+            ax.plot(
+                sizes,
+                [r["loop"][f"{kind}_member_images_per_s"] for r in rs],
+                "s--",
+                color=color,
+                label=f"{model}: per-member loop",
+            )
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="ensemble size E",
+            ylabel="member-images / s",
+            title=f"{kind}ing throughput ({title})",
+        )
+        ax.set_xticks(sorted({r["size"] for r in rows}), labels=[str(s) for s in sorted({r["size"] for r in rows})])
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="cnn,mlp")
+    parser.add_argument("--sizes", default="1,2,4,8,16,32")
+    parser.add_argument("--steps", type=int, default=10, help="timed training steps per member")
+    parser.add_argument("--strategy", choices=["vmap", "unroll"], help="override the member strategy")
+    parser.add_argument("--data-dir", default=str(Path(tempfile.gettempdir()) / "ensemble-bench-tfds"))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "latest.json"))
+    parser.add_argument("--compile-cache", action="store_true", help="also measure cold vs warm compile cache")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--method", choices=["project", "loop"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(_worker(args)))
+        return 0
+
+    env = os.environ.copy()
+    cache = tempfile.mkdtemp(prefix="ensemble-bench-jax-")
+    env["JAX_COMPILATION_CACHE_DIR"] = cache  # fresh per benchmark: compile times are cold
+    rows = []
+    for model in args.models.split(","):
+        for size in map(int, args.sizes.split(",")):
+            project = _run_worker(model, size, "project", args, env)
+            loop = _run_worker(model, size, "loop", args, env)
+            rows.append(
+                {
+                    "model": model,
+                    "size": size,
+                    "project": project,
+                    "loop": loop,
+                    "train_speedup": project["train_member_images_per_s"] / loop["train_member_images_per_s"],
+                    "eval_speedup": project["eval_member_images_per_s"] / loop["eval_member_images_per_s"],
+                }
+            )
+            print(_table(rows[-1:]).splitlines()[-1], flush=True)
+    result = {
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "cpus": os.cpu_count(),
+            "backend": rows[0]["project"]["backend"],
+            "devices": rows[0]["project"]["devices"],
+        },
+        "batch_size": BATCH,
+        "steps": args.steps,
+        "rows": rows,
+    }
+    if args.compile_cache:
+        warm_cache = tempfile.mkdtemp(prefix="ensemble-bench-jax-")
+        env["JAX_COMPILATION_CACHE_DIR"] = warm_cache
+        cold = _run_worker("cnn", 8, "project", args, env)["compile_seconds"]
+        warm = _run_worker("cnn", 8, "project", args, env)["compile_seconds"]
+        result["compile_cache"] = {
+            "model": "cnn",
+            "size": 8,
+            "cold_seconds": cold,
+            "warm_seconds": warm,
+            "warm_over_cold": warm / cold,
+        }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    _plot(rows, out.with_suffix(".png"), f"{result['machine']['backend']}, {result['machine']['cpus']} cores")
+    print()
+    print(_table(rows))
+    if "compile_cache" in result:
+        c = result["compile_cache"]
+        print(
+            f"\ncompile cache (cnn, E=8): cold {c['cold_seconds']:.2f} s, warm {c['warm_seconds']:.2f} s "
+            f"({100 * c['warm_over_cold']:.0f}%)"
+        )
+    print(f"\nwritten: {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
