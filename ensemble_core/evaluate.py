@@ -40,18 +40,35 @@ def make_predict(model: nn.Module, mesh: Mesh, strategy: str = "vmap"):
     )
 
 
-def member_probs(predict, params: Any, images: np.ndarray, mesh: Mesh, batch_size: int) -> np.ndarray:
+def member_probs(
+    predict, params: Any, images: np.ndarray, mesh: Mesh, batch_size: int, *, one_member_per_device: bool = False
+) -> np.ndarray:
     """Every member's probabilities on ``images`` (uint8 ``[N, H, W, C]``), in chunks.
 
-    The last chunk is padded to the chunk size (so one compiled program serves all
-    chunks) and the padding is cut off.
+    ``batch_size`` is the number of examples one device pushes through at once. With
+    several members per device, either each chunk is ``batch_size / members_per_device``
+    examples (vmap), or, with ``one_member_per_device`` (the 'unroll' strategy on CPU),
+    the members are evaluated in groups of one member per device, which keeps each
+    device's working set that of a single network. The last chunk is padded to the chunk
+    size (so one compiled program serves all chunks) and the padding is cut off.
 
     Returns:
       float32 ``[E, N, C]`` on the host.
     """
+    e = jax.tree.leaves(params)[0].shape[0]
+    per_device = e // mesh.shape[ENSEMBLE_AXIS]
+    if one_member_per_device and per_device > 1:
+        # Device d holds members [d * per_device, (d + 1) * per_device): group j takes member
+        # d * per_device + j from every device d, so the slice stays on its device.
+        groups = [
+            member_probs(predict, _take_members(params, j, per_device, mesh), images, mesh, batch_size)
+            for j in range(per_device)
+        ]
+        return np.stack(groups, axis=1).reshape(e, *groups[0].shape[1:])
     n = len(images)
     data = mesh.shape[DATA_AXIS]
-    chunk = -(-min(batch_size, n) // data) * data
+    chunk = max(1, min(batch_size // per_device, n))
+    chunk = -(-chunk // data) * data
     sharding = NamedSharding(mesh, P(DATA_AXIS))
     out = []
     for start in range(0, n, chunk):
@@ -62,3 +79,9 @@ def member_probs(predict, params: Any, images: np.ndarray, mesh: Mesh, batch_siz
         probs = predict(params, jax.device_put(part, sharding))
         out.append(probs[:, : chunk - pad] if pad else probs)
     return np.asarray(jnp.concatenate(out, axis=1), dtype=np.float32)
+
+
+def _take_members(params: Any, j: int, step: int, mesh: Mesh) -> Any:
+    """Members ``j, j + step, ...`` of a struct-of-arrays pytree, one per device."""
+    take = jax.jit(lambda t: jax.tree.map(lambda x: x[j::step], t), out_shardings=NamedSharding(mesh, P(ENSEMBLE_AXIS)))
+    return take(params)

@@ -253,9 +253,12 @@ def predict_member_probs(
     steady-state throughput in member-images/s (the program is compiled first)."""
     strategy = strategy or resolve_strategy(cfg)
     predict = make_predict(model, mesh, strategy)
-    member_probs(predict, state.params, images[: cfg.eval.batch_size], mesh, cfg.eval.batch_size)  # compile
+    one = strategy == "unroll"
+    member_probs(
+        predict, state.params, images[: cfg.eval.batch_size], mesh, cfg.eval.batch_size, one_member_per_device=one
+    )
     t0 = time.perf_counter()
-    probs = member_probs(predict, state.params, images, mesh, cfg.eval.batch_size)
+    probs = member_probs(predict, state.params, images, mesh, cfg.eval.batch_size, one_member_per_device=one)
     seconds = time.perf_counter() - t0
     probs = probs[: cfg.ensemble.size]
     return probs, probs.shape[0] * probs.shape[1] / seconds
