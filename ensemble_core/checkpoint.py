@@ -9,6 +9,11 @@ asynchronous; :meth:`EnsembleCheckpointer.close` waits for them.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import shutil
+import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +21,7 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
-from ensemble_core.errors import CheckpointError
+from ensemble_core.errors import CheckpointError, EnsembleError
 
 
 class EnsembleCheckpointer:
@@ -45,12 +50,36 @@ class EnsembleCheckpointer:
         return list(self._manager.all_steps())
 
     def save(self, step: int, state: Any, meta: dict) -> None:
-        """Start an asynchronous save of ``state`` and ``meta`` as checkpoint ``step``."""
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-            force=True,
-        )
+        """Start an asynchronous save of ``state`` and ``meta`` as checkpoint ``step``.
+
+        Raises:
+          CheckpointError: this or the previous (asynchronous) save failed, e.g. disk full;
+            earlier finished checkpoints are untouched (orbax writes to a temporary
+            directory and renames it only when complete).
+        """
+        with self._write_errors(step):
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+                force=True,
+            )
+
+    @contextlib.contextmanager
+    def _write_errors(self, step: int | None):
+        try:
+            yield
+        except Exception as err:  # noqa: BLE001  (OSError, or orbax re-raising one from its thread)
+            errno_name = ""
+            for e in (err, err.__cause__, err.__context__):
+                if isinstance(e, OSError) and e.errno:
+                    errno_name = f" [{errno.errorcode.get(e.errno, e.errno)}]"
+                    break
+            finished = [p.name for p in sorted(self.directory.iterdir()) if p.name.isdigit()]
+            raise CheckpointError(
+                f"saving a checkpoint in {self.directory} failed{errno_name} ({type(err).__name__}: "
+                f"{str(err)[:300]}); the finished checkpoints {finished} are intact; "
+                f"fix: free disk space (or fix the write error) and rerun with the same run name to resume"
+            ) from None
 
     def read_meta(self, step: int | None = None) -> dict:
         """The JSON metadata of ``step`` (default: latest) without touching the arrays."""
@@ -89,17 +118,75 @@ class EnsembleCheckpointer:
             ) from None
         return out["state"], out["meta"]
 
+    def restore_latest_valid(self, target: Any, check=None) -> tuple[Any, dict, int]:
+        """Restore the newest checkpoint that reads back, falling back to older ones.
+
+        A step that cannot be read (a truncated or deleted file, a half-written save) is
+        reported with a warning naming it and moved to ``<run>/corrupt-checkpoints/`` so
+        that later saves cannot collide with it; valid checkpoints are never touched.
+        ``check(meta)`` runs on the newest readable metadata before any array is read
+        (it raises to refuse an incompatible run).
+
+        Returns:
+          ``(state, meta, step)``.
+
+        Raises:
+          CheckpointError: no step could be restored.
+        """
+        checked = False
+        for step in sorted(self.all_steps(), reverse=True):
+            try:
+                meta = self.read_meta(step)
+                if check is not None and not checked:
+                    check(meta)
+                    checked = True
+                state, meta = self.restore(target, step)
+                return state, meta, step
+            except EnsembleError as err:
+                if not isinstance(err, CheckpointError):  # check() refused the run: not a damaged file
+                    raise
+                self._quarantine(step, err)
+            except Exception as err:  # orbax/tensorstore raise many types for damaged files
+                self._quarantine(step, err)
+        raise CheckpointError(
+            f"no readable checkpoint in {self.directory}; fix: delete the run directory or use another --run-name"
+        )
+
+    def _quarantine(self, step: int, err: Exception) -> None:
+        bad = self.directory / str(step)
+        dest = self.directory.parent / "corrupt-checkpoints" / f"{step}-{int(time.time())}"
+        warnings.warn(
+            f"checkpoint step {step} in {self.directory} is unreadable ({type(err).__name__}: "
+            f"{str(err)[:200]}); moved to {dest}, falling back to an older step",
+            stacklevel=3,
+        )
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if bad.exists():
+            shutil.move(str(bad), dest)
+        self._manager.reload()
+
     def wait(self) -> None:
-        """Block until every asynchronous save has finished."""
-        self._manager.wait_until_finished()
+        """Block until every asynchronous save has finished.
+
+        Raises:
+          CheckpointError: a pending save failed (see :meth:`save`).
+        """
+        with self._write_errors(None):
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
         """Wait for pending saves and release the manager."""
-        self._manager.wait_until_finished()
-        self._manager.close()
+        try:
+            self.wait()
+        finally:
+            self._manager.close()
 
     def __enter__(self) -> EnsembleCheckpointer:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # already failing: release without masking the original error
+            with contextlib.suppress(Exception):
+                self.close()

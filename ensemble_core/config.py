@@ -82,6 +82,11 @@ class TrainConfig(_Section):
         "sgd", description="optax optimizer: sgd (with momentum), adam or adamw."
     )
     weight_decay: float = Field(0.0, ge=0, description="adamw weight decay.")
+    on_divergence: Literal["freeze", "fail"] = Field(
+        "freeze",
+        description="When a member's loss or parameters become non-finite: 'freeze' it (its "
+        "updates are masked, it is left out of the ensemble metrics) or 'fail' the run.",
+    )
 
 
 class MeshConfig(_Section):

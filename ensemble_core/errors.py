@@ -25,3 +25,19 @@ class MeshError(EnsembleError, ValueError):
 
 class CheckpointError(EnsembleError):
     """A checkpoint cannot be written or restored (or does not fit the config)."""
+
+
+class RunLockedError(EnsembleError):
+    """Another process is using the run directory."""
+
+
+class PreemptedError(EnsembleError):
+    """Training was asked to stop (SIGTERM); a checkpoint was saved at the step boundary."""
+
+
+class DivergenceError(EnsembleError):
+    """A member diverged and the config says to fail the run."""
+
+
+class IncompatibleRunError(ConfigError):
+    """The run directory holds checkpoints of a different model, dataset, seed or E."""

@@ -93,23 +93,34 @@ def scores(probs: np.ndarray, labels: np.ndarray, num_bins: int = 15) -> dict[st
     }
 
 
-def evaluate_all(member_probs: np.ndarray, labels: np.ndarray, num_bins: int = 15) -> dict:
+def evaluate_all(
+    member_probs: np.ndarray, labels: np.ndarray, num_bins: int = 15, healthy: np.ndarray | None = None
+) -> dict:
     """Every metric of the report from member probabilities ``[E, N, C]`` and labels ``[N]``.
 
+    Args:
+      healthy: bool ``[E]``; the ensemble, member-mean and diversity figures use only the
+        healthy members (default: all). Every member still gets its own scores.
+
     Returns:
-      ``{"ensemble": scores, "members": [scores] * E, "member_mean": scores,
-      "diversity": {"disagreement", "predictive_entropy", "mutual_information"}}``.
+      ``{"ensemble": scores, "members": [scores + {"healthy"}] * E, "member_mean": scores,
+      "diversity": {"disagreement", "predictive_entropy", "mutual_information"},
+      "diverged_members": [indices]}``.
     """
-    members = [scores(p, labels, num_bins) for p in member_probs]
+    healthy = np.ones(len(member_probs), bool) if healthy is None else np.asarray(healthy, bool)
+    members = [{**scores(p, labels, num_bins), "healthy": bool(h)} for p, h in zip(member_probs, healthy, strict=True)]
+    used = member_probs[healthy]
+    kept = [m for m in members if m["healthy"]]
     return {
-        "ensemble": scores(ensemble_probs(member_probs), labels, num_bins),
+        "ensemble": scores(ensemble_probs(used), labels, num_bins),
         "members": members,
-        "member_mean": {k: float(np.mean([m[k] for m in members])) for k in members[0]},
+        "member_mean": {k: float(np.mean([m[k] for m in kept])) for k in ("accuracy", "nll", "brier", "ece")},
         "diversity": {
-            "disagreement": disagreement(member_probs),
-            "predictive_entropy": float(predictive_entropy(member_probs).mean()),
-            "mutual_information": float(mutual_information(member_probs).mean()),
+            "disagreement": disagreement(used),
+            "predictive_entropy": float(predictive_entropy(used).mean()),
+            "mutual_information": float(mutual_information(used).mean()),
         },
+        "diverged_members": np.flatnonzero(~healthy).tolist(),
     }
 
 

@@ -7,8 +7,11 @@ Stages exchange paths and small JSON-able dicts, never arrays.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,11 +26,19 @@ from ensemble_core import metrics as metrics_lib
 from ensemble_core import report as report_lib
 from ensemble_core.checkpoint import EnsembleCheckpointer
 from ensemble_core.config import DataConfig, PipelineConfig
-from ensemble_core.errors import CheckpointError, ConfigError, DataError
+from ensemble_core.errors import (
+    ConfigError,
+    DataError,
+    DivergenceError,
+    IncompatibleRunError,
+    PreemptedError,
+    RunLockedError,
+)
 from ensemble_core.evaluate import make_predict, member_probs
 from ensemble_core.mesh import MeshPlan, make_mesh, plan_mesh, replicated
 from ensemble_core.models import build_model
 from ensemble_core.rngs import key_layout, keys_from_layout, member_keys
+from ensemble_core.runlock import is_locked, run_lock
 from ensemble_core.train import (
     default_strategy,
     fit,
@@ -85,17 +96,82 @@ def _compatible(saved: dict, cfg: PipelineConfig, run_dir: Path) -> None:
     old = PipelineConfig.model_validate(saved["config"])
     for key in ("model", "data"):
         if getattr(old, key) != getattr(cfg, key):
-            raise CheckpointError(
+            raise IncompatibleRunError(
                 f"run '{run_dir}' was started with a different '{key}' config "
                 f"({getattr(old, key).model_dump()} vs {getattr(cfg, key).model_dump()}); "
                 f"fix: use a new --run-name or the original config"
             )
     if old.ensemble.size != cfg.ensemble.size or old.seed != cfg.seed:
-        raise CheckpointError(
+        raise IncompatibleRunError(
             f"run '{run_dir}' holds a checkpoint of ensemble.size={old.ensemble.size}, "
             f"seed={old.seed}; this config asks for size={cfg.ensemble.size}, seed={cfg.seed}; "
             f"fix: use a new --run-name or the original values"
         )
+
+
+def check_output_dir(output_dir: str | Path) -> Path:
+    """Create ``output_dir`` if needed and make sure it is writable.
+
+    Raises:
+      ConfigError: it cannot be created or written.
+    """
+    out = Path(output_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(
+            f"cannot create output directory '{out}': {err.strerror}; fix: pass a writable --output-dir"
+        ) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(f"output directory '{out}' is not writable; fix: pass a writable --output-dir")
+    return out
+
+
+def check_run_name(run_name: str) -> str:
+    """A run name is one path component.
+
+    Raises:
+      ConfigError: empty, '.', '..', or containing a path separator.
+    """
+    if not run_name or run_name in (".", "..") or "/" in run_name or "\\" in run_name or "\0" in run_name:
+        raise ConfigError(
+            f"run name {run_name!r} is not a single directory name; fix: use letters, digits, '-', '_' or '.'"
+        )
+    return run_name
+
+
+def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> dict:
+    """Every check that can fail before training, in order; writes nothing in the run dir.
+
+    Mesh, output directory, run name, the run's lock, the dataset (prepared if needed)
+    against the config, and an existing run's checkpoint against the config.
+
+    Returns:
+      The dataset info dict.
+
+    Raises:
+      EnsembleError: the first problem found (ConfigError, MeshError, DataError,
+        RunLockedError, IncompatibleRunError).
+    """
+    plan(cfg)
+    run_dir = check_output_dir(output_dir) / check_run_name(run_name)
+    if is_locked(run_dir):
+        raise RunLockedError(
+            f"run directory '{run_dir}' is in use by another run; fix: wait for it to finish or choose another "
+            f"--run-name"
+        )
+    dataset = prepare_dataset(cfg.data)
+    check_against_dataset(cfg, dataset)
+    ckpt_dir = run_dir / CHECKPOINT_DIR
+    if ckpt_dir.is_dir() and any(p.name.isdigit() for p in ckpt_dir.iterdir()):
+        with EnsembleCheckpointer(ckpt_dir) as ckpt:
+            try:
+                meta = ckpt.read_meta()
+            except Exception:  # noqa: BLE001  (a damaged latest step: training falls back itself)
+                meta = None
+        if meta is not None:
+            _compatible(meta, cfg, run_dir)
+    return dataset
 
 
 # MARK: stages
@@ -134,18 +210,25 @@ def train_ensemble(
     strategy: str | None = None,
     on_step: Callable[[int, int, int], None] | None = None,
     on_epoch: Callable[[dict], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> dict:
     """Train (or resume) the ensemble, checkpointing under ``run_dir/checkpoints``.
 
-    If ``run_dir`` already holds a checkpoint of a compatible config, training resumes
-    after its last completed epoch with the same data order.
+    Holds the run directory's lock for the whole training. If ``run_dir`` already holds a
+    checkpoint of a compatible config, training resumes from its data position (epoch
+    and step) with the same data order. Checkpoint names are global optimizer steps.
+    SIGTERM (in the main thread) or ``should_stop()`` stops training at the next step
+    boundary, after a checkpoint there has been written.
 
     Returns:
       ``{"checkpoint_dir", "checkpoint_step", "history", "timing", "mesh", "strategy",
-      "backend", "devices", "resumed_from"}``.
+      "backend", "devices", "resumed_from", "diverged_members"}``.
 
     Raises:
-      CheckpointError: the run directory holds an incompatible checkpoint.
+      IncompatibleRunError: the run directory holds checkpoints of another config.
+      RunLockedError: another process trains in this run directory.
+      PreemptedError: stopped by SIGTERM / ``should_stop`` (a checkpoint was saved).
+      DivergenceError: a member diverged and ``train.on_divergence`` is ``fail``.
     """
     run_dir = Path(run_dir)
     check_against_dataset(cfg, dataset)
@@ -163,34 +246,48 @@ def train_ensemble(
     ckpt_dir = run_dir / CHECKPOINT_DIR
     state = init_ensemble(model, tx, member_key["init"], tuple(dataset["image_shape"]), mesh)
     history: list[dict] = []
-    start_epoch = 0
+    position = {"epoch": 0, "step_in_epoch": 0, "loss_sum": None, "accuracy_sum": None}
     resumed_from = None
-    with EnsembleCheckpointer(ckpt_dir, keep=cfg.checkpoint.keep) as ckpt:
+    with run_lock(run_dir), EnsembleCheckpointer(ckpt_dir, keep=cfg.checkpoint.keep) as ckpt, _sigterm() as term:
         if ckpt.latest_step() is not None:
-            _compatible(ckpt.read_meta(), cfg, run_dir)
-            state, meta = ckpt.restore(state)
-            start_epoch = resumed_from = int(meta["epoch"])
+            state, meta, _ = ckpt.restore_latest_valid(state, check=lambda m: _compatible(m, cfg, run_dir))
+            position = meta["data_position"]
+            resumed_from = int(meta["epoch"])
             history = list(meta["history"])
 
+        def save(st, pos: dict) -> None:
+            ckpt.save(
+                int(st.step),
+                st,
+                {
+                    "config": cfg.model_dump(mode="json"),
+                    "epoch": pos["epoch"],
+                    "step": int(st.step),
+                    "data_position": pos,
+                    "members_trained": mesh_plan.padded_members,
+                    "healthy": np.asarray(st.healthy).tolist(),
+                    "dataset": {k: dataset[k] for k in ("name", "num_classes", "image_shape")},
+                    "history": history,
+                },
+            )
+
         def on_epoch_end(epoch: int, st, record: dict) -> None:
+            healthy = np.asarray(st.healthy)
+            record["diverged_members"] = np.flatnonzero(~healthy).tolist()
             history.append(record)
             done = epoch + 1
-            if done % cfg.checkpoint.every_epochs == 0 or done == cfg.train.epochs:
-                ckpt.save(
-                    done,
-                    st,
-                    {
-                        "config": cfg.model_dump(mode="json"),
-                        "epoch": done,
-                        "step": int(st.step),
-                        "data_position": {"next_epoch": done, "step_in_epoch": 0},
-                        "members_trained": mesh_plan.padded_members,
-                        "dataset": {k: dataset[k] for k in ("name", "num_classes", "image_shape")},
-                        "history": history,
-                    },
-                )
+            fail = cfg.train.on_divergence == "fail" and not healthy.all()
+            if done % cfg.checkpoint.every_epochs == 0 or done == cfg.train.epochs or fail:
+                save(st, {"epoch": done, "step_in_epoch": 0, "loss_sum": None, "accuracy_sum": None})
             if on_epoch is not None:
                 on_epoch(record)
+            if fail:
+                ckpt.wait()
+                raise DivergenceError(
+                    f"member(s) {record['diverged_members']} diverged (non-finite loss or parameters) in epoch "
+                    f"{done}; train.on_divergence=fail stops the run; fix: lower train.learning_rate, or set "
+                    f"train.on_divergence=freeze to train on without them"
+                )
 
         dev_images = jax.device_put(images, replicated(mesh))
         dev_labels = jax.device_put(labels, replicated(mesh))
@@ -204,10 +301,22 @@ def train_ensemble(
             mesh,
             epochs=cfg.train.epochs,
             batch_size=cfg.train.batch_size,
-            start_epoch=start_epoch,
+            start_epoch=position["epoch"],
+            start_step=position["step_in_epoch"],
+            partial=position if position["step_in_epoch"] else None,
             on_step=on_step,
             on_epoch_end=on_epoch_end,
+            should_stop=lambda: term.is_set() or (should_stop is not None and should_stop()),
         )
+        if timing["stopped_at"] is not None:
+            save(state, timing["stopped_at"])
+            ckpt.wait()
+            where = timing["stopped_at"]
+            raise PreemptedError(
+                f"training stopped at epoch {where['epoch'] + 1}, step {where['step_in_epoch']} (global step "
+                f"{int(state.step)}); a checkpoint was saved there; fix: rerun with the same run name "
+                f"(--run-name {run_dir.name}) to resume"
+            )
         ckpt.wait()
         step = ckpt.latest_step()
     images_seen = timing["steps"] * cfg.train.batch_size * cfg.ensemble.size
@@ -223,7 +332,22 @@ def train_ensemble(
         "backend": jax.default_backend(),
         "devices": jax.device_count(),
         "resumed_from": resumed_from,
+        "diverged_members": np.flatnonzero(~np.asarray(state.healthy)[: cfg.ensemble.size]).tolist(),
     }
+
+
+@contextlib.contextmanager
+def _sigterm():
+    """While active (main thread only), SIGTERM sets the yielded event instead of killing."""
+    event = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield event
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: event.set())
+    try:
+        yield event
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def restore_ensemble(cfg: PipelineConfig, run_dir: str | Path, num_classes: int, image_shape) -> tuple:
@@ -275,7 +399,8 @@ def evaluate(
     """Restore the latest checkpoint, predict the test split with every member, score it.
 
     Writes ``run_dir/predictions.npz`` (unless ``write_predictions`` is False):
-    ``member_probs`` float32 ``[E, N, C]`` and ``labels`` int32 ``[N]``.
+    ``member_probs`` float32 ``[E, N, C]``, ``labels`` int32 ``[N]`` and ``healthy`` bool
+    ``[E]`` (False: the member diverged and was frozen; it is left out of the ensemble).
 
     Returns:
       :func:`ensemble_core.metrics.evaluate_all` plus ``"eval_member_images_per_s"``.
@@ -284,9 +409,15 @@ def evaluate(
     state, mesh, model = restore_ensemble(cfg, run_dir, dataset["num_classes"], dataset["image_shape"])
     images, labels = _load(cfg, dataset, "test")
     probs, throughput = predict_member_probs(cfg, state, mesh, model, images, strategy=strategy)
+    healthy = np.asarray(state.healthy)[: cfg.ensemble.size]
+    if not healthy.any():
+        raise DivergenceError(
+            f"every member of '{run_dir}' diverged, there is no ensemble to evaluate; fix: lower "
+            f"train.learning_rate and train again"
+        )
     if write_predictions:
-        atomic_savez(run_dir / PREDICTIONS, member_probs=probs, labels=labels.astype(np.int32))
-    result = metrics_lib.evaluate_all(probs, labels, cfg.eval.ece_bins)
+        atomic_savez(run_dir / PREDICTIONS, member_probs=probs, labels=labels.astype(np.int32), healthy=healthy)
+    result = metrics_lib.evaluate_all(probs, labels, cfg.eval.ece_bins, healthy=healthy)
     result["eval_member_images_per_s"] = throughput
     return result
 

@@ -39,6 +39,7 @@ def build_report(
         "members": evaluation["members"],
         "member_mean": evaluation["member_mean"],
         "diversity": evaluation["diversity"],
+        "diverged_members": evaluation["diverged_members"],
         "timing": {
             "compile_seconds": timing["compile_seconds"],
             "train_seconds": timing["train_seconds"],
@@ -76,6 +77,8 @@ def render_markdown(report: dict, plots: bool = True) -> str:
     """``report.md``: headline, per-member table, diversity, timing (and the plots)."""
     ens, mean, div, t = report["ensemble"], report["member_mean"], report["diversity"], report["timing"]
     cfg = report["config"]
+    diverged = report.get("diverged_members") or []
+    warning = [f"**Diverged members** (frozen, left out of the ensemble figures): {diverged}.", ""] if diverged else []
     lines = [
         f"# Ensemble report: {report['run_name']}",
         "",
@@ -84,6 +87,7 @@ def render_markdown(report: dict, plots: bool = True) -> str:
         f"mesh ensemble={report['mesh']['ensemble']} x data={report['mesh']['data']}, "
         f"member strategy `{report['strategy']}`.",
         "",
+        *warning,
         f"**Ensemble**: accuracy {_fmt(ens['accuracy'])}, NLL {_fmt(ens['nll'])} "
         f"(member mean {_fmt(mean['nll'])}), Brier {_fmt(ens['brier'])}, ECE {_fmt(ens['ece'])}.",
         "",

@@ -24,7 +24,7 @@ import optax
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from jaxtyping import Array, Int, UInt8
+from jaxtyping import Array, Bool, Int, UInt8
 
 from ensemble_core.config import TrainConfig
 from ensemble_core.data import to_float
@@ -42,19 +42,24 @@ class EnsembleState:
     step: Int[Array, ""]
     params: Any
     opt_state: Any
+    healthy: Bool[Array, " E"]  # False once a member's loss or parameters went non-finite
 
 
 # MARK: building blocks
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-    """The optax optimizer named by ``cfg.optimizer`` (HOWTO default: SGD 0.1, momentum 0.9)."""
+    """The optax optimizer named by ``cfg.optimizer`` (HOWTO default: SGD 0.1, momentum 0.9).
+
+    Wrapped in ``optax.inject_hyperparams``, so the learning rate lives in the optimizer
+    state: per member (leading axis E) once the state is stacked.
+    """
     if cfg.optimizer == "sgd":
-        return optax.sgd(cfg.learning_rate, momentum=cfg.momentum or None)
+        return optax.inject_hyperparams(optax.sgd)(learning_rate=cfg.learning_rate, momentum=cfg.momentum or None)
     if cfg.optimizer == "adam":
-        return optax.adam(cfg.learning_rate)
+        return optax.inject_hyperparams(optax.adam)(learning_rate=cfg.learning_rate)
     if cfg.optimizer == "adamw":
-        return optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay)
+        return optax.inject_hyperparams(optax.adamw)(learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay)
     raise ConfigError(f"unknown train.optimizer '{cfg.optimizer}'; fix: use sgd, adam or adamw")
 
 
@@ -109,9 +114,11 @@ def init_ensemble(
 
     def init_all(keys):
         params, opt_state = jax.vmap(init_one)(keys)
-        return EnsembleState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
+        healthy = jnp.ones(keys.shape, jnp.bool_)
+        return EnsembleState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state, healthy=healthy)
 
-    shardings = EnsembleState(step=replicated(mesh), params=member_sharding(mesh), opt_state=member_sharding(mesh))
+    ms = member_sharding(mesh)
+    shardings = EnsembleState(step=replicated(mesh), params=ms, opt_state=ms, healthy=ms)
     return jax.jit(init_all, out_shardings=shardings)(init_keys)
 
 
@@ -122,6 +129,7 @@ def state_shardings(state: EnsembleState, mesh: Mesh) -> EnsembleState:
         step=replicated(mesh),
         params=jax.tree.map(lambda _: ms, state.params),
         opt_state=jax.tree.map(lambda _: ms, state.opt_state),
+        healthy=ms,
     )
 
 
@@ -140,12 +148,14 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, mesh: Me
 
     Returns:
       The new state and ``{"loss": float32 [E], "accuracy": float32 [E]}``: each member's
-      mean softmax cross-entropy (nats) and accuracy on its batch, before the update.
+      mean softmax cross-entropy (nats) and accuracy on its batch, before the update. A
+      member whose loss or updated parameters are not finite keeps its previous
+      parameters and optimizer state and is marked ``healthy=False`` for good.
     """
 
     data_size = mesh.shape[DATA_AXIS]
 
-    def member_update(params, opt_state, images, labels):
+    def member_update(params, opt_state, healthy, images, labels):
         # Each data shard holds B / data examples; its share of the batch-mean loss is its
         # sum over the global batch size. Params are invariant over 'data', so under
         # shard_map's varying-manual-axes typing the gradient w.r.t. them is psum-ed over
@@ -161,23 +171,36 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, mesh: Me
         (share, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         correct = jnp.sum(jnp.argmax(logits, -1) == labels) / global_batch
         loss, accuracy = lax.psum((share, correct), DATA_AXIS)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss, accuracy
+        updates, new_opt_state = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        # A member whose loss or new parameters are not finite is frozen from now on: its
+        # update is masked out here, inside the step, and the other members train on.
+        finite = jnp.isfinite(loss) & jnp.all(
+            jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(new_params)])
+        )
+        keep = healthy & finite
 
-    def local(params, opt_state, images, labels, indices):
-        return map_members(member_update, strategy)(params, opt_state, images[indices], labels[indices])
+        def masked(new_tree, old_tree):
+            return jax.tree.map(lambda n, o: jnp.where(keep, n, o), new_tree, old_tree)
+
+        return masked(new_params, params), masked(new_opt_state, opt_state), keep, loss, accuracy
+
+    def local(params, opt_state, healthy, images, labels, indices):
+        return map_members(member_update, strategy)(params, opt_state, healthy, images[indices], labels[indices])
 
     members = P(ENSEMBLE_AXIS)
     sharded = jax.shard_map(
         local,
         mesh=mesh,
-        in_specs=(members, members, P(), P(), P(ENSEMBLE_AXIS, DATA_AXIS)),
-        out_specs=(members, members, members, members),
+        in_specs=(members, members, members, P(), P(), P(ENSEMBLE_AXIS, DATA_AXIS)),
+        out_specs=(members,) * 5,
     )
 
     def train_step(state: EnsembleState, images, labels, indices):
-        params, opt_state, loss, accuracy = sharded(state.params, state.opt_state, images, labels, indices)
-        new = EnsembleState(step=state.step + 1, params=params, opt_state=opt_state)
+        params, opt_state, healthy, loss, accuracy = sharded(
+            state.params, state.opt_state, state.healthy, images, labels, indices
+        )
+        new = EnsembleState(step=state.step + 1, params=params, opt_state=opt_state, healthy=healthy)
         return new, {"loss": loss, "accuracy": accuracy}
 
     return jax.jit(train_step, donate_argnames=("state",))
@@ -197,59 +220,86 @@ def fit(
     epochs: int,
     batch_size: int,
     start_epoch: int = 0,
+    start_step: int = 0,
+    partial: dict | None = None,
     on_step: Callable[[int, int, int], None] | None = None,
     on_epoch_end: Callable[[int, EnsembleState, dict], None] | None = None,
-) -> tuple[EnsembleState, dict[str, float]]:
-    """Train from ``start_epoch`` to ``epochs`` (0-based, end exclusive); no I/O of its own.
+    should_stop: Callable[[], bool] | None = None,
+) -> tuple[EnsembleState, dict]:
+    """Train from (``start_epoch``, ``start_step``) to the end of epoch ``epochs - 1``.
 
-    Member e's batches in epoch k come from :func:`ensemble_core.rngs.epoch_order` with
-    ``data_keys[e]``, so resuming at an epoch boundary continues the exact data order.
+    No I/O of its own. Member e's batches in epoch k come from
+    :func:`ensemble_core.rngs.epoch_order` with ``data_keys[e]``, so resuming at any
+    (epoch, step) position continues the exact data order.
 
     Args:
       images, labels: the training split on device (see :func:`make_train_step`).
       data_keys: typed keys ``[E]``.
+      start_step: steps of ``start_epoch`` already done (a mid-epoch resume).
+      partial: ``{"loss_sum": [E], "accuracy_sum": [E]}`` of those steps, so the epoch's
+        means come out as if it had not been interrupted.
       on_step: ``on_step(epoch, step_in_epoch, steps_per_epoch)`` after each dispatched step.
       on_epoch_end: ``on_epoch_end(epoch, state, record)`` where record holds
         ``train_loss``/``train_accuracy`` lists of length E (epoch means).
+      should_stop: polled after every step; when it returns True, training stops at that
+        step boundary.
 
     Returns:
-      The final state and timing: ``compile_seconds`` (lowering+compiling the step, 0 if
-      no step ran), ``train_seconds`` (steady-state wall time of all steps, checkpoint
-      callbacks excluded) and ``steps``.
+      The state and a dict: ``compile_seconds`` (lowering+compiling the step, 0 if no
+      step ran), ``train_seconds`` (steady-state wall time of all steps, checkpoint
+      callbacks excluded), ``steps`` (run in this call), and ``stopped_at`` (None, or
+      ``{"epoch", "step_in_epoch", "loss_sum", "accuracy_sum"}`` where it stopped).
     """
     idx_sharding = NamedSharding(mesh, P(ENSEMBLE_AXIS, DATA_AXIS))
     n = int(images.shape[0])
     compiled = None
-    timing = {"compile_seconds": 0.0, "train_seconds": 0.0, "steps": 0}
+    timing: dict = {"compile_seconds": 0.0, "train_seconds": 0.0, "steps": 0, "stopped_at": None}
     for epoch in range(start_epoch, epochs):
         order = epoch_order(data_keys, epoch, n, batch_size)  # [S, E, B]
         steps = order.shape[0]
-        first = jax.device_put(order[0], idx_sharding)
+        first_step = start_step if epoch == start_epoch else 0
+        if first_step >= steps:
+            continue
+        first = jax.device_put(order[first_step], idx_sharding)
         if compiled is None:
             t0 = time.perf_counter()
             compiled = train_step.lower(state, images, labels, first).compile()
             timing["compile_seconds"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        loss_sum = acc_sum = 0.0
+        resumed = partial if epoch == start_epoch and first_step else None
+        loss_sum = np.asarray(resumed["loss_sum"]) if resumed else 0.0
+        acc_sum = np.asarray(resumed["accuracy_sum"]) if resumed else 0.0
         nxt = first
-        for s in range(steps):
+        for s in range(first_step, steps):
             cur = nxt
             if s + 1 < steps:  # stage the next indices while this step runs
                 nxt = jax.device_put(order[s + 1], idx_sharding)
             state, metrics = compiled(state, images, labels, cur)
             loss_sum = loss_sum + metrics["loss"]
             acc_sum = acc_sum + metrics["accuracy"]
+            timing["steps"] += 1
             if on_step is not None:
                 on_step(epoch, s, steps)
+            if should_stop is not None and s + 1 < steps and should_stop():
+                timing["train_seconds"] += time.perf_counter() - t0
+                timing["stopped_at"] = {
+                    "epoch": epoch,
+                    "step_in_epoch": s + 1,
+                    "loss_sum": np.asarray(loss_sum).tolist(),
+                    "accuracy_sum": np.asarray(acc_sum).tolist(),
+                }
+                return state, timing
         record = {
             "epoch": epoch + 1,
             "train_loss": (np.asarray(loss_sum) / steps).tolist(),
             "train_accuracy": (np.asarray(acc_sum) / steps).tolist(),
         }
         timing["train_seconds"] += time.perf_counter() - t0
-        timing["steps"] += steps
         if on_epoch_end is not None:
             on_epoch_end(epoch, state, record)
+        if should_stop is not None and epoch + 1 < epochs and should_stop():
+            timing["stopped_at"] = {"epoch": epoch + 1, "step_in_epoch": 0, "loss_sum": None, "accuracy_sum": None}
+            return state, timing
     return state, timing
 
 

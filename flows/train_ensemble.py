@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import sys
-from pathlib import Path
 
 from prefect import flow
 from prefect.runtime import flow_run
@@ -33,7 +31,7 @@ from ensemble_core.config import (
     TrainConfig,
     load_config,
 )
-from ensemble_core.errors import ConfigError, EnsembleError
+from ensemble_core.errors import EnsembleError, PreemptedError
 from flows import _env  # noqa: F401  (must precede every JAX import)
 from tasks.champion import compare_with_champion
 from tasks.evaluate import evaluate
@@ -52,24 +50,6 @@ def default_run_name() -> str:
     stamp = (start or dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
     name = flow_run.get_name()
     return f"{stamp}-{name}" if name else stamp
-
-
-def check_output_dir(output_dir: str | Path) -> Path:
-    """Create ``output_dir`` if needed and make sure it is writable.
-
-    Raises:
-      ConfigError: it cannot be created or written.
-    """
-    out = Path(output_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(
-            f"cannot create output directory '{out}': {err.strerror}; fix: pass a writable --output-dir"
-        ) from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise ConfigError(f"output directory '{out}' is not writable; fix: pass a writable --output-dir")
-    return out
 
 
 @flow(
@@ -110,7 +90,7 @@ def train_ensemble(
     )
     mesh_plan = pipeline.plan(config)  # MeshError before any compute
     run_name = run_name or default_run_name()
-    run_dir = check_output_dir(output_dir) / run_name
+    run_dir = pipeline.check_output_dir(output_dir) / pipeline.check_run_name(run_name)
     dataset = prepare_dataset(config.data)
     keys = split_rngs(config, mesh_plan.padded_members)
     summary = train_task(config, dataset, keys, str(run_dir))
@@ -139,21 +119,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """CLI entry point: 0 done, 2 bad input or a failed stage, 75 preempted (resumable)."""
     args = parse_args(argv)
+    run_name = args.run_name or dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     try:
         config = load_config(args.config, args.overrides)
-        pipeline.plan(config)
-        check_output_dir(args.output_dir)
+        pipeline.preflight(config, args.output_dir, run_name)
     except EnsembleError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    run_name = args.run_name or dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     try:
         run_dir = train_ensemble(
             **{name: getattr(config, name) for name in PipelineConfig.model_fields},
             output_dir=args.output_dir,
             run_name=run_name,
         )
+    except PreemptedError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 75
     except EnsembleError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

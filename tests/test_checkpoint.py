@@ -9,7 +9,7 @@ import pytest
 from ensemble_core import pipeline
 from ensemble_core.checkpoint import EnsembleCheckpointer
 from ensemble_core.config import load_config
-from ensemble_core.errors import CheckpointError
+from ensemble_core.errors import IncompatibleRunError
 
 
 def _cfg(tfds_dir, *extra):
@@ -46,11 +46,12 @@ def test_round_trip_and_keep_last(tmp_path, tfds_dir):
     cfg = _cfg(tfds_dir)
     summary, dataset = _run(cfg, tmp_path / "run")
     ckpt = EnsembleCheckpointer(tmp_path / "run" / "checkpoints", keep=2)
-    assert ckpt.all_steps() == [2, 3]
+    assert ckpt.all_steps() == [16, 24]  # global steps: 8 per epoch
     meta = ckpt.read_meta()
-    assert meta["epoch"] == 3 and meta["data_position"] == {"next_epoch": 3, "step_in_epoch": 0}
+    assert meta["epoch"] == 3
+    assert meta["data_position"] == {"epoch": 3, "step_in_epoch": 0, "loss_sum": None, "accuracy_sum": None}
     assert meta["config"] == json.loads(cfg.model_dump_json())
-    assert len(meta["history"]) == 3 and summary["checkpoint_step"] == 3
+    assert len(meta["history"]) == 3 and summary["checkpoint_step"] == 24
     ckpt.close()
 
 
@@ -69,9 +70,9 @@ def test_resume_continues_where_it_stopped(tmp_path, tfds_dir):
 
 def test_incompatible_resume_is_refused(tmp_path, tfds_dir):
     _run(_cfg(tfds_dir, "train.epochs=1"), tmp_path / "run")
-    with pytest.raises(CheckpointError, match="ensemble.size=4"):
+    with pytest.raises(IncompatibleRunError, match="ensemble.size=4"):
         _run(_cfg(tfds_dir, "ensemble.size=2"), tmp_path / "run")
-    with pytest.raises(CheckpointError, match="different 'model'"):
+    with pytest.raises(IncompatibleRunError, match="different 'model'"):
         _run(_cfg(tfds_dir, "model.hidden_sizes=[16]"), tmp_path / "run")
 
 

@@ -52,7 +52,7 @@ def test_cli_prints_run_dir_last(finished_run):
         "plots/training_curves.png",
     ):
         assert (run_dir / name).is_file(), name
-    assert (run_dir / "checkpoints" / "2").is_dir()
+    assert (run_dir / "checkpoints" / "16").is_dir()  # 2 epochs x 8 steps
 
 
 def test_report_matches_predictions_recomputed_independently(finished_run):
@@ -118,7 +118,7 @@ def test_report_keys(finished_run):
         "train_member_images_per_s",
         "eval_member_images_per_s",
     }
-    assert r["timing"]["train_member_images_per_s"] > 0 and r["checkpoint"]["step"] == 2
+    assert r["timing"]["train_member_images_per_s"] > 0 and r["checkpoint"]["step"] == 16
     assert len(r["history"]) == 2 and len(r["history"][0]["train_loss"]) == 4
     assert "| ensemble |" in (run_dir / "report.md").read_text()
 

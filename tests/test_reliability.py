@@ -1,0 +1,268 @@
+"""Faults done for real: SIGKILL, SIGTERM, damaged checkpoints, a diverging member,
+write errors, concurrent runs, and restoring with stock orbax on another device count."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from ensemble_core import mesh as mesh_lib
+from ensemble_core import pipeline, rngs
+from ensemble_core.config import ModelConfig, TrainConfig, load_config
+from ensemble_core.errors import DivergenceError, RunLockedError
+from ensemble_core.models import build_model
+from ensemble_core.runlock import run_lock
+from ensemble_core.train import fit, init_ensemble, make_optimizer, make_train_step, unstacked
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _proc(run_dir, tfds_dir, *args, **kw):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.train_proc", str(run_dir), tfds_dir, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
+
+
+def _finish(p, timeout=300):
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, out, err
+
+
+def _wait_for_epoch(p, epoch: int) -> None:
+    for line in p.stdout:
+        if json.loads(line).get("epoch_done") == epoch:
+            return
+    raise AssertionError("the training process ended early: " + p.stderr.read()[-2000:])
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tfds_dir):
+    """An uninterrupted run: its predictions and final checkpoint arrays."""
+    run = tmp_path_factory.mktemp("ref") / "run"
+    rc, out, err = _finish(_proc(run, tfds_dir))
+    assert rc == 0, err[-2000:]
+    return run
+
+
+def _final_arrays(run: Path) -> dict:
+    with np.load(run / "predictions.npz") as f:
+        return {k: f[k] for k in f.files}
+
+
+def test_sigkill_mid_training_then_resume_is_bitwise_identical(tmp_path, tfds_dir, reference):
+    run = tmp_path / "run"
+    p = _proc(run, tfds_dir)
+    _wait_for_epoch(p, 1)  # the first checkpoint is being written
+    time.sleep(random.uniform(0.2, 1.5))
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    saved = sorted(int(d.name) for d in (run / "checkpoints").iterdir() if d.name.isdigit())
+    rc, out, err = _finish(_proc(run, tfds_dir))
+    assert rc == 0, err[-2000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["resumed_from"] is not None and summary["resumed_from"] >= 1
+    # At most one checkpoint interval (one epoch, 16 steps) of work was lost.
+    assert saved and summary["resumed_from"] * 16 >= saved[-1] - 16
+    got, want = _final_arrays(run), _final_arrays(reference)
+    np.testing.assert_array_equal(got["member_probs"], want["member_probs"])
+
+
+def test_sigterm_saves_at_the_step_boundary_and_resumes(tmp_path, tfds_dir, reference):
+    run = tmp_path / "run"
+    p = _proc(run, tfds_dir)
+    _wait_for_epoch(p, 1)
+    time.sleep(random.uniform(0.1, 0.8))
+    p.send_signal(signal.SIGTERM)
+    rc, _, err = _finish(p)
+    assert rc == 75
+    assert "checkpoint was saved" in err and "--run-name run" in err
+    (latest,) = sorted(int(d.name) for d in (run / "checkpoints").iterdir() if d.name.isdigit())[-1:]
+    meta = json.loads((run / "checkpoints" / str(latest) / "meta" / "metadata").read_text())
+    pos = meta["data_position"]
+    assert latest == pos["epoch"] * 16 + pos["step_in_epoch"]  # the exact step boundary
+    rc, out, err = _finish(_proc(run, tfds_dir))
+    assert rc == 0, err[-2000:]
+    np.testing.assert_array_equal(_final_arrays(run)["member_probs"], _final_arrays(reference)["member_probs"])
+
+
+def _largest_file(d: Path) -> Path:
+    return max((f for f in d.rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete"])
+def test_damaged_latest_checkpoint_falls_back(tmp_path, tfds_dir, reference, damage):
+    run = tmp_path / "run"
+    rc, _, err = _finish(_proc(run, tfds_dir, "train.epochs=3"))
+    assert rc == 0, err
+    ckpts = run / "checkpoints"
+    assert sorted(int(d.name) for d in ckpts.iterdir() if d.name.isdigit()) == [32, 48]
+    victim = _largest_file(ckpts / "48" / "state")
+    if damage == "truncate":
+        victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    else:
+        victim.unlink()
+    leftover = ckpts / "64.orbax-checkpoint-tmp-1"  # an interrupted save's temporary dir
+    leftover.mkdir()
+    rc, out, err = _finish(_proc(run, tfds_dir))  # resume to 4 epochs
+    assert rc == 0, err[-3000:]
+    assert "checkpoint step 48" in err and "unreadable" in err
+    assert json.loads(out.strip().splitlines()[-1])["resumed_from"] == 2
+    assert any(p.name.startswith("48-") for p in (run / "corrupt-checkpoints").iterdir())
+    assert not leftover.exists()
+    np.testing.assert_array_equal(_final_arrays(run)["member_probs"], _final_arrays(reference)["member_probs"])
+
+
+def test_write_error_during_save_is_clear_and_keeps_earlier_checkpoints(tmp_path, tfds_dir):
+    run = tmp_path / "run"
+    # From epoch 2 on, every write past 4 KiB fails (RLIMIT_FSIZE: a real failing write()).
+    rc, _, err = _finish(_proc(run, tfds_dir, "--fsize-limit-after-epoch", "2", "4096"))
+    assert rc == 2
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error: saving a checkpoint in") and "Error writing" in line
+    assert "finished checkpoints ['16'] are intact" in line and "fix: free disk space" in line
+    # The earlier checkpoint is intact: a resume from it completes.
+    rc, out, err = _finish(_proc(run, tfds_dir))
+    assert rc == 0, err[-2000:]
+    assert json.loads(out.strip().splitlines()[-1])["resumed_from"] == 1
+
+
+def test_diverging_member_is_frozen_and_the_others_train_on(mnist_train):
+    images, labels = mnist_train[0][:256], mnist_train[1][:256]
+    model = build_model(ModelConfig(name="mlp", hidden_sizes=(32,)), 10)
+    tx = make_optimizer(TrainConfig())
+    plan = mesh_lib.plan_mesh(4, 8)
+    mesh = mesh_lib.make_mesh(plan)
+    keys = rngs.member_keys(0, 4)
+
+    def train(blow_up: bool):
+        state = init_ensemble(model, tx, keys["init"], (28, 28, 1), mesh)
+        if blow_up:  # member 2's learning rate explodes
+            hp = dict(state.opt_state.hyperparams)
+            hp["learning_rate"] = hp["learning_rate"].at[2].set(1e12)
+            state = state.replace(opt_state=state.opt_state._replace(hyperparams=hp))
+        step = make_train_step(model, tx, mesh, "vmap")
+        x, y = jax.device_put(images), jax.device_put(labels)
+        state, _ = fit(state, step, x, y, keys["data"], mesh, epochs=2, batch_size=32)
+        return state
+
+    bad, good = train(True), train(False)
+    assert np.asarray(bad.healthy).tolist() == [True, True, False, True]
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(bad.params))
+    for m in (0, 1, 3):
+        for a, b in zip(
+            jax.tree.leaves(unstacked(bad.params, m)), jax.tree.leaves(unstacked(good.params, m)), strict=True
+        ):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _tiny(tfds_dir, *extra):
+    return load_config(
+        None,
+        [
+            f"data.data_dir={tfds_dir}",
+            "data.max_train_examples=256",
+            "data.max_test_examples=100",
+            "model.name=mlp",
+            "model.hidden_sizes=[16]",
+            "ensemble.size=2",
+            "train.batch_size=32",
+            "train.epochs=1",
+            *extra,
+        ],
+    )
+
+
+def test_divergence_can_fail_the_run(tmp_path, tfds_dir):
+    cfg = _tiny(tfds_dir, "train.learning_rate=1e30", "train.on_divergence=fail")
+    dataset = pipeline.prepare_dataset(cfg.data)
+    with pytest.raises(DivergenceError, match=r"member\(s\) \[0, 1\] diverged"):
+        pipeline.train_ensemble(cfg, dataset, pipeline.split_rngs(cfg, 2), tmp_path / "run")
+
+
+def test_frozen_members_are_left_out_of_the_ensemble(tmp_path, tfds_dir):
+    from ensemble_core import metrics
+
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(10), size=(3, 40)).astype(np.float32)
+    labels = rng.integers(0, 10, 40)
+    out = metrics.evaluate_all(probs, labels, healthy=np.array([True, False, True]))
+    assert out["diverged_members"] == [1]
+    assert out["ensemble"]["nll"] == pytest.approx(metrics.nll(probs[[0, 2]].mean(0), labels))
+    assert [m["healthy"] for m in out["members"]] == [True, False, True]
+
+
+def test_second_run_on_a_locked_directory_refuses(tmp_path):
+    run = tmp_path / "run"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys,time; from ensemble_core.runlock import run_lock\n"
+            f"with run_lock({str(run)!r}):\n print('locked', flush=True); time.sleep(60)",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunLockedError, match=f"pid {holder.pid}"), run_lock(run):
+            pass
+        with run_lock(tmp_path / "other"):  # a different run directory is independent
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with run_lock(run):  # released by the kernel when its holder died
+        pass
+
+
+def test_stock_orbax_restores_on_one_device(tmp_path, tfds_dir, reference):
+    """No project code: CheckpointManager + StandardRestore, saved on 8 devices, 1 here."""
+    script = f"""
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+import json, jax, numpy as np, orbax.checkpoint as ocp
+mngr = ocp.CheckpointManager(
+    {str(reference / "checkpoints")!r},
+    item_handlers={{"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}},
+)
+step = mngr.latest_step()
+tree = mngr.item_metadata(step)["state"].tree
+dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=dev), tree)
+out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                  meta=ocp.args.JsonRestore()))
+kernel = out["state"]["params"]["Dense_1"]["kernel"]
+print(json.dumps({{"devices": jax.device_count(), "step": step, "meta_step": out["meta"]["step"],
+                  "shape": list(kernel.shape), "abs_sum": float(np.abs(np.asarray(kernel)).sum())}}))
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["devices"] == 1 and got["step"] == got["meta_step"] == 64 and got["shape"] == [4, 256, 10]
+    cfg = load_config(None, [f"data.data_dir={tfds_dir}", "model.name=cnn", "ensemble.size=4"])
+    state, _, _ = pipeline.restore_ensemble(cfg, reference, 10, (28, 28, 1))
+    expected = float(np.abs(np.asarray(state.params["Dense_1"]["kernel"])).sum())
+    assert got["abs_sum"] == pytest.approx(expected, rel=1e-6)

@@ -1,0 +1,65 @@
+"""A training process for the reliability tests (run as ``python -m tests.train_proc``).
+
+    python -m tests.train_proc RUN_DIR TFDS_DIR [--fsize-limit-after-epoch N BYTES] [KEY=VALUE ...]
+
+Trains and evaluates through ``ensemble_core.pipeline`` (no Prefect), prints the
+training summary as JSON on the last stdout line; an EnsembleError prints ``error: ...``
+on stderr and exits 2 (75 when preempted).
+"""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import json  # noqa: E402
+import resource  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+
+from ensemble_core import pipeline  # noqa: E402
+from ensemble_core.config import load_config  # noqa: E402
+from ensemble_core.errors import EnsembleError, PreemptedError  # noqa: E402
+
+BASE = [
+    "data.max_train_examples=1024",
+    "data.max_test_examples=200",
+    "model.name=cnn",
+    "ensemble.size=4",
+    "train.batch_size=64",
+    "train.epochs=4",
+    "checkpoint.keep=2",
+    "promotion.enabled=false",
+]
+
+
+def main(argv: list[str]) -> int:
+    run_dir, tfds_dir, *rest = argv
+    limit = None
+    if rest[:1] == ["--fsize-limit-after-epoch"]:
+        limit = (int(rest[1]), int(rest[2]))
+        rest = rest[3:]
+    cfg = load_config(None, [*BASE, f"data.data_dir={tfds_dir}", *rest])
+
+    def on_epoch(record: dict) -> None:
+        print(json.dumps({"epoch_done": record["epoch"]}), flush=True)
+        if limit and record["epoch"] == limit[0]:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit[1], limit[1]))
+
+    try:
+        dataset = pipeline.prepare_dataset(cfg.data)
+        keys = pipeline.split_rngs(cfg, pipeline.plan(cfg).padded_members)
+        summary = pipeline.train_ensemble(cfg, dataset, keys, run_dir, on_epoch=on_epoch)
+        pipeline.evaluate(cfg, dataset, run_dir)
+    except PreemptedError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 75
+    except EnsembleError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: summary[k] for k in ("checkpoint_step", "resumed_from", "diverged_members")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
