@@ -184,3 +184,89 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path, args, fragment):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0]
     assert not out.exists()  # nothing was written
+
+
+def _bad_yaml(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("train: [1, 2\n")
+    return ["--config", str(p)]
+
+
+def _locked(tmp_path):
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys,time; from ensemble_core.runlock import run_lock\n"
+            f"with run_lock({str(tmp_path / 'runs' / 'busy')!r}):\n print('locked', flush=True); time.sleep(60)",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+@pytest.mark.parametrize(
+    "case, fragment",
+    [
+        ("batch_larger_than_split", "train.batch_size=5000 is larger than the 4000 training examples"),
+        ("unknown_dataset", "unknown dataset 'no_such_set'"),
+        ("catalog_offline", "needs TensorFlow"),
+        ("output_not_writable", "cannot create output directory"),
+        ("run_name_path", "is not a single directory name"),
+        ("non_yaml", "not valid YAML"),
+        ("wrong_type", "config key 'ensemble.size'"),
+        ("mesh_too_big", "needs 16 devices"),
+        ("batch_not_divisible", "does not split over mesh.data=2"),
+        ("locked", "is in use by another run"),
+        ("incompatible_resume", "holds a checkpoint of ensemble.size=4"),
+        ("bad_override", "has no '='"),
+    ],
+)
+def test_cli_refuses_bad_input_before_any_compute(tmp_path, tfds_dir, capsys, finished_run, case, fragment):
+    from flows.train_ensemble import main
+
+    base = [*_tiny(tfds_dir), "--output-dir", str(tmp_path / "runs")]
+    holder = None
+    args = {
+        "batch_larger_than_split": ["--set", "train.batch_size=5000", "--set", "data.max_train_examples=null"],
+        "unknown_dataset": ["--set", "data.name=no_such_set"],
+        "catalog_offline": ["--set", "data.name=mnist", "--set", f"data.data_dir={tmp_path / 'tfds'}"],
+        "output_not_writable": ["--output-dir", str(ROOT / "README.md" / "runs")],
+        "run_name_path": ["--run-name", "../escape"],
+        "non_yaml": _bad_yaml(tmp_path),
+        "wrong_type": ["--set", "ensemble.size=four"],
+        "mesh_too_big": ["--set", "mesh.ensemble=16"],
+        "batch_not_divisible": ["--set", "mesh.data=2", "--set", "train.batch_size=63"],
+        "locked": ["--run-name", "busy"],
+        "incompatible_resume": [
+            "--output-dir",
+            str(finished_run[2].parent),
+            "--run-name",
+            "tiny",
+            "--set",
+            "ensemble.size=2",
+        ],
+        "bad_override": ["--set", "trainepochs"],
+    }[case]
+    if case == "catalog_offline":
+        import importlib.util
+
+        if importlib.util.find_spec("tensorflow") is not None:
+            pytest.skip("TensorFlow installed: this checks the error when it is missing")
+    if case == "locked":
+        holder = _locked(tmp_path)
+    try:
+        rc = main([*base, *args])
+    finally:
+        if holder:
+            holder.kill()
+            holder.wait()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err[-1].startswith("error: ") and fragment in err[-1] and "fix" in err[-1]
+    if case not in ("locked", "incompatible_resume"):
+        runs = tmp_path / "runs"
+        assert not runs.exists() or not any(runs.iterdir())  # no run directory was written
