@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 BATCH = 128
+KIND_TITLES = {"train": "training", "eval": "evaluation"}
 REPEATS = 3  # timed chunks per measurement; the fastest counts (least disturbed)
 
 
@@ -240,7 +241,7 @@ def _plot(rows: list[dict], path: Path, title: str) -> None:
             yscale="log",
             xlabel="ensemble size E",
             ylabel="member-images / s",
-            title=f"{kind}ing throughput ({title})",
+            title=f"{KIND_TITLES[kind]} throughput ({title})",
         )
         ax.set_xticks(sorted({r["size"] for r in rows}), labels=[str(s) for s in sorted({r["size"] for r in rows})])
         ax.legend(fontsize=7)
