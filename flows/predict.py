@@ -21,6 +21,7 @@ from pathlib import Path
 from prefect import flow
 
 from ensemble_core.errors import EnsembleError
+from flows._cli import report_error
 from tasks.predict import load_images, resolve_run
 from tasks.predict import predict as predict_task
 
@@ -71,8 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             output=args.output,
         )
     except EnsembleError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report_error(err)
     print(path, flush=True)
     return 0
 

@@ -11,6 +11,8 @@ a one-line message before anything is computed or written.
 # ruff: noqa: I001  (flows._env must be imported before anything that imports JAX)
 from __future__ import annotations
 
+from flows import _env  # noqa: F401  (must precede every JAX import)
+
 import argparse
 import datetime as dt
 import sys
@@ -31,8 +33,8 @@ from ensemble_core.config import (
     TrainConfig,
     load_config,
 )
-from ensemble_core.errors import EnsembleError, PreemptedError
-from flows import _env  # noqa: F401  (must precede every JAX import)
+from ensemble_core.errors import EnsembleError
+from flows._cli import report_error
 from tasks.champion import compare_with_champion
 from tasks.evaluate import evaluate
 from tasks.prepare_dataset import prepare_dataset
@@ -126,20 +128,15 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config, args.overrides)
         pipeline.preflight(config, args.output_dir, run_name)
     except EnsembleError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report_error(err)
     try:
         run_dir = train_ensemble(
             **{name: getattr(config, name) for name in PipelineConfig.model_fields},
             output_dir=args.output_dir,
             run_name=run_name,
         )
-    except PreemptedError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 75
     except EnsembleError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report_error(err)
     print(run_dir, flush=True)
     return 0
 

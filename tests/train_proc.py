@@ -4,7 +4,7 @@
 
 Trains and evaluates through ``ensemble_core.pipeline`` (no Prefect), prints the
 training summary as JSON on the last stdout line; an EnsembleError prints ``error: ...``
-on stderr and exits 2 (75 when preempted).
+on stderr and exits as the CLI does (2, or 75 when preempted).
 """
 
 import os
@@ -18,7 +18,8 @@ import sys  # noqa: E402
 
 from ensemble_core import pipeline  # noqa: E402
 from ensemble_core.config import load_config  # noqa: E402
-from ensemble_core.errors import EnsembleError, PreemptedError  # noqa: E402
+from ensemble_core.errors import EnsembleError  # noqa: E402
+from flows._cli import report_error  # noqa: E402
 
 BASE = [
     "data.max_train_examples=1024",
@@ -51,12 +52,8 @@ def main(argv: list[str]) -> int:
         keys = pipeline.split_rngs(cfg, pipeline.plan(cfg).padded_members)
         summary = pipeline.train_ensemble(cfg, dataset, keys, run_dir, on_epoch=on_epoch)
         pipeline.evaluate(cfg, dataset, run_dir)
-    except PreemptedError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 75
     except EnsembleError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report_error(err)
     print(json.dumps({k: summary[k] for k in ("checkpoint_step", "resumed_from", "diverged_members")}))
     return 0
 
