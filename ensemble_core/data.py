@@ -224,18 +224,37 @@ def load_split(
     source = builder.as_data_source(split=split)
     n = len(source) if limit is None else min(limit, len(source))
     records = source.__getitems__(list(range(n)))
-    images = np.stack([np.asarray(r["image"], dtype=np.uint8) for r in records])
+    images = np.stack([np.asarray(r["image"]) for r in records])
+    if not np.issubdtype(images.dtype, np.floating):
+        images = images.astype(np.uint8)
     labels = np.asarray([int(r["label"]) for r in records], dtype=np.int32)
-    num_classes = int(builder.info.features["label"].num_classes)
-    bad = (labels < 0) | (labels >= num_classes)
-    if bad.any():
-        raise DataError(
-            f"{int(bad.sum())} labels in '{name}/{split}' are outside [0, {num_classes}); "
-            f"fix: repair the dataset's labels"
-        )
+    check_examples(images, labels, int(builder.info.features["label"].num_classes), f"{name}/{split}")
     if images.ndim == 3:
         images = images[..., None]
     return images, labels
+
+
+def check_examples(images: np.ndarray, labels: np.ndarray, num_classes: int, where: str) -> None:
+    """Reject labels outside ``[0, num_classes)`` and non-finite float images.
+
+    Args:
+      images: uint8 or float ``[N, H, W, C]``; labels: int ``[N]``.
+      where: names the data in the message (e.g. ``"mnist/train"``).
+
+    Raises:
+      DataError: naming how many examples are bad and where.
+    """
+    bad = (labels < 0) | (labels >= num_classes)
+    if bad.any():
+        raise DataError(
+            f"{int(bad.sum())} labels in '{where}' are outside [0, {num_classes}); fix: repair the dataset's labels"
+        )
+    if np.issubdtype(images.dtype, np.floating):
+        nonfinite = ~np.isfinite(images.reshape(len(images), -1)).all(axis=1)
+        if nonfinite.any():
+            raise DataError(
+                f"{int(nonfinite.sum())} images in '{where}' contain NaN or infinite values; fix: clean or drop them"
+            )
 
 
 def to_float(images):

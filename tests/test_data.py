@@ -54,3 +54,14 @@ def test_catalog_dataset_offline_without_tensorflow(tmp_path):
         pytest.skip("TensorFlow installed: this checks the error when it is missing")
     with pytest.raises(DataError, match="needs TensorFlow"):
         data.prepare("mnist", str(tmp_path))
+
+
+def test_bad_labels_and_nan_images_are_refused():
+    images = np.zeros((4, 28, 28, 1), np.float32)
+    data.check_examples(images, np.array([0, 1, 2, 9]), 10, "ok")  # no error
+    with pytest.raises(DataError, match=r"2 labels in 'x/train' are outside \[0, 10\)"):
+        data.check_examples(images, np.array([0, -1, 10, 3]), 10, "x/train")
+    images[2, 5, 5, 0] = np.nan
+    images[3, 0, 0, 0] = np.inf
+    with pytest.raises(DataError, match="2 images in 'x/test' contain NaN or infinite values"):
+        data.check_examples(images, np.array([0, 1, 2, 3]), 10, "x/test")

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _proc(run_dir, tfds_dir, *args, **kw):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = kw.pop("env", None) or {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     return subprocess.Popen(
         [sys.executable, "-m", "tests.train_proc", str(run_dir), tfds_dir, *args],
         cwd=ROOT,
@@ -266,3 +266,31 @@ print(json.dumps({{"devices": jax.device_count(), "step": step, "meta_step": out
     state, _, _ = pipeline.restore_ensemble(cfg, reference, 10, (28, 28, 1))
     expected = float(np.abs(np.asarray(state.params["Dense_1"]["kernel"])).sum())
     assert got["abs_sum"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_predict_refuses_nan_and_misshapen_images(reference):
+    from ensemble_core.errors import DataError
+
+    images = np.zeros((3, 28, 28, 1), np.float32)
+    images[1, 3, 3, 0] = np.nan
+    with pytest.raises(DataError, match="NaN or infinite"):
+        pipeline.predict_images(reference, images)
+    with pytest.raises(DataError, match=r"the model takes \[N, 28, 28, 1\]"):
+        pipeline.predict_images(reference, np.zeros((3, 32, 32, 3), np.uint8))
+    out = pipeline.predict_images(reference, np.zeros((3, 28, 28), np.uint8))  # [N, H, W] is accepted
+    assert out["ensemble_probs"].shape == (3, 10)
+    np.testing.assert_allclose(out["ensemble_probs"].sum(1), 1.0, rtol=1e-5)
+
+
+def test_concurrent_runs_in_different_directories_share_caches(tmp_path, tfds_dir, reference):
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "shared-jax-cache"),
+    }
+    procs = [_proc(tmp_path / name, tfds_dir, env=env) for name in ("a", "b")]
+    for p in procs:
+        rc, _, err = _finish(p)
+        assert rc == 0, err[-2000:]
+    want = _final_arrays(reference)["member_probs"]
+    for name in ("a", "b"):
+        np.testing.assert_array_equal(_final_arrays(tmp_path / name)["member_probs"], want)
