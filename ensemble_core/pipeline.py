@@ -255,7 +255,12 @@ def train_ensemble(
             resumed_from = int(meta["epoch"])
             history = list(meta["history"])
 
+        saved_steps: set[int] = set()
+
         def save(st, pos: dict) -> None:
+            if int(st.step) in saved_steps:  # e.g. a stop right after an epoch's checkpoint
+                return
+            saved_steps.add(int(st.step))
             ckpt.save(
                 int(st.step),
                 st,

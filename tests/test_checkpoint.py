@@ -96,3 +96,27 @@ def test_restore_onto_fewer_devices(tmp_path, tfds_dir):
     assert len(leaf.sharding.device_set) == 1 and int(state.step) == 256 // 32
     assert not np.allclose(np.asarray(leaf), np.asarray(target.params["Dense_0"]["kernel"]))
     assert jax.tree.structure(state) == jax.tree.structure(target)
+
+
+@pytest.mark.parametrize("stop_after_steps", [None, 11])  # None: right after epoch 1's checkpoint
+def test_stop_then_resume_matches_an_uninterrupted_run(tmp_path, tfds_dir, stop_after_steps):
+    from ensemble_core.errors import PreemptedError
+
+    cfg = _cfg(tfds_dir)
+    _, dataset = _run(cfg, tmp_path / "full")
+    keys = pipeline.split_rngs(cfg, 4)
+    epochs_done, steps_done = [], []
+
+    def should_stop():
+        steps_done.append(1)
+        return bool(epochs_done) if stop_after_steps is None else len(steps_done) >= stop_after_steps
+
+    with pytest.raises(PreemptedError, match="rerun with the same run name"):
+        pipeline.train_ensemble(
+            cfg, dataset, keys, tmp_path / "stopped", on_epoch=epochs_done.append, should_stop=should_stop
+        )
+    summary, _ = _run(cfg, tmp_path / "stopped")
+    assert summary["resumed_from"] == 1
+    full = _run(cfg, tmp_path / "full")[0]
+    assert summary["history"] == full["history"]  # partial-epoch sums survive the stop
+    np.testing.assert_array_equal(_params(cfg, dataset, tmp_path / "full"), _params(cfg, dataset, tmp_path / "stopped"))
