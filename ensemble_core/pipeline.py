@@ -194,10 +194,10 @@ def _load(cfg: PipelineConfig, dataset: dict, split: str) -> tuple[np.ndarray, n
     return data_lib.load_split(cfg.data.name, split, dataset["tfds_data_dir"], limit)
 
 
-def _model_and_mesh(cfg: PipelineConfig, dataset: dict):
+def _model_and_mesh(cfg: PipelineConfig, num_classes: int):
     mesh_plan = plan(cfg)
     mesh = make_mesh(mesh_plan)
-    model = build_model(cfg.model, dataset["num_classes"])
+    model = build_model(cfg.model, num_classes)
     return mesh_plan, mesh, model
 
 
@@ -232,7 +232,7 @@ def train_ensemble(
     """
     run_dir = Path(run_dir)
     check_against_dataset(cfg, dataset)
-    mesh_plan, mesh, model = _model_and_mesh(cfg, dataset)
+    mesh_plan, mesh, model = _model_and_mesh(cfg, dataset["num_classes"])
     strategy = strategy or resolve_strategy(cfg)
     tx = make_optimizer(cfg.train)
     member_key = keys_from_layout(keys)
@@ -364,9 +364,7 @@ def restore_ensemble(cfg: PipelineConfig, run_dir: str | Path, num_classes: int,
     Raises:
       CheckpointError: no checkpoint, or one that does not fit ``cfg``.
     """
-    mesh_plan = plan(cfg)
-    mesh = make_mesh(mesh_plan)
-    model = build_model(cfg.model, num_classes)
+    mesh_plan, mesh, model = _model_and_mesh(cfg, num_classes)
     tx = make_optimizer(cfg.train)
     keys = member_keys(cfg.seed, mesh_plan.padded_members)
     target = jax.eval_shape(lambda: init_ensemble(model, tx, keys["init"], tuple(image_shape), mesh))
