@@ -32,13 +32,12 @@ from ensemble_core.errors import (
     DivergenceError,
     IncompatibleRunError,
     PreemptedError,
-    RunLockedError,
 )
 from ensemble_core.evaluate import make_predict, member_probs
 from ensemble_core.mesh import MeshPlan, make_mesh, plan_mesh, replicated
 from ensemble_core.models import build_model
 from ensemble_core.rngs import key_layout, keys_from_layout, member_keys
-from ensemble_core.runlock import is_locked, run_lock
+from ensemble_core.runlock import ensure_unlocked, run_lock
 from ensemble_core.train import (
     default_strategy,
     fit,
@@ -155,11 +154,7 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> dic
     """
     plan(cfg)
     run_dir = check_output_dir(output_dir) / check_run_name(run_name)
-    if is_locked(run_dir):
-        raise RunLockedError(
-            f"run directory '{run_dir}' is in use by another run; fix: wait for it to finish or choose another "
-            f"--run-name"
-        )
+    ensure_unlocked(run_dir)
     dataset = prepare_dataset(cfg.data)
     check_against_dataset(cfg, dataset)
     ckpt_dir = run_dir / CHECKPOINT_DIR

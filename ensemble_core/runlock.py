@@ -31,11 +31,7 @@ def run_lock(run_dir: str | Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise RunLockedError(
-                f"run directory '{run_dir}' is in use by another run (pid {holder}); fix: wait for it to "
-                f"finish or choose another --run-name"
-            ) from None
+            raise _refusal(run_dir, fd) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
@@ -43,16 +39,28 @@ def run_lock(run_dir: str | Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def is_locked(run_dir: str | Path) -> bool:
-    """True if another process holds ``run_dir``'s lock right now."""
+def _refusal(run_dir: Path, fd: int) -> RunLockedError:
+    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    return RunLockedError(
+        f"run directory '{run_dir}' is in use by another run (pid {holder}); fix: wait for it to "
+        f"finish or choose another --run-name"
+    )
+
+
+def ensure_unlocked(run_dir: str | Path) -> None:
+    """Check, without taking it or creating anything, that no process holds ``run_dir``'s lock.
+
+    Raises:
+      RunLockedError: another process holds it (the same error :func:`run_lock` raises).
+    """
     path = Path(run_dir) / LOCK_FILE
     if not path.exists():
-        return False
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _refusal(Path(run_dir), fd) from None
     finally:
         os.close(fd)
