@@ -303,7 +303,7 @@ def train_ensemble(
             batch_size=cfg.train.batch_size,
             start_epoch=position["epoch"],
             start_step=position["step_in_epoch"],
-            partial=position if position["step_in_epoch"] else None,
+            partial=position,
             on_step=on_step,
             on_epoch_end=on_epoch_end,
             should_stop=lambda: term.is_set() or (should_stop is not None and should_stop()),
