@@ -66,7 +66,9 @@ def test_same_members_on_any_mesh(mnist_train, ensemble_axis, data_axis):
     plan = mesh_lib.plan_mesh(4, ensemble_axis * data_axis, data=data_axis, ensemble=ensemble_axis)
     got, _ = _train(model, tx, images, labels, 4, plan, "unroll")
     assert got.params["Dense_0"]["kernel"].sharding.mesh.shape == {"ensemble": ensemble_axis, "data": data_axis}
-    _assert_trees_close(got.params, ref.params)
+    # Splitting a batch over 'data' sums its gradient in another order: float32 rounding
+    # differences, grown over the training steps to a few 1e-5.
+    _assert_trees_close(got.params, ref.params, atol=1e-5 if data_axis == 1 else 5e-5)
 
 
 def test_member_is_independent_of_ensemble_size(mnist_train):
