@@ -116,7 +116,9 @@ class CheckpointConfig(_Section):
 class EvalConfig(_Section):
     """Evaluation on the test split."""
 
-    batch_size: int = Field(500, ge=1, description="Test examples per forward pass.")
+    batch_size: int = Field(
+        250, ge=1, description="Test examples per device per forward pass (250 measured fastest on CPU)."
+    )
     ece_bins: int = Field(15, ge=2, description="Equal-width bins for ECE.")
 
 

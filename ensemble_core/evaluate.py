@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -83,5 +84,10 @@ def member_probs(
 
 def _take_members(params: Any, j: int, step: int, mesh: Mesh) -> Any:
     """Members ``j, j + step, ...`` of a struct-of-arrays pytree, one per device."""
-    take = jax.jit(lambda t: jax.tree.map(lambda x: x[j::step], t), out_shardings=NamedSharding(mesh, P(ENSEMBLE_AXIS)))
-    return take(params)
+    return _member_taker(j, step, mesh)(params)
+
+
+@functools.lru_cache(maxsize=256)
+def _member_taker(j: int, step: int, mesh: Mesh):
+    # One jitted function per (j, step, mesh), so repeated evaluations reuse its compilation.
+    return jax.jit(lambda t: jax.tree.map(lambda x: x[j::step], t), out_shardings=NamedSharding(mesh, P(ENSEMBLE_AXIS)))
