@@ -57,8 +57,30 @@ ROOT = Path(__file__).resolve().parents[1]
 # MARK: worker (one configuration, one process)
 
 
+def _flops(compiled) -> float:
+    """FLOPs of one call of a compiled XLA program, from XLA's own cost analysis."""
+    cost = compiled.cost_analysis()
+    return float((cost[0] if isinstance(cost, list) else cost)["flops"])
+
+
+def _matmul_peak() -> dict:
+    """The machine's attainable float32 FLOP/s on one device: a jitted 2048^3 matmul."""
+    import jax
+    import jax.numpy as jnp
+
+    n = 2048
+    a = jnp.ones((n, n), jnp.float32)
+    f = jax.jit(lambda a: a @ a)
+    f(a).block_until_ready()
+    seconds = _best_of(REPEATS, lambda: [f(a) for _ in range(5)][-1].block_until_ready()) / 5
+    return {"matmul_n": n, "matmul_gflops_per_s": 2 * n**3 / seconds / 1e9}
+
+
 def _worker(args: argparse.Namespace) -> dict:
     from flows import _env  # noqa: F401  (device layout and env, as in the flows)
+
+    if args.method == "peak":
+        return _matmul_peak()
 
     import jax
     import jax.numpy as jnp
@@ -146,7 +168,8 @@ def _worker(args: argparse.Namespace) -> dict:
         x, y = jnp.asarray(train_x), jnp.asarray(train_y)
         first = order[0, 0]
         t0 = time.perf_counter()
-        step.lower(members[0], opt[0], x[first], y[first]).compile()
+        compiled_step = step.lower(members[0], opt[0], x[first], y[first]).compile()
+        out["train_flops_per_image"] = _flops(compiled_step) / BATCH
         out["compile_seconds"] = time.perf_counter() - t0
         for m in range(e):  # warm-up: one step per member (as the project's warm-up step)
             members[m], opt[m] = step(members[m], opt[m], x[order[0, m]], y[order[0, m]])
@@ -173,6 +196,7 @@ def _worker(args: argparse.Namespace) -> dict:
             jax.block_until_ready(res)
 
         eval_all()  # compile
+        out["eval_flops_per_image"] = _flops(apply.lower(members[0], tx_dev[:EVAL_BATCH]).compile()) / EVAL_BATCH
         out["eval_seconds"] = _best_of(REPEATS, eval_all)
 
     out["train_member_images_per_s"] = e * steps * BATCH / out["train_seconds"]
@@ -283,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--method", choices=["project", "loop"], help=argparse.SUPPRESS)
+    parser.add_argument("--method", choices=["project", "loop", "peak"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(_worker(args)))
@@ -320,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "batch_size": BATCH,
         "steps": args.steps,
+        "peak": _run_worker("cnn", 1, "peak", args, env),
         "rows": rows,
     }
     if args.compile_cache:
@@ -340,6 +365,25 @@ def main(argv: list[str] | None = None) -> int:
     _plot(rows, out.with_suffix(".png"), f"{result['machine']['backend']}, {result['machine']['cpus']} cores")
     print()
     print(_table(rows))
+    peak = result["peak"]["matmul_gflops_per_s"]
+    print(f"\nroofline: float32 matmul peak {peak:.0f} GFLOP/s (jitted {result['peak']['matmul_n']}^3 matmul)")
+    for r in rows:
+        lp = r["loop"]
+        for kind in ("train", "eval"):
+            flops = lp[f"{kind}_flops_per_image"]
+            for who in ("project", "loop"):
+                r[who][f"{kind}_gflops_per_s"] = r[who][f"{kind}_member_images_per_s"] * flops / 1e9
+        if r["size"] == 8:
+            print(
+                f"  {r['model']} E=8: train {lp['train_flops_per_image'] / 1e6:.1f} MFLOP/img, "
+                f"project {r['project']['train_gflops_per_s']:.0f} GFLOP/s "
+                f"({100 * r['project']['train_gflops_per_s'] / peak:.0f}% of peak), "
+                f"loop {lp['train_gflops_per_s']:.0f} ({100 * lp['train_gflops_per_s'] / peak:.0f}%); "
+                f"eval {lp['eval_flops_per_image'] / 1e6:.1f} MFLOP/img, project "
+                f"{100 * r['project']['eval_gflops_per_s'] / peak:.0f}% of peak, "
+                f"loop {100 * lp['eval_gflops_per_s'] / peak:.0f}%"
+            )
+    out.write_text(json.dumps(result, indent=2) + "\n")
     if "compile_cache" in result:
         c = result["compile_cache"]
         print(
