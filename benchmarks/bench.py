@@ -281,6 +281,14 @@ def _plot(rows: list[dict], path: Path, title: str) -> None:
                 color=color,
                 label=f"{model}: per-member loop",
             )
+            if kind == "train" and all("train_member_images_per_s_same_options" in r["loop"] for r in rs):
+                ax.plot(
+                    sizes,
+                    [r["loop"]["train_member_images_per_s_same_options"] for r in rs],
+                    "^:",
+                    color=color,
+                    label=f"{model}: loop, project's compiler options",
+                )
         ax.set(
             xscale="log",
             yscale="log",

@@ -13,6 +13,7 @@ from ensemble_core import pipeline
 from ensemble_core.config import PipelineConfig
 
 PROGRESS_KEY = "training-progress"
+PROGRESS_INTERVAL_S = 10.0  # at most one progress-artifact update per 10 s of training
 
 
 @task(name="train_ensemble")
@@ -28,7 +29,7 @@ def train_ensemble(config: PipelineConfig, dataset: dict, keys: dict, run_dir: s
 
     def on_step(epoch: int, step: int, steps: int) -> None:
         now = time.monotonic()
-        if now - last[0] >= 2.0:  # at most one API call every 2 s
+        if now - last[0] >= PROGRESS_INTERVAL_S:  # each update is a blocking call to the Prefect API
             last[0] = now
             update_progress_artifact(artifact_id, progress=100.0 * (epoch + (step + 1) / steps) / total)
 
