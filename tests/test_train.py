@@ -144,3 +144,33 @@ def test_epoch_order_is_a_permutation_per_member():
     # Member keys do not depend on the ensemble size.
     more = rngs.member_keys(3, 9)
     np.testing.assert_array_equal(jax.random.key_data(keys["init"]), jax.random.key_data(more["init"])[:4])
+
+
+@pytest.mark.parametrize("donate", [None, True])
+def test_cpu_step_compiler_options_and_donation(mnist_train, donate):
+    """On CPU the step is compiled without YNNPACK fusions and, by default, without
+    donation (the state stays usable); donate=True deletes the donated state."""
+    images, labels = mnist_train[0][:N_TRAIN], mnist_train[1][:N_TRAIN]
+    model = build_model(ModelConfig(name="cnn"), 10)
+    tx = make_optimizer(TrainConfig())
+    plan = mesh_lib.plan_mesh(2, 2)
+    mesh = mesh_lib.make_mesh(plan)
+    keys = rngs.member_keys(0, 2)
+    state = init_ensemble(model, tx, keys["init"], images.shape[1:], mesh)
+    imgs = jax.device_put(images, mesh_lib.replicated(mesh))
+    labs = jax.device_put(labels, mesh_lib.replicated(mesh))
+    idx = jax.device_put(
+        np.arange(2 * BATCH, dtype=np.int32).reshape(2, BATCH),
+        jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("ensemble", "data")),
+    )
+    step = make_train_step(model, tx, mesh, "unroll", donate=donate)
+    hlo = step.lower(state, imgs, labs, idx).compile().as_text()
+    assert "__ynn_fusion" not in hlo
+    # the evaluation of the same model keeps XLA:CPU's default (YNNPACK) fusions
+    apply = jax.jit(lambda p, x: model.apply({"params": p}, x))
+    assert "__ynn_fusion" in apply.lower(unstacked(state.params, 0), images[:8] / 255.0).compile().as_text()
+    kernel = state.params["Conv_0"]["kernel"]
+    before = np.asarray(kernel)
+    new_state, _ = step(state, imgs, labs, idx)
+    assert kernel.is_deleted() == bool(donate)
+    assert not np.array_equal(np.asarray(new_state.params["Conv_0"]["kernel"]), before)  # it did train
