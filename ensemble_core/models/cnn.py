@@ -22,9 +22,8 @@ def avg_pool_2x2(x: jnp.ndarray) -> jnp.ndarray:
 class CNN(nn.Module):
     """Conv32 3x3 - ReLU - avgpool 2x2 - Conv64 3x3 - ReLU - avgpool 2x2 - Dense256 - ReLU - Dense.
 
-    Input float32 ``[B, H, W, C]`` in [0, 1]; output logits
-    float32 ``[B, num_classes]``. Parameter names and shapes are the HOWTO's
-    (``Conv_0``, ``Conv_1``, ``Dense_0``, ``Dense_1``).
+    Input float32 ``[B, H, W, C]`` in [0, 1]; output logits float32 ``[B, num_classes]``.
+    Parameter names and shapes are the HOWTO's (``Conv_0``, ``Conv_1``, ``Dense_0``, ``Dense_1``).
     """
 
     num_classes: int = 10
