@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test lint bench clean serve stop
+.PHONY: setup run test test-fast lint bench clean serve stop
 
 setup: $(STAMP)
 
@@ -20,6 +20,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# The edit loop: everything but the integration modules (a real Prefect stack, the flow
+# under Prefect, kill/resume subprocesses); about a minute.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q tests --ignore=tests/test_deployment.py --ignore=tests/test_flow.py --ignore=tests/test_reliability.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

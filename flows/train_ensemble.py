@@ -16,6 +16,7 @@ from flows import _env  # noqa: F401  (must precede every JAX import)
 import argparse
 import datetime as dt
 import sys
+from pathlib import Path
 
 from prefect import flow
 from prefect.runtime import flow_run
@@ -33,8 +34,10 @@ from ensemble_core.config import (
     TrainConfig,
     load_config,
 )
-from ensemble_core.errors import EnsembleError
-from flows._cli import report_error
+from ensemble_core.errors import EnsembleError, PreemptedError
+from flows import _outcome
+from flows import _server
+from flows._cli import EXIT_BAD_INPUT, report_error
 from tasks.champion import compare_with_champion
 from tasks.evaluate import evaluate
 from tasks.prepare_dataset import prepare_dataset
@@ -57,8 +60,9 @@ def default_run_name() -> str:
 @flow(
     name="train-ensemble",
     log_prints=True,
-    retries=1,  # e.g. a preempted worker: the retry resumes from the latest checkpoint
-    retry_delay_seconds=60,
+    # No flow retries: bad input fails at once (flows._outcome.refused); transient errors are
+    # retried by the stage's task; a crash or preemption ends Crashed and the
+    # retry-crashed-runs automation re-runs it, resuming from the latest checkpoint.
     timeout_seconds=6 * 3600,
 )
 def train_ensemble(
@@ -78,7 +82,12 @@ def train_ensemble(
 
     Every parameter but ``output_dir``/``run_name`` is a section of
     :class:`ensemble_core.config.PipelineConfig`; re-using a run name resumes that run.
+    Whatever the parameter schema cannot refuse (an unknown dataset, a batch larger than
+    the split, a mesh that does not fit, a run directory in use) ends the run ``Failed``
+    before any compute, with nothing written under ``output_dir`` and the state message
+    ``error: ...; fix: ...``.
     """
+    services = _outcome.PrefectServices()
     config = PipelineConfig(
         seed=seed,
         data=data,
@@ -90,18 +99,23 @@ def train_ensemble(
         eval=eval,
         promotion=promotion,
     )
-    mesh_plan = pipeline.plan(config)  # MeshError before any compute
     run_name = run_name or default_run_name()
-    run_dir = pipeline.check_output_dir(output_dir) / pipeline.check_run_name(run_name)
-    dataset = prepare_dataset(config.data)
-    keys = split_rngs(config, mesh_plan.padded_members)
-    summary = train_task(config, dataset, keys, str(run_dir))
-    evaluation = evaluate(config, dataset, str(run_dir))
-    decision = None
-    if config.promotion.enabled:
-        decision = compare_with_champion(config, dataset, run_name, str(run_dir), evaluation, str(output_dir))
-    report(run_name, config.model_dump(mode="json"), summary, evaluation, str(run_dir), decision)
-    return str(run_dir)
+    try:
+        pipeline.preflight(config, output_dir, run_name)  # every refusal, before any compute or write
+        run_dir = str(Path(output_dir) / run_name)
+        dataset = prepare_dataset(config.data)
+        keys = split_rngs(config, pipeline.plan(config).padded_members)
+        summary = train_task(config, dataset, keys, run_dir)
+        evaluation = evaluate(config, dataset, run_dir)
+        decision = None
+        if config.promotion.enabled:
+            decision = compare_with_champion(config, dataset, run_name, run_dir, evaluation, str(output_dir))
+        report(run_name, config.model_dump(mode="json"), summary, evaluation, run_dir, decision)
+    except PreemptedError as err:
+        return _outcome.interrupted(err)
+    except EnsembleError as err:
+        return _outcome.refused(err)
+    return services.outcome(run_dir)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -126,6 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     run_name = args.run_name or dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     try:
         config = load_config(args.config, args.overrides)
+    except EnsembleError as err:
+        return report_error(err)
+    down = _server.unreachable()
+    if down:
+        print(f"error: {down}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
         pipeline.preflight(config, args.output_dir, run_name)
     except EnsembleError as err:
         return report_error(err)

@@ -3,9 +3,15 @@
 # process work pool, every deployment in prefect.yaml, and a worker. scripts/stop.sh
 # stops exactly the processes started here (their process groups, by the saved pids).
 #
+# It also creates the automations of flows/automations.py (a run whose heartbeats stop is
+# marked crashed; a crashed run is run again and resumes from its checkpoint). Logs are
+# appended to, never truncated, so what happened before a restart stays readable.
+#
 # Environment: PREFECT_PORT (4200), ENSEMBLE_POOL (ensemble-pool), ENSEMBLE_SERVE_DIR
 # (.serve: pid and log files), NIGHTLY_CRON / NIGHTLY_TIMEZONE (override the nightly
-# schedule of prefect.yaml), PREFECT_HOME (Prefect's own, ~/.prefect by default).
+# schedule of prefect.yaml), ENSEMBLE_ZOMBIE_AFTER_S (120: seconds without a heartbeat
+# before a run is marked crashed), PREFECT_FLOWS_HEARTBEAT_FREQUENCY (30, Prefect's
+# minimum), PREFECT_HOME (Prefect's own, ~/.prefect by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${ENSEMBLE_VENV:-.venv}/bin
@@ -15,13 +21,18 @@ STATE=${ENSEMBLE_SERVE_DIR:-.serve}
 mkdir -p "$STATE"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_API_URL="http://127.0.0.1:${PORT}/api"
+# Flow-run processes (children of the worker) send a heartbeat event this often.
+export PREFECT_FLOWS_HEARTBEAT_FREQUENCY=${PREFECT_FLOWS_HEARTBEAT_FREQUENCY:-30}
+
+stamp() { echo "==== $(date -u +%Y-%m-%dT%H:%M:%SZ) $1 started by scripts/serve.sh ====" >>"$STATE/$1.log"; }
 
 alive() { [ -f "$STATE/$1.pid" ] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
 
 if alive server; then
   echo "server already running (pid $(cat "$STATE/server.pid"))"
 else
-  setsid "$BIN/prefect" server start --host 127.0.0.1 --port "$PORT" >"$STATE/server.log" 2>&1 &
+  stamp server
+  setsid "$BIN/prefect" server start --host 127.0.0.1 --port "$PORT" >>"$STATE/server.log" 2>&1 &
   echo $! >"$STATE/server.pid"
 fi
 for _ in $(seq 1 180); do
@@ -39,10 +50,12 @@ if [ -n "${NIGHTLY_CRON:-}${NIGHTLY_TIMEZONE:-}" ]; then
   "$BIN/prefect" deployment schedule create train-ensemble/nightly --replace --accept-yes \
     --cron "${NIGHTLY_CRON:-0 2 * * *}" --timezone "${NIGHTLY_TIMEZONE:-UTC}"
 fi
+"$BIN/python" -m flows.automations --zombie-after "${ENSEMBLE_ZOMBIE_AFTER_S:-120}"
 if alive worker; then
   echo "worker already running (pid $(cat "$STATE/worker.pid"))"
 else
-  setsid "$BIN/prefect" worker start --pool "$POOL" >"$STATE/worker.log" 2>&1 &
+  stamp worker
+  setsid "$BIN/prefect" worker start --pool "$POOL" >>"$STATE/worker.log" 2>&1 &
   echo $! >"$STATE/worker.pid"
 fi
 echo "Prefect UI: http://127.0.0.1:${PORT}  (logs in $STATE/; stop with: make stop)"

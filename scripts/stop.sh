@@ -1,8 +1,28 @@
 #!/usr/bin/env bash
-# Stop what scripts/serve.sh started: the worker, then the server (whole process groups).
+# Stop what scripts/serve.sh started: the worker's flow runs, the worker, then the server.
+#
+# A flow run in progress gets SIGTERM first (its process is in a session of its own, so
+# stopping the worker's process group would leave it orphaned): training saves a
+# checkpoint at the next step and the run ends Crashed while the server still listens;
+# the retry-crashed-runs automation reschedules it and the next `make serve` resumes it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STATE=${ENSEMBLE_SERVE_DIR:-.serve}
+FLOW_RUN_GRACE_S=${ENSEMBLE_STOP_GRACE_S:-120}
+
+if [ -f "$STATE/worker.pid" ] && kill -0 "$(cat "$STATE/worker.pid")" 2>/dev/null; then
+  runs=$(pgrep -P "$(cat "$STATE/worker.pid")" -f "prefect.engine|_workspace_supervisor|prefect.runner" || true)
+  if [ -n "$runs" ]; then
+    echo "stopping flow-run processes $(echo $runs) (SIGTERM: checkpoint, then Crashed and rescheduled)"
+    kill -TERM $runs 2>/dev/null
+    for _ in $(seq 1 "$FLOW_RUN_GRACE_S"); do
+      alive=""; for p in $runs; do kill -0 "$p" 2>/dev/null && alive="$alive $p"; done
+      [ -z "$alive" ] && break
+      sleep 1
+    done
+    for p in $runs; do kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null; done
+  fi
+fi
 for name in worker server; do
   file="$STATE/$name.pid"
   [ -f "$file" ] || continue

@@ -8,11 +8,12 @@ from prefect.events import emit_event
 
 from ensemble_core import pipeline
 from ensemble_core.config import PipelineConfig
+from tasks import TRANSIENT_RETRIES
 
 HISTORY_KEY = "ensemble-run-history"
 
 
-@task(name="compare_with_champion")
+@task(name="compare_with_champion", **TRANSIENT_RETRIES)
 def compare_with_champion(
     config: PipelineConfig, dataset: dict, run_name: str, run_dir: str, evaluation: dict, output_dir: str
 ) -> dict:

@@ -6,9 +6,10 @@ from prefect import get_run_logger, task
 
 from ensemble_core import pipeline
 from ensemble_core.config import PipelineConfig
+from tasks import TRANSIENT_RETRIES
 
 
-@task(name="evaluate")
+@task(name="evaluate", **TRANSIENT_RETRIES)
 def evaluate(config: PipelineConfig, dataset: dict, run_dir: str) -> dict:
     """Score the latest checkpoint on the test split; returns the metrics dict."""
     result = pipeline.evaluate(config, dataset, run_dir)

@@ -7,9 +7,10 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE
 
 from ensemble_core import pipeline
 from ensemble_core.config import DataConfig
+from tasks import TRANSIENT_RETRIES
 
 
-@task(name="prepare_dataset", cache_policy=INPUTS + TASK_SOURCE, persist_result=True)
+@task(name="prepare_dataset", cache_policy=INPUTS + TASK_SOURCE, persist_result=True, **TRANSIENT_RETRIES)
 def prepare_dataset(data: DataConfig) -> dict:
     """Prepare ``data.name`` as array_record files; returns the dataset info dict."""
     info = pipeline.prepare_dataset(data)

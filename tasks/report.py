@@ -9,12 +9,13 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from ensemble_core import pipeline
 from ensemble_core import report as report_lib
+from tasks import TRANSIENT_RETRIES
 
 REPORT_KEY = "ensemble-report"
 MEMBERS_KEY = "ensemble-members"
 
 
-@task(name="report")
+@task(name="report", **TRANSIENT_RETRIES)
 def report(
     run_name: str, config: dict, train_summary: dict, evaluation: dict, run_dir: str, promotion: dict | None = None
 ) -> str:

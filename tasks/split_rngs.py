@@ -6,9 +6,10 @@ from prefect import get_run_logger, task
 
 from ensemble_core import pipeline
 from ensemble_core.config import PipelineConfig
+from tasks import TRANSIENT_RETRIES
 
 
-@task(name="split_rngs")
+@task(name="split_rngs", **TRANSIENT_RETRIES)
 def split_rngs(config: PipelineConfig, num_members: int) -> dict[str, list[list[int]]]:
     """Raw uint32 key data ``{purpose: [[k0, k1]] * E}`` for ``num_members`` members."""
     layout = pipeline.split_rngs(config, num_members)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -11,12 +12,13 @@ from tqdm.auto import tqdm
 
 from ensemble_core import pipeline
 from ensemble_core.config import PipelineConfig
+from tasks import TRANSIENT_RETRIES
 
 PROGRESS_KEY = "training-progress"
 PROGRESS_INTERVAL_S = 10.0  # at most one progress-artifact update per 10 s of training
 
 
-@task(name="train_ensemble")
+@task(name="train_ensemble", **TRANSIENT_RETRIES)
 def train_ensemble(config: PipelineConfig, dataset: dict, keys: dict, run_dir: str) -> dict:
     """Train ``config.ensemble.size`` members; returns the training summary dict."""
     logger = get_run_logger()
@@ -24,7 +26,8 @@ def train_ensemble(config: PipelineConfig, dataset: dict, keys: dict, run_dir: s
     artifact_id = create_progress_artifact(
         progress=0.0, key=PROGRESS_KEY, description=f"Training {config.ensemble.size} members"
     )
-    bar = tqdm(total=total, desc="epochs", unit="epoch")
+    # A bar only on a terminal: under a worker stderr is a pipe, which breaks if the worker dies.
+    bar = tqdm(total=total, desc="epochs", unit="epoch", disable=not sys.stderr.isatty())
     last = [0.0]
 
     def on_step(epoch: int, step: int, steps: int) -> None:

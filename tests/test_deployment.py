@@ -1,24 +1,38 @@
-"""Integration: a real Prefect server, work pool, deployments from prefect.yaml and a
-worker (scripts/serve.sh), driven by `prefect deployment run --watch`, checked through
-the Prefect API, then stopped (scripts/stop.sh)."""
+"""Integration: a real Prefect server, work pool, deployments from prefect.yaml, the
+automations and a worker (scripts/serve.sh), driven by `prefect deployment run --watch`
+and by the scheduler, checked through the Prefect API, then stopped (scripts/stop.sh).
+
+Every flow-run process of the stack carries tests/lazy_import_probe (it records the
+threads alive whenever TFDS swaps ``builtins.__import__``, and widens that window), and a
+second process keeps one CPU core busy while the runs execute, as on a shared machine.
+"""
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+ZOMBIE_AFTER_S = 50  # the stack's heartbeat timeout (heartbeats every 30 s)
+TASKS = {"prepare_dataset", "split_rngs", "train_ensemble", "evaluate", "compare_with_champion", "report"}
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _serve(env):
+    subprocess.run(["scripts/serve.sh"], cwd=ROOT, env=env, check=True, timeout=300, capture_output=True)
 
 
 @pytest.fixture(scope="module")
@@ -32,49 +46,40 @@ def stack(tmp_path_factory):
         "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_WORKER_QUERY_SECONDS": "2",
+        "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5",
         "ENSEMBLE_SERVE_DIR": str(tmp / "serve"),
         "ENSEMBLE_VENV": str(Path(sys.executable).parent.parent),
+        "ENSEMBLE_ZOMBIE_AFTER_S": str(ZOMBIE_AFTER_S),
         "JAX_COMPILATION_CACHE_DIR": str(tmp / "jax-cache"),
+        "PYTHONPATH": str(ROOT / "tests" / "lazy_import_probe"),
+        "ENSEMBLE_LAZY_IMPORT_PROBE": str(tmp / "lazy-imports.jsonl"),
+        "ENSEMBLE_LAZY_IMPORT_WIDEN": "1",
     }
     env.pop("XLA_FLAGS", None)  # the flows choose their own device layout
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # CPU contention
     try:
-        subprocess.run(["scripts/serve.sh"], cwd=ROOT, env=env, check=True, timeout=300, capture_output=True)
+        _serve(env)
         yield tmp, env
     finally:
-        subprocess.run(["scripts/stop.sh"], cwd=ROOT, env=env, timeout=120)
+        burner.kill()
+        subprocess.run(["scripts/stop.sh"], cwd=ROOT, env=env, timeout=300)
 
 
-def _params(tmp, **train):
+def _params(tmp, out="runs", epochs=2, **train):
     return {
         "data": {"data_dir": str(tmp / "tfds"), "max_train_examples": 512, "max_test_examples": 200},
         "model": {"name": "mlp", "hidden_sizes": [64]},
         "ensemble": {"size": 4},
-        "train": {"epochs": 2, "batch_size": 64, **train},
-        "output_dir": str(tmp / "runs"),
+        "train": {"epochs": epochs, "batch_size": 64, **train},
+        "output_dir": str(tmp / out),
     }
 
 
-def _run(env, params):
-    proc = subprocess.run(
-        [
-            str(Path(env["ENSEMBLE_VENV"]) / "bin" / "prefect"),
-            "deployment",
-            "run",
-            "train-ensemble/adhoc",
-            "--params",
-            json.dumps(params),
-            "--watch",
-            "--watch-timeout",
-            "400",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=450,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return proc
+def _deployment_run(env, params, *extra, deployment="train-ensemble/adhoc", watch=True):
+    cmd = ["scripts/deployment-run.sh", deployment, "--params", json.dumps(params), *extra]
+    if watch:
+        cmd += ["--watch", "--watch-timeout", "400"]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=450)
 
 
 def _api(env, method, path, body=None):
@@ -83,72 +88,132 @@ def _api(env, method, path, body=None):
     return r.json()
 
 
+def _flow_run(env, run_id):
+    return _api(env, "GET", f"/flow_runs/{run_id}")
+
+
+def _run_id(proc) -> str:
+    return next(line.split("UUID:")[1].strip() for line in proc.stdout.splitlines() if "UUID:" in line)
+
+
+def _task_runs(env, run_id):
+    return _api(env, "POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})
+
+
+def _events(env, prefix, run_name=None):
+    events = _api(env, "POST", "/events/filter", {"filter": {"event": {"prefix": [prefix]}}, "limit": 200})["events"]
+    return [e for e in events if run_name is None or e["resource"].get("prefect.resource.name") == run_name]
+
+
+def _engine_pids(env) -> list[int]:
+    """pids of live flow-run processes of this stack (by their PREFECT_API_URL)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+            if b"prefect.engine" not in cmd:
+                continue
+            if f"PREFECT_API_URL={env['PREFECT_API_URL']}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _wait_until(predicate, timeout, what, every=2.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _wait_final(env, run_id, timeout=400):
+    return _wait_until(
+        lambda: (fr := _flow_run(env, run_id))["state_type"] in TERMINAL and fr, timeout, f"flow run {run_id}"
+    )
+
+
+def _assert_complete_records(env, fr):
+    """COMPLETED, each stage's task run completed, its promotion event, its report artifacts."""
+    assert fr["state_type"] == "COMPLETED", (fr["name"], fr["state"])
+    tasks = _task_runs(env, fr["id"])
+    done = {t["name"].rsplit("-", 1)[0] for t in tasks if t["state_type"] == "COMPLETED"}
+    assert done >= TASKS, (fr["name"], sorted(done))
+    run_dir = Path(fr["parameters"]["output_dir"]) / _run_name(fr)
+    run_name = run_dir.name
+    assert (run_dir / "report.json").is_file()
+    events = _events(env, "ensemble.", run_name)
+    assert len(events) == 1 and events[0]["event"] in {"ensemble.promoted", "ensemble.rejected"}, events
+    keys = {
+        a["key"]
+        for a in _api(env, "POST", "/artifacts/filter", {"flow_runs": {"id": {"any_": [fr["id"]]}}})
+        if a.get("key")
+    }
+    assert {"ensemble-report", "ensemble-members", "ensemble-run-history", "training-progress"} <= keys, keys
+    return run_dir
+
+
+def _run_name(fr) -> str:
+    out = Path(fr["parameters"]["output_dir"])
+    (match,) = [d.name for d in out.iterdir() if d.is_dir() and d.name.endswith("-" + fr["name"])]
+    return match
+
+
+# MARK: two runs by `prefect deployment run`, under CPU load
+
+
 @pytest.fixture(scope="module")
 def two_runs(stack):
     tmp, env = stack
-    _run(env, _params(tmp))
-    _run(env, _params(tmp, learning_rate=1e-4, epochs=1))  # clearly worse: must be rejected
-    flow_runs = _api(env, "POST", "/flow_runs/filter", {"sort": "START_TIME_ASC"})
-    return tmp, env, flow_runs
+    first = _deployment_run(env, _params(tmp))
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    second = _deployment_run(env, _params(tmp, learning_rate=1e-4, epochs=1))  # clearly worse: rejected
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    runs = [_flow_run(env, _run_id(p)) for p in (first, second)]
+    return tmp, env, runs
 
 
-def test_both_runs_completed_with_every_task(two_runs):
-    tmp, env, flow_runs = two_runs
-    assert [fr["state_type"] for fr in flow_runs] == ["COMPLETED", "COMPLETED"]
+def test_both_runs_completed_with_every_record(two_runs):
+    _, env, flow_runs = two_runs
     for fr in flow_runs:
-        tasks = _api(env, "POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [fr["id"]]}}})
-        names = {t["name"].rsplit("-", 1)[0] for t in tasks if t["state_type"] == "COMPLETED"}
-        assert names >= {
-            "prepare_dataset",
-            "split_rngs",
-            "train_ensemble",
-            "evaluate",
-            "compare_with_champion",
-            "report",
-        }
+        _assert_complete_records(env, fr)
+
+
+def test_flow_run_processes_exit(two_runs):
+    """No flow-run process of the stack is left once the runs are final."""
+    _, env, _ = two_runs
+    _wait_until(lambda: not _engine_pids(env), 30, "flow-run processes to exit")
+
+
+def test_tfds_imported_before_prefect_threads(two_runs):
+    """Regression: TFDS's import-machinery swap happened inside a task run, with Prefect's
+    events worker alive, which killed it. In every flow-run process it must happen before
+    any other Python thread exists (the probe widens each window by 1 s)."""
+    tmp, _, _ = two_runs
+    windows = [json.loads(line) for line in (tmp / "lazy-imports.jsonl").read_text().splitlines()]
+    assert len({w["pid"] for w in windows}) >= 2  # the probe saw the flow-run processes
+    assert [w for w in windows if w["other_threads"]] == []
 
 
 def test_second_run_used_the_cached_dataset(two_runs):
     _, env, flow_runs = two_runs
     states = []
     for fr in flow_runs:
-        tasks = _api(env, "POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [fr["id"]]}}})
+        tasks = _task_runs(env, fr["id"])
         states.append(next(t["state"]["name"] for t in tasks if t["name"].startswith("prepare_dataset")))
     assert states == ["Completed", "Cached"]
-
-
-def test_artifacts_exist(two_runs):
-    _, env, _ = two_runs
-    keys = {a["key"] for a in _api(env, "POST", "/artifacts/filter", {}) if a.get("key")}
-    assert {"ensemble-report", "ensemble-members", "ensemble-run-history", "training-progress"} <= keys
-    history = _api(
-        env,
-        "POST",
-        "/artifacts/filter",
-        {"artifacts": {"key": {"any_": ["ensemble-run-history"]}}, "sort": "CREATED_DESC", "limit": 1},
-    )[0]
-    rows = json.loads(history["data"]) if isinstance(history["data"], str) else history["data"]
-    assert [r["promoted"] for r in rows] == [True, False]
-
-
-def test_nightly_deployment_schedule_and_limit(two_runs):
-    _, env, _ = two_runs
-    deps = {d["name"] + "@" + d["entrypoint"]: d for d in _api(env, "POST", "/deployments/filter", {})}
-    nightly = deps["nightly@flows/train_ensemble.py:train_ensemble"]
-    (schedule,) = nightly["schedules"]
-    assert schedule["schedule"]["cron"] == "0 2 * * *" and schedule["schedule"]["timezone"] == "UTC"
-    assert nightly["global_concurrency_limit"]["limit"] == 1
-    assert "adhoc@flows/predict.py:predict" in deps
-    assert deps["adhoc@flows/train_ensemble.py:train_ensemble"]["schedules"] == []
-    props = nightly["parameter_openapi_schema"]["properties"]
-    assert {"seed", "data", "model", "ensemble", "train", "mesh", "checkpoint", "eval", "promotion"} <= set(props)
 
 
 def test_promotion_kept_the_better_champion(two_runs):
     tmp, env, flow_runs = two_runs
     runs = tmp / "runs"
     champion = json.loads((runs / "champion.json").read_text())
-    first, second = (next(d for d in runs.iterdir() if d.is_dir() and d.name.endswith(fr["name"])) for fr in flow_runs)
+    first, second = (runs / _run_name(fr) for fr in flow_runs)
     assert champion["run_name"] == first.name
     rep1 = json.loads((first / "report.json").read_text())
     rep2 = json.loads((second / "report.json").read_text())
@@ -156,5 +221,214 @@ def test_promotion_kept_the_better_champion(two_runs):
     assert rep2["promotion"]["promoted"] is False
     assert rep2["promotion"]["champion"] == pytest.approx(rep1["ensemble"])
     assert rep2["ensemble"]["nll"] > rep1["ensemble"]["nll"]
-    events = _api(env, "POST", "/events/filter", {"filter": {"event": {"prefix": ["ensemble."]}}})["events"]
-    assert sorted(e["event"] for e in events) == ["ensemble.promoted", "ensemble.rejected"]
+    assert [e["event"] for e in _events(env, "ensemble.", second.name)] == ["ensemble.rejected"]
+
+
+def test_deployments_and_automations(two_runs):
+    _, env, _ = two_runs
+    deps = {d["name"] + "@" + d["entrypoint"]: d for d in _api(env, "POST", "/deployments/filter", {})}
+    nightly = deps["nightly@flows/train_ensemble.py:train_ensemble"]
+    (schedule,) = nightly["schedules"]
+    assert schedule["schedule"]["cron"] == "0 2 * * *" and schedule["schedule"]["timezone"] == "UTC"
+    assert nightly["global_concurrency_limit"]["limit"] == 1
+    assert "adhoc@flows/predict.py:predict" in deps
+    props = nightly["parameter_openapi_schema"]["properties"]
+    assert {"seed", "data", "model", "ensemble", "train", "mesh", "checkpoint", "eval", "promotion"} <= set(props)
+    names = sorted(a["name"] for a in _api(env, "POST", "/automations/filter", {}))
+    assert names == ["mark-zombie-runs-crashed", "retry-crashed-runs"]
+
+
+# MARK: the scheduler
+
+
+def test_scheduled_runs_execute(two_runs):
+    """Regression (SQLAlchemy 2.1 broke Prefect's scheduler): with the nightly schedule
+    replaced by a 20 s interval, the scheduler creates runs and the worker executes two of
+    them to completion, each with every record, in its own run directory, the second
+    compared with the first by the champion/challenger rule."""
+    tmp, env, _ = two_runs
+    dep = _api(env, "GET", "/deployments/name/train-ensemble/nightly")
+    for s in dep["schedules"]:
+        _api(env, "DELETE", f"/deployments/{dep['id']}/schedules/{s['id']}")
+    params = _params(tmp, out="nightly-runs")
+    _api(
+        env,
+        "POST",
+        f"/deployments/{dep['id']}/schedules",
+        [{"schedule": {"interval": 20}, "active": True, "parameters": params}],
+    )
+
+    def completed():
+        runs = _api(
+            env,
+            "POST",
+            "/flow_runs/filter",
+            {"deployments": {"id": {"any_": [dep["id"]]}}, "sort": "EXPECTED_START_TIME_ASC"},
+        )
+        done = [r for r in runs if r["state_type"] == "COMPLETED"]
+        return done[:2] if len(done) >= 2 else None
+
+    try:
+        runs = _wait_until(completed, 420, "two scheduled runs to complete", every=5)
+    finally:  # deleting the schedule also deletes its runs that have not started
+        for s in _api(env, "GET", "/deployments/name/train-ensemble/nightly")["schedules"]:
+            _api(env, "DELETE", f"/deployments/{dep['id']}/schedules/{s['id']}")
+    assert all(r["auto_scheduled"] for r in runs)  # created by the scheduler, not by hand
+    dirs = [_assert_complete_records(env, r) for r in runs]
+    assert dirs[0] != dirs[1]
+    rep1, rep2 = (json.loads((d / "report.json").read_text()) for d in dirs)
+    assert rep1["promotion"]["champion"] is None
+    assert rep2["promotion"]["champion"] == pytest.approx(rep1["ensemble"])  # judged against the first
+
+
+# MARK: bad parameters
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"data": {"name": "no_such"}}, "unknown dataset 'no_such'"),
+        ({"train": {"epochs": 1, "batch_size": 100000}}, "batch_size"),
+        ({"mesh": {"data": 16}}, "device"),
+        ("locked", "in use"),
+    ],
+    ids=["unknown-dataset", "batch-larger-than-split", "mesh-does-not-fit", "run-dir-in-use"],
+)
+def test_bad_parameters_fail_at_once_with_one_line(two_runs, change, expected):
+    """What the schema cannot refuse fails on the first attempt (no retry), with the
+    CLI's `error: ...; fix: ...` line in --watch's output and as the state message, and
+    nothing written under the output dir."""
+    from ensemble_core.runlock import run_lock
+
+    tmp, env, _ = two_runs
+    out = tmp / f"bad-{abs(hash(str(change)))}"
+    out.mkdir()
+    params = _params(tmp, out=out.name)
+    extra = []
+    if change == "locked":
+        (out / "busy").mkdir()
+        extra = ["--param", "run_name=busy"]
+    else:
+        for section, values in change.items():
+            params[section] = {**params[section], **values}
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    started = time.monotonic()
+    if change == "locked":
+        with run_lock(out / "busy"):
+            before = sorted(p.relative_to(out) for p in out.rglob("*"))
+            proc = _deployment_run(env, params, *extra)
+    else:
+        proc = _deployment_run(env, params)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if "error: " in line and "fix:" in line]
+    assert lines and expected in lines[0], proc.stdout[-3000:]
+    fr = _flow_run(env, _run_id(proc))
+    assert fr["state_type"] == "FAILED" and fr["run_count"] == 1
+    assert fr["state"]["message"].startswith("error: ") and expected in fr["state"]["message"]
+    assert elapsed < 120  # no retry delay
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != ".lock") == [
+        p for p in before if p.name != ".lock"
+    ]
+
+
+def test_server_unreachable_is_one_line(tmp_path):
+    """The deployment-run wrapper and the CLI refuse at once when the server is down."""
+    env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{_free_port()}/api", "PREFECT_HOME": str(tmp_path)}
+    for cmd in (
+        ["scripts/deployment-run.sh", "train-ensemble/adhoc"],
+        [sys.executable, "-m", "flows.train_ensemble", "--output-dir", str(tmp_path / "runs")],
+    ):
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: the Prefect server at ") and "fix:" in lines[0]
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+# MARK: infrastructure faults while a run trains
+
+
+def _start_long_run(env, tmp, out):
+    params = _params(tmp, out=out, epochs=20)  # about 1 s an epoch: killed well before the end
+    params["data"]["max_train_examples"] = 2048
+    params["model"]["hidden_sizes"] = [512, 512]
+    proc = _deployment_run(env, params, watch=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run_id = _run_id(proc)
+
+    def checkpointed():
+        ckpts = list((tmp / out).glob("*/checkpoints/*"))
+        return any(p.name.isdigit() for p in ckpts)
+
+    _wait_until(checkpointed, 300, "the first checkpoint")
+    assert _flow_run(env, run_id)["state_type"] == "RUNNING"
+    return run_id
+
+
+def _kill_group(pid_file: Path):
+    pid = int(pid_file.read_text())
+    os.killpg(pid, signal.SIGKILL)
+    _wait_until(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 30, f"pid {pid} to die")
+
+
+def _zombie(pid) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+def _state_names(env, run_id):
+    return [s["type"] for s in _api(env, "GET", f"/flow_run_states/?flow_run_id={run_id}")]
+
+
+def test_worker_killed_while_training(two_runs):
+    """(a) SIGKILL of the worker's process group: the run still ends COMPLETED with every
+    record (the flow-run process carries on, or the run is crashed and re-run)."""
+    tmp, env, _ = two_runs
+    run_id = _start_long_run(env, tmp, "fault-worker")
+    serve = Path(env["ENSEMBLE_SERVE_DIR"])
+    _kill_group(serve / "worker.pid")
+    _serve(env)  # a new worker, as a supervisor would start
+    fr = _wait_final(env, run_id)
+    _assert_complete_records(env, fr)
+    _wait_until(lambda: not _engine_pids(env), 30, "flow-run processes to exit")
+
+
+def test_worker_and_flow_run_killed_is_crashed_and_resumed(two_runs):
+    """(b) SIGKILL of the worker and of the flow-run process (a lost machine): the zombie
+    automation marks the run Crashed within the heartbeat timeout, the retry automation
+    reschedules it, the new worker runs it again and training resumes from its checkpoint."""
+    tmp, env, _ = two_runs
+    run_id = _start_long_run(env, tmp, "fault-both")
+    (engine,) = _engine_pids(env)
+    serve = Path(env["ENSEMBLE_SERVE_DIR"])
+    _kill_group(serve / "worker.pid")
+    os.kill(engine, signal.SIGKILL)
+    killed = time.monotonic()
+    _serve(env)
+    _wait_until(lambda: "CRASHED" in _state_names(env, run_id), ZOMBIE_AFTER_S + 60, "the run to be marked crashed")
+    crashed_after = time.monotonic() - killed
+    fr = _wait_final(env, run_id)
+    run_dir = _assert_complete_records(env, fr)
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["resumed_from_epoch"] is not None  # resumed, not restarted
+    assert fr["run_count"] == 2
+    assert crashed_after < ZOMBIE_AFTER_S + 60
+    assert not list(run_dir.glob("checkpoints/*.orbax-checkpoint-tmp*"))
+
+
+def test_server_restarted_while_training(two_runs):
+    """(c) The server is stopped and started again while a run trains: the run finishes
+    with every record (or is crashed and re-run); no checkpoint is lost."""
+    tmp, env, _ = two_runs
+    run_id = _start_long_run(env, tmp, "fault-server")
+    serve = Path(env["ENSEMBLE_SERVE_DIR"])
+    _kill_group(serve / "server.pid")
+    time.sleep(5)
+    _serve(env)  # the same database: the server comes back with every record
+    fr = _wait_final(env, run_id)
+    _assert_complete_records(env, fr)
+    log = (serve / "server.log").read_text()
+    assert log.count("started by scripts/serve.sh") >= 2  # the log of the first server survived
