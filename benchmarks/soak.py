@@ -127,8 +127,11 @@ def main(argv: list[str] | None = None) -> int:
             artifacts = httpx.post(f"{api}/artifacts/filter", json=flt, timeout=30).json()
             logs = httpx.post(f"{api}/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}}, timeout=30)
             run_name = next(d.name for d in (tmp / "runs").iterdir() if d.name.endswith("-" + fr["name"]))
+            resource = {"id": [f"ensemble-pipeline.run.{run_name}"]}
             events = httpx.post(
-                f"{api}/events/filter", json={"filter": {"event": {"prefix": ["ensemble."]}}, "limit": 200}, timeout=30
+                f"{api}/events/filter",
+                json={"filter": {"event": {"prefix": ["ensemble."]}, "resource": resource}},
+                timeout=30,
             ).json()["events"]
             rows.append(
                 {
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                     "task_runs_completed": sum(
                         t["state_type"] == "COMPLETED" and t["name"].rsplit("-", 1)[0] in STAGES for t in tasks
                     ),
-                    "ensemble_events": sum(e["resource"].get("prefect.resource.name") == run_name for e in events),
+                    "ensemble_events": len(events),
                     "artifacts": len(artifacts),
                     "log_lines": len(logs.json()),
                     "process_exit_after_final_s": None if exit_s is None else round(exit_s, 1),

@@ -3,6 +3,8 @@
 #   make serve && .venv/bin/prefect deployment run 'train-ensemble/adhoc' --watch
 #   scripts/screenshot.sh run    docs/prefect-ui-run.png     # latest completed training run
 #   scripts/screenshot.sh report docs/prefect-ui-report.png  # latest ensemble-report artifact
+#   scripts/screenshot.sh nightly docs/prefect-ui-nightly.png  # latest completed *scheduled* nightly run
+#   scripts/screenshot.sh upcoming docs/prefect-ui-upcoming.png  # the nightly deployment's upcoming runs
 #   scripts/screenshot.sh /any/ui/path out.png
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,11 +12,19 @@ UI="http://127.0.0.1:${PREFECT_PORT:-4200}"
 WHAT=${1:-run}
 OUT=${2:-docs/prefect-ui-$WHAT.png}
 case "$WHAT" in
-  run | report)
+  run | report | nightly | upcoming)
     PAGE=$(.venv/bin/python - "$UI/api" "$WHAT" <<'PY'
 import sys, httpx
 api, what = sys.argv[1], sys.argv[2]
-if what == "report":
+nightly = httpx.get(api + "/deployments/name/train-ensemble/nightly").json()
+if what == "upcoming":
+    print(f"/deployments/deployment/{nightly['id']}?tab=Upcoming")
+elif what == "nightly":
+    runs = httpx.post(api + "/flow_runs/filter", json={
+        "flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}},
+        "deployments": {"id": {"any_": [nightly["id"]]}}, "sort": "END_TIME_DESC", "limit": 50}).json()
+    print("/runs/flow-run/" + next(r["id"] for r in runs if r["auto_scheduled"]))
+elif what == "report":
     art = httpx.post(api + "/artifacts/filter", json={
         "artifacts": {"key": {"any_": ["ensemble-report"]}}, "sort": "CREATED_DESC", "limit": 1}).json()
     print(f"/artifacts/artifact/{art[0]['id']}")

@@ -21,6 +21,10 @@ STATE=${ENSEMBLE_SERVE_DIR:-.serve}
 mkdir -p "$STATE"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_API_URL="http://127.0.0.1:${PORT}/api"
+# Stream run logs out of the server, so `prefect deployment run --watch` prints them (a
+# refused run's `error: ...; fix: ...` line among them); Prefect leaves both off.
+export PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED=${PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED:-true}
+export PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED=${PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED:-true}
 # Flow-run processes (children of the worker) send a heartbeat event this often.
 export PREFECT_FLOWS_HEARTBEAT_FREQUENCY=${PREFECT_FLOWS_HEARTBEAT_FREQUENCY:-30}
 

@@ -85,7 +85,7 @@ def _deployment_run(env, params, *extra, deployment="train-ensemble/adhoc", watc
 def _api(env, method, path, body=None):
     r = httpx.request(method, env["PREFECT_API_URL"] + path, json=body, timeout=30)
     r.raise_for_status()
-    return r.json()
+    return r.json() if r.content else None
 
 
 def _flow_run(env, run_id):
@@ -100,9 +100,10 @@ def _task_runs(env, run_id):
     return _api(env, "POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})
 
 
-def _events(env, prefix, run_name=None):
-    events = _api(env, "POST", "/events/filter", {"filter": {"event": {"prefix": [prefix]}}, "limit": 200})["events"]
-    return [e for e in events if run_name is None or e["resource"].get("prefect.resource.name") == run_name]
+def _events(env, prefix, run_name):
+    """Events named ``prefix*`` about the run directory ``run_name`` (the project's resource id)."""
+    body = {"filter": {"event": {"prefix": [prefix]}, "resource": {"id": [f"ensemble-pipeline.run.{run_name}"]}}}
+    return _api(env, "POST", "/events/filter", body)["events"]
 
 
 def _engine_pids(env) -> list[int]:
