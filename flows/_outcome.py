@@ -34,7 +34,9 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, Crashed, Failed, State
 
 from ensemble_core.errors import EnsembleError, PreemptedError
+from flows._cli import EXIT_BAD_INPUT, EXIT_PREEMPTED
 
+PREEMPTED_PREFIX = "preempted: "
 DRAIN_TIMEOUT_S = 30.0  # at exit: longest wait for the last events and logs to be sent
 
 
@@ -45,12 +47,26 @@ def _flush_logs() -> None:
         pass
 
 
+def exit_code(state: State) -> tuple[int, str | None]:
+    """The CLI's exit code and stderr line for a flow run's final state.
+
+    0 and no line when it completed; 75 when it was preempted (resumable); else 2 and the
+    state message as one ``error: ...`` line (the flow's own refusals already read so).
+    """
+    if state.is_completed():
+        return 0, None
+    message = (state.message or state.name or "").strip()
+    if message.startswith(PREEMPTED_PREFIX):
+        return EXIT_PREEMPTED, f"error: {message[len(PREEMPTED_PREFIX) :]}"
+    return EXIT_BAD_INPUT, message if message.startswith("error: ") else f"error: {message}"
+
+
 def refused(err: EnsembleError) -> State:
     """Final ``Failed`` state for bad input: ``error: <message>`` (no retry)."""
     line = f"error: {err}"
     get_run_logger().error(line)
     _flush_logs()
-    return Failed(message=line, data=err)
+    return Failed(message=line)
 
 
 def _cancelling() -> bool:
@@ -75,9 +91,9 @@ def interrupted(err: PreemptedError) -> State:
         logger.warning("cancelled: %s", err)
         _flush_logs()
         return Cancelled(message=f"cancelled: {err}")
-    logger.warning("preempted: %s", err)
+    logger.warning("%s%s", PREEMPTED_PREFIX, err)
     _flush_logs()
-    return Crashed(message=f"preempted: {err}", data=err)
+    return Crashed(message=f"{PREEMPTED_PREFIX}{err}")
 
 
 class PrefectServices:

@@ -17,12 +17,14 @@
   ``Failed``, not ``Crashed``.
 
 Both match only runs tagged ``ensemble`` (every deployment in prefect.yaml). Running the
-module again replaces them (matched by name), so it is safe to call on every start.
+module again keeps them as they are, or replaces one whose definition changed, so it is
+safe to call on every start.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from datetime import timedelta
 
@@ -108,18 +110,35 @@ def build(zombie_after_s: float = DEFAULT_ZOMBIE_AFTER_S, max_attempts: int = DE
     return [zombie, retry]
 
 
+def _definition(automation) -> dict:
+    """What an automation does, without server-assigned ids (to compare two of them)."""
+    data = json.loads(automation.model_dump_json(include={"description", "enabled", "trigger", "actions"}))
+    data["trigger"].pop("id", None)
+    return data
+
+
 def ensure(zombie_after_s: float = DEFAULT_ZOMBIE_AFTER_S, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> list[str]:
-    """Create (or replace, by name) both automations on the server of ``PREFECT_API_URL``.
+    """Create both automations on the server of ``PREFECT_API_URL``; keep one that already
+    exists as defined, replace one that differs (matched by name).
+
+    An existing one is kept rather than re-created because a proactive trigger's state
+    lives in it: re-creating ``mark-zombie-runs-crashed`` when ``make serve`` restarts a
+    dead worker would forget the heartbeats of the very run that died with it, which
+    would then show RUNNING forever.
 
     Returns:
-      The ids of the created automations.
+      The ids of the automations, kept or created.
     """
     ids = []
     with get_client(sync_client=True) as client:
         for automation in build(zombie_after_s, max_attempts):
+            kept = None
             for existing in client.read_automations_by_name(automation.name):
-                client.delete_automation(existing.id)
-            ids.append(str(automation.create().id))
+                if kept is None and _definition(existing) == _definition(automation):
+                    kept = existing
+                else:
+                    client.delete_automation(existing.id)
+            ids.append(str(kept.id if kept else automation.create().id))
     return ids
 
 

@@ -150,15 +150,17 @@ def main(argv: list[str] | None = None) -> int:
         pipeline.preflight(config, args.output_dir, run_name)
     except EnsembleError as err:
         return report_error(err)
-    try:
-        run_dir = train_ensemble(
-            **{name: getattr(config, name) for name in PipelineConfig.model_fields},
-            output_dir=args.output_dir,
-            run_name=run_name,
-        )
-    except EnsembleError as err:
-        return report_error(err)
-    print(run_dir, flush=True)
+    state = train_ensemble(
+        **{name: getattr(config, name) for name in PipelineConfig.model_fields},
+        output_dir=args.output_dir,
+        run_name=run_name,
+        return_state=True,
+    )
+    code, line = _outcome.exit_code(state)
+    if line:
+        print(line, file=sys.stderr)
+        return code
+    print(state.result(), flush=True)
     return 0
 
 

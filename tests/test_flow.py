@@ -270,3 +270,41 @@ def test_cli_refuses_bad_input_before_any_compute(tmp_path, tfds_dir, capsys, fi
     if case not in ("locked", "incompatible_resume"):
         runs = tmp_path / "runs"
         assert not runs.exists() or not any(runs.iterdir())  # no run directory was written
+
+
+def test_dead_prefect_service_crashes_the_run_instead_of_completing(prefect_server):
+    """If Prefect's events worker thread dies inside a flow run (its records are lost),
+    the run ends Crashed (re-run by the retry-crashed-runs automation), not Completed.
+    The worker is killed for real: its client fails to connect, which ends its thread."""
+    import time
+
+    from prefect import flow
+    from prefect.events.clients import EventsClient
+    from prefect.events.worker import EventsWorker
+
+    from flows import _outcome
+
+    class Unreachable(EventsClient):
+        async def __aenter__(self):
+            raise RuntimeError("cannot connect")
+
+        async def _emit(self, event):
+            pass
+
+    @flow
+    def watched() -> str:
+        services = _outcome.PrefectServices()
+        time.sleep(1.0)  # the service's thread dies meanwhile
+        return services.outcome("done")
+
+    assert watched(return_state=True).result() == "done"  # healthy services: completed
+    EventsWorker.drain_all(timeout=10)
+    EventsWorker.set_client_override(Unreachable)
+    try:
+        state = watched(return_state=True)
+    finally:
+        EventsWorker._client_override = None
+        EventsWorker.drain_all(timeout=10)
+    assert state.is_crashed(), state
+    assert "events worker stopped" in state.message
+    assert _outcome.exit_code(state) == (2, f"error: {state.message}")
