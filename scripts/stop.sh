@@ -10,28 +10,36 @@ cd "$(dirname "$0")/.."
 STATE=${ENSEMBLE_SERVE_DIR:-.serve}
 FLOW_RUN_GRACE_S=${ENSEMBLE_STOP_GRACE_S:-120}
 
+runs=""
 if [ -f "$STATE/worker.pid" ] && kill -0 "$(cat "$STATE/worker.pid")" 2>/dev/null; then
   runs=$(pgrep -P "$(cat "$STATE/worker.pid")" -f "prefect.engine|_workspace_supervisor|prefect.runner" || true)
-  if [ -n "$runs" ]; then
-    echo "stopping flow-run processes $(echo $runs) (SIGTERM: checkpoint, then Crashed and rescheduled)"
-    kill -TERM $runs 2>/dev/null
-    for _ in $(seq 1 "$FLOW_RUN_GRACE_S"); do
-      alive=""; for p in $runs; do kill -0 "$p" 2>/dev/null && alive="$alive $p"; done
-      [ -z "$alive" ] && break
-      sleep 1
-    done
-    for p in $runs; do kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null; done
-  fi
 fi
-for name in worker server; do
-  file="$STATE/$name.pid"
-  [ -f "$file" ] || continue
+
+stop_group() {  # stop_group NAME: SIGTERM the process group saved in $STATE/NAME.pid, SIGKILL after 30 s
+  local file="$STATE/$1.pid"
+  [ -f "$file" ] || return 0
+  local pid
   pid=$(cat "$file")
   if kill -0 "$pid" 2>/dev/null; then
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"
     for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
     kill -0 "$pid" 2>/dev/null && kill -KILL -- "-$pid" 2>/dev/null
-    echo "stopped $name (pid $pid)"
+    echo "stopped $1 (pid $pid)"
   fi
   rm -f "$file"
-done
+}
+
+# The worker first, so that it starts nothing new (the retry automation reschedules a run
+# that ends Crashed at once); then its flow runs, while the server still records them.
+stop_group worker
+if [ -n "$runs" ]; then
+  echo "stopping flow-run processes $(echo $runs) (SIGTERM: checkpoint, then Crashed and rescheduled)"
+  kill -TERM $runs 2>/dev/null
+  for _ in $(seq 1 "$FLOW_RUN_GRACE_S"); do
+    alive=""; for p in $runs; do kill -0 "$p" 2>/dev/null && alive="$alive $p"; done
+    [ -z "$alive" ] && break
+    sleep 1
+  done
+  for p in $runs; do kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null; done
+fi
+stop_group server
