@@ -16,6 +16,7 @@ memory (its whole process group) is read before the first and after the last run
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import socket
@@ -68,6 +69,25 @@ def _engines(api_url: str) -> list[int]:
     return pids
 
 
+def exit_after_final(flow_run: dict, last_alive: dt.datetime | None) -> float | None:
+    """Seconds from the flow run's final state to the last time its process was seen (0.2 s
+    polling; negative: it was gone before the state was written, e.g. by the worker)."""
+    if last_alive is None:
+        return None
+    final = dt.datetime.fromisoformat(flow_run["state"]["timestamp"].replace("Z", "+00:00"))
+    return round((last_alive - final).total_seconds(), 1)
+
+
+def _wait_for_worker(api: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        workers = httpx.post(f"{api}/work_pools/ensemble-pool/workers/filter", json={}, timeout=30).json()
+        if any(w["status"] == "ONLINE" for w in workers):
+            return
+        time.sleep(1)
+    raise RuntimeError("no worker came online")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=10)
@@ -99,28 +119,37 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         subprocess.run(["scripts/serve.sh"], cwd=ROOT, env=env, check=True, capture_output=True, timeout=300)
+        _wait_for_worker(api)
         worker_pgid = int((tmp / "serve" / "worker.pid").read_text())
         rss_before = _group_rss_mib(worker_pgid)
         started = time.monotonic()
         for i in range(args.runs):
             t0 = time.monotonic()
-            proc = subprocess.run(
-                ["scripts/deployment-run.sh", "train-ensemble/adhoc", "--params", json.dumps(params), "--watch"],
-                cwd=ROOT,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=900,
-            )
-            wall = time.monotonic() - t0
-            run_id = next(ln.split("UUID:")[1].strip() for ln in proc.stdout.splitlines() if "UUID:" in ln)
-            exit_s = None
-            t_final = time.monotonic()
-            while time.monotonic() - t_final < 60:
-                if not _engines(api):
-                    exit_s = time.monotonic() - t_final
-                    break
+            log = tmp / f"watch-{i + 1}.log"
+            with log.open("w") as out:
+                watch = subprocess.Popen(
+                    ["scripts/deployment-run.sh", "train-ensemble/adhoc", "--params", json.dumps(params), "--watch"],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            seen: set[int] = set()
+            last_alive = None
+            give_up = None  # 120 s after --watch returned, stop waiting for the process to exit
+            while True:
+                alive = set(_engines(api))
+                seen |= alive
+                if alive:
+                    last_alive = dt.datetime.now(dt.UTC)
+                if watch.poll() is not None:
+                    give_up = give_up or time.monotonic() + 120
+                    if not alive or time.monotonic() > give_up:
+                        break
                 time.sleep(0.2)
+            stdout = log.read_text()
+            wall = time.monotonic() - t0
+            run_id = next(ln.split("UUID:")[1].strip() for ln in stdout.splitlines() if "UUID:" in ln)
             fr = httpx.get(f"{api}/flow_runs/{run_id}", timeout=30).json()
             flt = {"flow_runs": {"id": {"any_": [run_id]}}}
             tasks = httpx.post(f"{api}/task_runs/filter", json=flt, timeout=30).json()
@@ -137,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "run": i + 1,
                     "state": fr["state_type"],
-                    "rc": proc.returncode,
+                    "rc": watch.returncode,
                     "wall_s": round(wall, 1),
                     "task_runs_completed": sum(
                         t["state_type"] == "COMPLETED" and t["name"].rsplit("-", 1)[0] in STAGES for t in tasks
@@ -145,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                     "ensemble_events": len(events),
                     "artifacts": len(artifacts),
                     "log_lines": len(logs.json()),
-                    "process_exit_after_final_s": None if exit_s is None else round(exit_s, 1),
+                    # the flow-run process was last seen alive this long after the final state
+                    "process_exit_after_final_s": exit_after_final(fr, last_alive),
                     "engines_left": len(_engines(api)),
                 }
             )
@@ -163,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         "ensemble_events_per_run": sorted({r["ensemble_events"] for r in rows}),
         "artifacts_per_run": sorted({r["artifacts"] for r in rows}),
         "engines_left_after_soak": rows[-1]["engines_left"] if rows else None,
-        "max_process_exit_after_final_s": max((r["process_exit_after_final_s"] or 0) for r in rows) if rows else None,
+        "max_process_exit_after_final_s": max(
+            (r["process_exit_after_final_s"] for r in rows if r["process_exit_after_final_s"] is not None), default=None
+        ),
         "worker_rss_mib_before": round(rss_before, 1),
         "worker_rss_mib_after": round(rss_after, 1),
         "soak_seconds": round(total, 1),

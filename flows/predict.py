@@ -21,7 +21,7 @@ from pathlib import Path
 from prefect import flow
 
 from ensemble_core.errors import EnsembleError
-from flows._cli import report_error
+from flows import _outcome
 from tasks.predict import load_images, resolve_run
 from tasks.predict import predict as predict_task
 
@@ -44,10 +44,15 @@ def predict(
       run_dir: a run directory; default: the champion under ``output_dir``.
       output: where to write; default ``<run_dir>/predictions-<input name>.npz``.
     """
-    run = resolve_run(run_dir, output_dir)
-    images = load_images(images_npy, tfds_name, tfds_split, data_dir)
-    out = output or str(Path(run) / f"predictions-{Path(images).stem}.npz")
-    return predict_task(run, images, out)
+    services = _outcome.PrefectServices()
+    try:
+        run = resolve_run(run_dir, output_dir)
+        images = load_images(images_npy, tfds_name, tfds_split, data_dir)
+        out = output or str(Path(run) / f"predictions-{Path(images).stem}.npz")
+        path = predict_task(run, images, out)
+    except EnsembleError as err:  # bad input: Failed at once with the one-line message
+        return _outcome.refused(err)
+    return services.outcome(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,19 +66,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", default="runs", help="where the champion pointer lives (default: runs)")
     parser.add_argument("--output", help="output .npz path")
     args = parser.parse_args(argv)
-    try:
-        path = predict(
-            images_npy=args.images,
-            tfds_name=args.tfds_name,
-            tfds_split=args.tfds_split,
-            data_dir=args.data_dir,
-            run_dir=args.run_dir,
-            output_dir=args.output_dir,
-            output=args.output,
-        )
-    except EnsembleError as err:
-        return report_error(err)
-    print(path, flush=True)
+    state = predict(
+        images_npy=args.images,
+        tfds_name=args.tfds_name,
+        tfds_split=args.tfds_split,
+        data_dir=args.data_dir,
+        run_dir=args.run_dir,
+        output_dir=args.output_dir,
+        output=args.output,
+        return_state=True,
+    )
+    code, line = _outcome.exit_code(state)
+    if line:
+        print(line, file=sys.stderr)
+        return code
+    print(state.result(), flush=True)
     return 0
 
 

@@ -308,3 +308,27 @@ def test_dead_prefect_service_crashes_the_run_instead_of_completing(prefect_serv
     assert state.is_crashed(), state
     assert "events worker stopped" in state.message
     assert _outcome.exit_code(state) == (2, f"error: {state.message}")
+
+
+def test_predict_cli_with_the_champion_and_a_refusal(finished_run, tfds_dir, tmp_path, capsys):
+    """The predict flow's CLI: the champion's ensemble probabilities on an .npy of images
+    equal report-time predictions recomputed from predictions.npz; a missing file is one
+    line and exit 2."""
+    from flows.predict import main
+
+    _, _, run_dir = finished_run
+    with np.load(run_dir / "predictions.npz") as f:
+        member_probs = f["member_probs"]
+    from ensemble_core import data
+
+    images, _ = data.load_split(data.EMBEDDED, "test", tfds_dir, limit=member_probs.shape[1])
+    np.save(tmp_path / "images.npy", images)
+    out = tmp_path / "pred.npz"
+    rc = main(["--images", str(tmp_path / "images.npy"), "--output-dir", str(run_dir.parent), "--output", str(out)])
+    assert rc == 0 and capsys.readouterr().out.strip().splitlines()[-1] == str(out)
+    with np.load(out) as f:
+        np.testing.assert_allclose(f["ensemble_probs"], member_probs.astype(np.float64).mean(0), atol=1e-5)
+
+    rc = main(["--images", str(tmp_path / "missing.npy"), "--output-dir", str(run_dir.parent)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith("error: images file") and "fix:" in err[-1]
