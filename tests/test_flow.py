@@ -332,3 +332,43 @@ def test_predict_cli_with_the_champion_and_a_refusal(finished_run, tfds_dir, tmp
     rc = main(["--images", str(tmp_path / "missing.npy"), "--output-dir", str(run_dir.parent)])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err[-1].startswith("error: images file") and "fix:" in err[-1]
+
+
+def test_cli_sigterm_checkpoints_and_exits_75(tmp_path, tfds_dir):
+    """SIGTERM while the CLI trains: a checkpoint is saved, the flow run ends Crashed
+    (what the retry automation re-runs under a deployment) and the command exits 75 with
+    one line saying how to resume; rerunning the same run name resumes and completes."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "runs"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    cmd = [
+        sys.executable,
+        "-m",
+        "flows.train_ensemble",
+        *_tiny(tfds_dir),
+        "--set",
+        "train.epochs=30",
+        "--output-dir",
+        str(out),
+        "--run-name",
+        "term",
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not any(p.name.isdigit() for p in (out / "term" / "checkpoints").glob("*")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err[-2000:]
+    line = [ln for ln in err.splitlines() if ln.startswith("error: ")][-1]
+    assert "training stopped at epoch" in line and "--run-name term" in line
+    steps = sorted(int(p.name) for p in (out / "term" / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps and steps[-1] < 30 * 8  # stopped before the end (8 steps an epoch)
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((out / "term" / "report.json").read_text())
+    assert report["resumed_from_epoch"] is not None
