@@ -50,7 +50,8 @@ DEFAULT_OUTPUT_DIR = "runs"
 
 def default_run_name() -> str:
     """``YYYYmmdd-HHMMSS-<flow run name>`` from the flow run's scheduled start: unique per
-    flow run, sortable by time, and the same on a retry (so a retry resumes the run)."""
+    flow run, sortable by time, and the same when the retry-crashed-runs automation runs
+    the flow run again (Prefect keeps its name and expected start), so the re-run resumes."""
     start = flow_run.get_scheduled_start_time()
     stamp = (start or dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
     name = flow_run.get_name()
