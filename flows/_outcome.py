@@ -23,12 +23,14 @@ bounds the drain at exit.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
 
 from prefect import get_run_logger
 from prefect.events.worker import EventsWorker
+from prefect.exceptions import FailedRun
 from prefect.logging.handlers import APILogHandler, APILogWorker
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, Crashed, Failed, State
@@ -38,6 +40,23 @@ from flows._cli import EXIT_BAD_INPUT, EXIT_PREEMPTED
 
 PREEMPTED_PREFIX = "preempted: "
 DRAIN_TIMEOUT_S = 30.0  # at exit: longest wait for the last events and logs to be sent
+
+
+class _RefusalTraceback(logging.Filter):
+    """Drops the traceback Prefect's engine logs after a run that ended with our refusal.
+
+    A deployment's flow-run process re-raises a Failed final state as ``FailedRun`` and
+    logs it as "Engine execution exited with unexpected exception" with a traceback, which
+    ``--watch`` then prints below the one-line ``error: ...; fix: ...`` it repeats. Only
+    that record is dropped; any other failure keeps its traceback.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, FailedRun) and str(exc).startswith("error: ") and "; fix: " in str(exc))
+
+
+logging.getLogger("prefect.flow_runs").addFilter(_RefusalTraceback())
 
 
 def _flush_logs() -> None:
