@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 # The edit loop: everything but the integration modules (a real Prefect stack, the flow
-# under Prefect, kill/resume subprocesses); about a minute.
+# under Prefect, kill/resume subprocesses).
 test-fast: $(STAMP)
 	$(PY) -m pytest -q tests --ignore=tests/test_deployment.py --ignore=tests/test_flow.py --ignore=tests/test_reliability.py
 
