@@ -380,8 +380,8 @@ def test_server_unreachable_is_one_line(tmp_path):
 # MARK: infrastructure faults while a run trains
 
 
-def _start_long_run(env, tmp, out):
-    params = _params(tmp, out=out, epochs=12)  # about 1 s an epoch: killed within 2-3 epochs
+def _start_long_run(env, tmp, out, epochs=12):
+    params = _params(tmp, out=out, epochs=epochs)  # about 1 s an epoch: killed within 2-3 epochs
     params["data"]["max_train_examples"] = 2048
     params["model"]["hidden_sizes"] = [512, 512]
     proc = _deployment_run(env, params, watch=False)
@@ -432,7 +432,21 @@ def test_worker_and_flow_run_killed_is_crashed_and_resumed(stack):
     automation marks the run Crashed within the heartbeat timeout, the retry automation
     reschedules it, the new worker runs it again and training resumes from its checkpoint."""
     tmp, env = stack
-    run_id = _start_long_run(env, tmp, "fault-both")
+    run_id = _start_long_run(env, tmp, "fault-both", epochs=80)
+
+    def heartbeats():
+        body = {
+            "filter": {
+                "event": {"name": ["prefect.flow-run.heartbeat"]},
+                "resource": {"id": [f"prefect.flow-run.{run_id}"]},
+            }
+        }
+        return len(_api(env, "POST", "/events/filter", body)["events"]) >= 2
+
+    # Two heartbeats on record: on SQLite under load the server can drop the trigger state
+    # of one heartbeat ("database is locked"), so a run killed before its second heartbeat
+    # may go undetected; nightly runs send one every 30 s for hours.
+    _wait_until(heartbeats, 120, "two heartbeats of the run")
     (engine,) = _engine_pids(env, run_id)
     serve = Path(env["ENSEMBLE_SERVE_DIR"])
     _kill_group(serve / "worker.pid")
