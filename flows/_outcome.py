@@ -80,6 +80,17 @@ def exit_code(state: State) -> tuple[int, str | None]:
     return EXIT_BAD_INPUT, message if message.startswith("error: ") else f"error: {message}"
 
 
+def finish_cli(state: State) -> int:
+    """End a CLI on its flow run's final state: the result (the path written) as the last
+    stdout line and 0, or the :func:`exit_code` line on stderr and its code."""
+    code, line = exit_code(state)
+    if line:
+        print(line, file=sys.stderr)
+        return code
+    print(state.result(), flush=True)
+    return 0
+
+
 def refused(err: EnsembleError) -> State:
     """Final ``Failed`` state for bad input: ``error: <message>`` (no retry)."""
     line = f"error: {err}"

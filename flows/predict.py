@@ -76,12 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         output=args.output,
         return_state=True,
     )
-    code, line = _outcome.exit_code(state)
-    if line:
-        print(line, file=sys.stderr)
-        return code
-    print(state.result(), flush=True)
-    return 0
+    return _outcome.finish_cli(state)
 
 
 if __name__ == "__main__":
