@@ -19,7 +19,7 @@ run: $(STAMP)
 	$(PY) -m flows.train_ensemble $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 # The edit loop: everything but the integration modules (a real Prefect stack, the flow
 # under Prefect, kill/resume subprocesses).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Start the local Prefect stack: a server on 127.0.0.1 (SQLite, analytics off), the
+# Start the local Prefect stack: a server on 127.0.0.1 (PostgreSQL, analytics off), the
 # process work pool, every deployment in prefect.yaml, and a worker. scripts/stop.sh
 # stops exactly the processes started here (their process groups, by the saved pids).
 #
@@ -11,7 +11,10 @@
 # (.serve: pid and log files), NIGHTLY_CRON / NIGHTLY_TIMEZONE (override the nightly
 # schedule of prefect.yaml), ENSEMBLE_ZOMBIE_AFTER_S (120: seconds without a heartbeat
 # before a run is marked crashed), PREFECT_FLOWS_HEARTBEAT_FREQUENCY (30, Prefect's
-# minimum), PREFECT_HOME (Prefect's own, ~/.prefect by default).
+# minimum), PREFECT_HOME (Prefect's own, ~/.prefect by default), ENSEMBLE_DB (postgres:
+# a private cluster of scripts/postgres.sh, the default where PostgreSQL is installed;
+# sqlite: Prefect's default, which loses events under CPU load), ENSEMBLE_PGDATA, or
+# PREFECT_API_DATABASE_CONNECTION_URL for a database of your own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${ENSEMBLE_VENV:-.venv}/bin
@@ -31,6 +34,20 @@ export PREFECT_FLOWS_HEARTBEAT_FREQUENCY=${PREFECT_FLOWS_HEARTBEAT_FREQUENCY:-30
 stamp() { echo "==== $(date -u +%Y-%m-%dT%H:%M:%SZ) $1 started by scripts/serve.sh ====" >>"$STATE/$1.log"; }
 
 alive() { [ -f "$STATE/$1.pid" ] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
+
+DB=${ENSEMBLE_DB:-auto}
+case "$DB" in auto|postgres|sqlite) ;; *)
+  echo "error: ENSEMBLE_DB=$DB is not a database this stack runs; fix: ENSEMBLE_DB=postgres or ENSEMBLE_DB=sqlite" >&2; exit 2 ;;
+esac
+if [ -n "${PREFECT_API_DATABASE_CONNECTION_URL:-}" ]; then
+  echo "database: PREFECT_API_DATABASE_CONNECTION_URL (your own)"
+elif [ "$DB" = postgres ] || { [ "$DB" = auto ] && scripts/postgres.sh found; }; then
+  PREFECT_API_DATABASE_CONNECTION_URL=$(scripts/postgres.sh start)
+  export PREFECT_API_DATABASE_CONNECTION_URL
+  echo "database: PostgreSQL in $(cat "$STATE/postgres.dir")"
+else
+  echo "warning: PostgreSQL is not installed, the server uses SQLite, which drops events (and so automations) under CPU load; fix: apt-get install postgresql" >&2
+fi
 
 if alive server; then
   echo "server already running (pid $(cat "$STATE/server.pid"))"

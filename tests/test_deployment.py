@@ -9,10 +9,12 @@ second process keeps one CPU core busy during the first two runs, as on a shared
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +41,10 @@ def _serve(env):
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stack")
     port = _free_port()
+    # The server's PostgreSQL cluster (scripts/postgres.sh), in a short path that the
+    # "postgres" user can reach when the tests run as root.
+    pgdata = Path(tempfile.mkdtemp(prefix="ensemble-pg-")) / "data"
+    pgdata.parent.chmod(0o711)
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")},
         "PREFECT_HOME": str(tmp / "prefect-home"),
@@ -48,6 +54,8 @@ def stack(tmp_path_factory):
         "PREFECT_WORKER_QUERY_SECONDS": "2",
         "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5",
         "ENSEMBLE_SERVE_DIR": str(tmp / "serve"),
+        "ENSEMBLE_DB": "postgres",
+        "ENSEMBLE_PGDATA": str(pgdata),
         "ENSEMBLE_VENV": str(Path(sys.executable).parent.parent),
         "ENSEMBLE_ZOMBIE_AFTER_S": str(ZOMBIE_AFTER_S),
         "JAX_COMPILATION_CACHE_DIR": str(tmp / "jax-cache"),
@@ -61,6 +69,7 @@ def stack(tmp_path_factory):
         yield tmp, env
     finally:
         subprocess.run(["scripts/stop.sh"], cwd=ROOT, env=env, timeout=300)
+        shutil.rmtree(pgdata.parent, ignore_errors=True)
 
 
 def _params(tmp, out="runs", epochs=2, **train):

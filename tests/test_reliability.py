@@ -64,11 +64,26 @@ def _final_arrays(run: Path) -> dict:
         return {k: f[k] for k in f.files}
 
 
+def _wait_for_committed_checkpoint(run: Path, p, timeout: float = 120.0) -> None:
+    """Until a checkpoint directory named by its step (orbax's committed name) exists."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ckpts = run / "checkpoints"
+        if ckpts.is_dir() and any(d.name.isdigit() for d in ckpts.iterdir()):
+            return
+        assert p.poll() is None, "the training process ended before a checkpoint was committed"
+        time.sleep(0.05)
+    raise AssertionError(f"no committed checkpoint under {run} after {timeout} s")
+
+
 def test_sigkill_mid_training_then_resume_is_bitwise_identical(tmp_path, tfds_dir, reference):
     run = tmp_path / "run"
     p = _proc(run, tfds_dir)
     _wait_for_epoch(p, 1)  # the first checkpoint is being written
-    time.sleep(random.uniform(0.2, 1.5))
+    # Under CPU load the first (asynchronous) save can take seconds to commit; kill only
+    # once one is committed, at a random moment while training (and the next save) go on.
+    _wait_for_committed_checkpoint(run, p)
+    time.sleep(random.uniform(0.0, 1.0))
     p.send_signal(signal.SIGKILL)
     p.wait()
     saved = sorted(int(d.name) for d in (run / "checkpoints").iterdir() if d.name.isdigit())
