@@ -7,19 +7,52 @@ Unknown keys are errors, so a typo never silently falls back to a default.
 
 from __future__ import annotations
 
+import reprlib
+import struct
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ensemble_core.errors import ConfigError
+
+# MARK: limits
+
+#: Largest root seed. With JAX's default (x64 disabled) ``jax.random.key(seed)`` accepts any
+#: int in [-2**63, 2**63) but keeps only its low 32 bits (measured with jax 0.10.2):
+#: ``key(2**32)`` is ``key(0)`` and ``key(-1)`` is ``key(2**32 - 1)``, and 2**63 raises
+#: OverflowError. Seeds are therefore [0, 2**32 - 1]: every accepted seed gives its own keys.
+MAX_SEED = 2**32 - 1
+#: Epoch k's data order is ``fold_in(data_key, k)``, which takes a uint32 (k = 2**32 raises
+#: OverflowError), so the last epoch index is 2**32 - 1.
+MAX_EPOCHS = 2**32
+#: Array dimensions (batch sizes) beyond int32 cannot be built.
+MAX_DIM = 2**31 - 1
+#: MLP limits: width of one hidden layer, number of hidden layers, and the hidden-to-hidden
+#: weights of one member (2**28 float32 = 1 GiB, e.g. one 16384 x 16384 layer).
+MAX_WIDTH = 65536
+MAX_DEPTH = 64
+MAX_HIDDEN_WEIGHTS = 2**28
+#: A config file larger than this is not a config.
+MAX_CONFIG_BYTES = 1 << 20
+#: optax (inject_hyperparams) holds learning rate, momentum and weight decay as float32:
+#: a larger value becomes inf, a nonzero value below the smallest normal float32 becomes 0
+#: (or a denormal), and momentum 1 - 1e-9 becomes 1.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_MIN_NORMAL = 1.1754943508222875e-38
+
+
+def _as_float32(value: float) -> float:
+    return struct.unpack("f", struct.pack("f", value))[0]
+
 
 # MARK: sections
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: every float field refuses inf and NaN (also '.inf'/'nan' strings).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class DataConfig(_Section):
@@ -27,17 +60,23 @@ class DataConfig(_Section):
 
     name: str = Field(
         "mnist5k",
+        min_length=1,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
         description="TFDS dataset name. 'mnist5k' is the embedded offline MNIST subset "
         "(4,000 train / 1,000 test); any TFDS catalog image dataset (mnist, "
         "fashion_mnist, cifar10, ...) works when prepared in data_dir.",
     )
     data_dir: str | None = Field(
         None,
+        min_length=1,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
         description="TFDS data directory (prepared array_record files live here). "
         "Default: TFDS's own default (~/tensorflow_datasets or $TFDS_DATA_DIR).",
     )
     manual_dir: str | None = Field(
         None,
+        min_length=1,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
         description="Where the original dataset files were put by hand for offline "
         "preparation of a catalog dataset. Default: <data_dir>/downloads/manual.",
     )
@@ -54,10 +93,23 @@ class ModelConfig(_Section):
         "cnn",
         description="'cnn': the Flax ensembling HOWTO CNN; 'mlp': a ReLU MLP.",
     )
-    hidden_sizes: tuple[int, ...] = Field(
+    hidden_sizes: tuple[Annotated[int, Field(ge=1, le=MAX_WIDTH)], ...] = Field(
         (512, 512),
-        description="MLP only: widths of the hidden layers.",
+        max_length=MAX_DEPTH,
+        description=f"MLP only: widths of the hidden layers (each 1..{MAX_WIDTH}, at most {MAX_DEPTH} "
+        f"layers, at most {MAX_HIDDEN_WEIGHTS} hidden-to-hidden weights; [] is a linear model).",
     )
+
+    @field_validator("hidden_sizes")
+    @classmethod
+    def _hidden_weights_fit(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
+        weights = sum(a * b for a, b in zip(sizes, sizes[1:], strict=False))
+        if weights > MAX_HIDDEN_WEIGHTS:
+            raise ValueError(
+                f"{weights} hidden-to-hidden weights per member is more than the {MAX_HIDDEN_WEIGHTS} allowed "
+                f"(a width x the next width, summed over the layers)"
+            )
+        return sizes
 
 
 class EnsembleConfig(_Section):
@@ -74,19 +126,45 @@ class EnsembleConfig(_Section):
 class TrainConfig(_Section):
     """Optimisation settings, shared by every member."""
 
-    epochs: int = Field(10, ge=1, description="Passes over the training split.")
-    batch_size: int = Field(128, ge=1, description="Examples per member per step.")
-    learning_rate: float = Field(0.1, gt=0, description="Optimizer learning rate.")
-    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (sgd only).")
+    epochs: int = Field(10, ge=1, le=MAX_EPOCHS, description="Passes over the training split.")
+    batch_size: int = Field(128, ge=1, le=MAX_DIM, description="Examples per member per step.")
+    learning_rate: float = Field(
+        0.1,
+        gt=0,
+        le=FLOAT32_MAX,
+        description="Optimizer learning rate: finite, > 0 and a float32 number (optax holds it as float32).",
+    )
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (sgd only), 0 <= momentum < 1 in float32.")
     optimizer: Literal["sgd", "adam", "adamw"] = Field(
         "sgd", description="optax optimizer: sgd (with momentum), adam or adamw."
     )
-    weight_decay: float = Field(0.0, ge=0, description="adamw weight decay.")
+    weight_decay: float = Field(
+        0.0, ge=0, le=FLOAT32_MAX, description="adamw weight decay: finite, >= 0 and a float32 number."
+    )
     on_divergence: Literal["freeze", "fail"] = Field(
         "freeze",
         description="When a member's loss or parameters become non-finite: 'freeze' it (its "
         "updates are masked, it is left out of the ensemble metrics) or 'fail' the run.",
     )
+
+    @field_validator("learning_rate", "weight_decay")
+    @classmethod
+    def _not_lost_in_float32(cls, value: float) -> float:
+        if 0 < value < FLOAT32_MIN_NORMAL:
+            raise ValueError(
+                f"{value!r} is below {FLOAT32_MIN_NORMAL!r}, the smallest normal float32, and is lost as the "
+                f"float32 hyperparameter optax holds"
+            )
+        return value
+
+    @field_validator("momentum")
+    @classmethod
+    def _below_one_in_float32(cls, value: float) -> float:
+        if _as_float32(value) >= 1:
+            raise ValueError(
+                f"{value!r} becomes 1.0 as the float32 hyperparameter optax holds (0.9999999 stays below 1)"
+            )
+        return value
 
 
 class MeshConfig(_Section):
@@ -117,9 +195,9 @@ class EvalConfig(_Section):
     """Evaluation on the test split."""
 
     batch_size: int = Field(
-        250, ge=1, description="Test examples per device per forward pass (250 measured fastest on CPU)."
+        250, ge=1, le=MAX_DIM, description="Test examples per device per forward pass (250 measured fastest on CPU)."
     )
-    ece_bins: int = Field(15, ge=2, description="Equal-width bins for ECE.")
+    ece_bins: int = Field(15, ge=2, le=1000, description="Equal-width bins for ECE (2..1000).")
 
 
 class PromotionConfig(_Section):
@@ -139,7 +217,12 @@ class PromotionConfig(_Section):
 class PipelineConfig(_Section):
     """A complete, validated run configuration."""
 
-    seed: int = Field(0, ge=0, description="Root seed; member i depends on (seed, i).")
+    seed: int = Field(
+        0,
+        ge=0,
+        le=MAX_SEED,
+        description=f"Root seed (0..{MAX_SEED}: a JAX PRNG key holds 32 bits); member i depends on (seed, i).",
+    )
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     ensemble: EnsembleConfig = Field(default_factory=EnsembleConfig)
@@ -150,9 +233,39 @@ class PipelineConfig(_Section):
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
 
 
+# MARK: messages
+
+
+# Everything str.splitlines() breaks on: a message stays one line whatever the input holds.
+_ONE_LINE = str.maketrans(
+    {c: c.encode("unicode_escape").decode("ascii") for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+)
+_MAX_ERRORS = 8
+
+_short = reprlib.Repr()
+_short.maxlevel, _short.maxstring, _short.maxother = 2, 80, 80
+_short.maxlist = _short.maxtuple = _short.maxdict = _short.maxset = 5
+
+
+def _error(message: str) -> ConfigError:
+    """A :class:`ConfigError` whose message is one line."""
+    return ConfigError(message.translate(_ONE_LINE))
+
+
+def _show(value: Any) -> str:
+    """A short one-line repr of an input value (huge, deep or aliased values included)."""
+    try:
+        return _short.repr(value)
+    except ValueError:  # an int over Python's int-to-str digit limit
+        return f"<int of {value.bit_length()} bits>" if isinstance(value, int) else f"<{type(value).__name__}>"
+    except Exception:  # noqa: BLE001  (never let the report of an error raise)
+        return f"<{type(value).__name__}>"
+
+
 def _describe(err: ValidationError) -> str:
+    errors = err.errors()
     parts = []
-    for e in err.errors():
+    for e in errors[:_MAX_ERRORS]:
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         if e["type"] == "extra_forbidden":
             parts.append(
@@ -160,7 +273,9 @@ def _describe(err: ValidationError) -> str:
                 f"(known keys are listed in configs/default.yaml)"
             )
         else:
-            parts.append(f"config key '{key}': {e['msg']} (got {e.get('input')!r}); fix: set a valid '{key}'")
+            parts.append(f"config key '{key}': {e['msg']} (got {_show(e.get('input'))}); fix: set a valid '{key}'")
+    if len(errors) > _MAX_ERRORS:
+        parts.append(f"and {len(errors) - _MAX_ERRORS} more invalid value(s)")
     return "; ".join(parts)
 
 
@@ -173,26 +288,155 @@ def validate(raw: dict[str, Any]) -> PipelineConfig:
     try:
         return PipelineConfig.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_describe(err)) from None
+        raise _error(_describe(err)) from None
+    except RecursionError:
+        raise _error("config nests too deeply; fix: use the layout of configs/default.yaml") from None
+
+
+# MARK: YAML
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A YAML mapping holds the same key twice (YAML would silently keep the last)."""
+
+    def __init__(self, key: str, first_line: int, second_line: int) -> None:
+        self.key, self.first_line, self.second_line = key, first_line, second_line
+        super().__init__(None, None, f"duplicate key '{key}' ({self.lines})", None)
+
+    @property
+    def lines(self) -> str:
+        """``lines 3 and 7``, or ``both on line 3``."""
+        if self.first_line == self.second_line:
+            return f"both on line {self.first_line}"
+        return f"lines {self.first_line} and {self.second_line}"
+
+
+class StrictLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader that refuses a key given twice in one mapping, at any depth.
+
+    Merge keys (``<<: *anchor``) still work: a key of the mapping itself overrides a
+    merged one, as YAML specifies; only keys written twice in one mapping are refused.
+    """
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        self._key_paths: dict[int, str] = {}
+        self._checked: set[int] = set()
+        stack = [(node, "")]
+        while stack:  # dotted path of every mapping, for the error message (aliases: first path)
+            n, path = stack.pop()
+            if id(n) in self._key_paths:
+                continue
+            if isinstance(n, yaml.MappingNode):
+                self._key_paths[id(n)] = path
+                for k, v in n.value:
+                    name = k.value if isinstance(k, yaml.ScalarNode) else "?"
+                    stack.append((v, f"{path}.{name}" if path else name))
+            elif isinstance(n, yaml.SequenceNode):
+                self._key_paths[id(n)] = path
+                stack.extend((v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(n.value))
+        return super().construct_document(node)
+
+    def _check_unique(self, node: yaml.MappingNode) -> None:
+        if id(node) in self._checked:  # once, before flatten_mapping merges keys into node.value
+            return
+        self._checked.add(id(node))
+        prefix = getattr(self, "_key_paths", {}).get(id(node), "")
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    name = key_node.value if isinstance(key_node, yaml.ScalarNode) else _show(key)
+                    raise DuplicateKeyError(f"{prefix}.{name}" if prefix else str(name), seen[key], line)
+                seen[key] = line
+            except TypeError:  # an unhashable key: SafeConstructor reports it
+                continue
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        self._check_unique(node)
+        super().flatten_mapping(node)
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            self._check_unique(node)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(text: str) -> Any:
+    """``yaml.load`` with :class:`StrictLoader`: safe tags only, no duplicate keys."""
+    return yaml.load(text, Loader=StrictLoader)  # noqa: S506  (StrictLoader is a SafeLoader)
+
+
+# MARK: loading
 
 
 def _set_dotted(raw: dict[str, Any], assignment: str) -> None:
     if "=" not in assignment:
-        raise ConfigError(f"override '{assignment}' has no '='; fix: write it as dotted.key=value")
+        raise _error(f"override '{assignment}' has no '='; fix: write it as dotted.key=value")
     key, text = assignment.split("=", 1)
-    parts = key.strip().split(".")
+    key = key.strip()
+    parts = key.split(".")
     if not all(parts):
-        raise ConfigError(f"override key '{key}' is malformed; fix: e.g. train.epochs=3")
+        raise _error(f"override key '{key}' is malformed; fix: e.g. train.epochs=3")
     node = raw
-    for p in parts[:-1]:
-        child = node.setdefault(p, {})
+    for depth, p in enumerate(parts[:-1]):
+        child = node.get(p)
+        if child is None:  # absent, or an empty section ('train:' in a file)
+            child = node[p] = {}
         if not isinstance(child, dict):
-            raise ConfigError(f"config key '{p}' is not a section; cannot set '{key}'")
+            section = ".".join(parts[: depth + 1])
+            raise _error(
+                f"config key '{section}' is not a section (got {_show(child)}), so '{key}' cannot be set; "
+                f"fix: make '{section}' a mapping of keys or drop the override '{key}'"
+            )
         node = child
     try:
-        node[parts[-1]] = yaml.safe_load(text) if text.strip() else None
+        node[parts[-1]] = _load_yaml(text) if text.strip() else None
+    except DuplicateKeyError as err:
+        raise _error(f"override '{key}' has key '{err.key}' twice; fix: give each key of '{key}' once") from None
     except yaml.YAMLError:
         node[parts[-1]] = text
+    except (RecursionError, ValueError) as err:  # nesting too deep; an int with too many digits
+        raise _error(
+            f"config key '{key}': override value cannot be read ({type(err).__name__}: nesting too deep "
+            f"or a number with too many digits); fix: set a valid '{key}'"
+        ) from None
+
+
+def _read_text(p: Path) -> str:
+    """The text of config file ``p``: at most MAX_CONFIG_BYTES of UTF-8.
+
+    Raises:
+      ConfigError: missing, unreadable, a directory, too large, binary or not UTF-8.
+    """
+    fix = "fix: pass a readable YAML text file (UTF-8, like configs/default.yaml) to --config"
+    try:
+        with p.open("rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except IsADirectoryError:
+        raise _error(f"config file '{p}' is a directory, not a file; {fix}") from None
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise _error(
+            f"cannot read config file '{p}': {reason}; fix: pass an existing readable YAML file to --config"
+        ) from None
+    except ValueError as err:  # e.g. a NUL byte in the path
+        raise _error(f"cannot read config file '{p}': {err}; {fix}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise _error(f"config file '{p}' is larger than {MAX_CONFIG_BYTES} bytes, so it is not a config; {fix}")
+    if b"\x00" in data:
+        raise _error(f"config file '{p}' is binary, not text (NUL byte at offset {data.index(0)}); {fix}")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        bad = data[err.start]
+        raise _error(f"config file '{p}' is not UTF-8 text (byte 0x{bad:02x} at offset {err.start}); {fix}") from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
@@ -204,27 +448,32 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
       overrides: ``["train.epochs=3", "ensemble.size=4"]``; values are parsed as YAML.
 
     Raises:
-      ConfigError: unreadable file, not YAML, not a mapping, or any invalid key/value.
+      ConfigError: unreadable, binary, non-UTF-8 or oversized file, not YAML, a key given
+        twice, not a mapping, or any invalid key/value. The message is one line.
     """
     raw: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
+        text = _read_text(p)
         try:
-            text = p.read_text()
-        except OSError as err:
-            raise ConfigError(
-                f"cannot read config file '{p}': {err.strerror}; fix: pass an existing readable YAML file to --config"
+            loaded = _load_yaml(text)
+        except DuplicateKeyError as err:
+            raise _error(
+                f"config file '{p}' has key '{err.key}' twice ({err.lines}); "
+                f"fix: keep only one '{err.key}' (YAML would silently use the last one)"
             ) from None
-        try:
-            loaded = yaml.safe_load(text)
         except yaml.YAMLError as err:
-            raise ConfigError(
-                f"config file '{p}' is not valid YAML ({str(err).splitlines()[0]}); fix: correct the syntax"
+            first = (str(err).splitlines() or [type(err).__name__])[0]
+            raise _error(f"config file '{p}' is not valid YAML ({first}); fix: correct the syntax") from None
+        except (RecursionError, ValueError) as err:  # nesting too deep; an int with too many digits
+            raise _error(
+                f"config file '{p}' cannot be read as a config ({type(err).__name__}: nesting too deep or a "
+                f"number with too many digits); fix: use the layout of configs/default.yaml"
             ) from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
-            raise ConfigError(
+            raise _error(
                 f"config file '{p}' must hold a mapping of sections, not "
                 f"{type(loaded).__name__}; fix: see configs/default.yaml"
             )

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import importlib.util
+import json
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,8 @@ import numpy as np
 # and tests/test_deployment.py (every flow-run process, probed) check it.
 import tensorflow_datasets as tfds
 import tensorflow_datasets.core.dataset_metadata  # noqa: F401  (see above)
+from array_record.python import array_record_module
+from google.protobuf.message import DecodeError
 
 from ensemble_core.errors import DataError
 
@@ -141,15 +145,185 @@ class DatasetInfo:
 
 
 def _builder(name: str, data_dir: str | None):
-    if name == EMBEDDED:
-        return _builder_class()(data_dir=data_dir, file_format=FILE_FORMAT)
+    """The TFDS builder of ``name``; constructing it reads ``dataset_info.json`` of a
+    prepared dataset.
+
+    Raises:
+      DataError: unknown name, or a prepared dataset whose ``dataset_info.json`` cannot
+        be read (garbled, not UTF-8, not a DatasetInfo, unreadable).
+    """
     try:
+        if name == EMBEDDED:
+            return _builder_class()(data_dir=data_dir, file_format=FILE_FORMAT)
         return tfds.builder(name, data_dir=data_dir, file_format=FILE_FORMAT)
-    except Exception as err:  # tfds raises DatasetNotFoundError and others
+    except Exception as err:  # tfds raises DatasetNotFoundError, ParseError and others
+        frame = _frame_of(err, _READ_METADATA)
+        if frame is not None:
+            variant_dir = frame.f_locals.get("dataset_info_dir")
+            raise _damaged(name, variant_dir, f"{variant_dir}/dataset_info.json cannot be read", err) from err
+        frame = _frame_of(err, _SET_FILE_FORMAT)
+        info = frame.f_locals.get("self") if frame is not None else None
+        if isinstance(info, tfds.core.DatasetInfo):
+            stored = getattr(info.file_format, "value", info.file_format)
+            raise DataError(
+                f"dataset '{name}' in {info.data_dir} is stored as {stored}, not {FILE_FORMAT}; fix: "
+                f"delete {info.data_dir} and run again; the dataset is prepared anew as {FILE_FORMAT}"
+            ) from err
+        if name == EMBEDDED:
+            raise
         raise DataError(
             f"unknown dataset '{name}' ({type(err).__name__}); fix: set data.name to "
             f"'{EMBEDDED}' or a TFDS catalog name such as mnist, fashion_mnist, cifar10"
         ) from None
+
+
+# MARK: damaged datasets
+
+
+_READ_METADATA = tfds.core.DatasetInfo.read_from_directory.__code__
+_SET_FILE_FORMAT = tfds.core.DatasetInfo.set_file_format.__code__
+
+
+def _frame_of(err: BaseException, code) -> object | None:
+    """The frame of ``code`` in ``err``'s traceback (None if ``err`` did not pass it).
+
+    Constructing a builder reads the prepared dataset's ``dataset_info.json``
+    (``DatasetInfo.read_from_directory(dataset_info_dir)``) and then sets the file format
+    (``DatasetInfo.set_file_format``). What those raise (json_format.ParseError,
+    UnicodeDecodeError, DatasetInfoFileError, AssertionError for a wrong version;
+    ValueError for a dataset stored as tfrecord) does not name the directory, and is
+    not of a type that tells it from an unknown dataset name. Whether the error passed
+    through one of these calls does, and that frame's locals name the directory.
+    """
+    for frame, _ in traceback.walk_tb(err.__traceback__):
+        if frame.f_code is code:
+            return frame
+    return None
+
+
+def _one_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"[:240]
+
+
+def _damaged(name: str, variant_dir, what: str, cause: BaseException | None = None) -> DataError:
+    """A one-line DataError for damage in a prepared dataset's directory.
+
+    The fix works because :func:`prepare` treats a directory that does not exist as "not
+    prepared" and builds it anew (TFDS skips preparing whenever the directory exists).
+    """
+    detail = f" ({_one_line(cause)})" if cause is not None else ""
+    again = "" if name == EMBEDDED else " (for a catalog dataset this downloads it again)"
+    return DataError(
+        f"dataset '{name}' in {variant_dir} is damaged: {what}{detail}; "
+        f"fix: delete {variant_dir} and run again; the dataset is prepared anew{again}"
+    )
+
+
+def _check_shard(path: Path, expected_records: int) -> str | None:
+    """What is wrong with one array_record shard, or None if it looks sound.
+
+    Cheap: a missing or empty file is seen from ``stat``; otherwise only the file's footer
+    and index are read (a truncated file or one overwritten with other bytes has no
+    valid footer), and its record count is compared with ``shardLengths``.
+    """
+    if not path.is_file():
+        return f"shard file {path} is missing"
+    if path.stat().st_size == 0:
+        return f"shard file {path} is empty (0 bytes)"
+    reader = array_record_module.ArrayRecordReader(str(path), "readahead_buffer_size:0")
+    try:
+        if not reader.ok():
+            try:  # the reader keeps its error status; reading raises it as RuntimeError
+                reader.read([0])
+                cause = "unreadable"
+            except RuntimeError as err:
+                cause = _one_line(err)
+            return f"shard file {path} is truncated or corrupt ({cause})"
+        if reader.num_records() != expected_records:
+            return f"shard file {path} holds {reader.num_records()} records, dataset_info.json lists {expected_records}"
+        return None
+    finally:
+        try:
+            reader.close()
+        except RuntimeError:  # close() re-raises the status of a reader that failed to open
+            pass
+
+
+def _first_unreadable(paths: list[Path]) -> tuple[Path, RuntimeError] | None:
+    """The first of ``paths`` whose records cannot all be read, with the reader's error.
+
+    Reads every record, so it is called only after a read has already failed: it tells
+    damage in a file (reported with the file's name) from a failure that is not about
+    the files (re-raised as it is).
+    """
+    for path in paths:
+        reader = array_record_module.ArrayRecordReader(str(path))
+        try:
+            if reader.ok():
+                reader.read_all()
+            else:
+                reader.read([0])  # raises the reader's error status
+        except RuntimeError as err:
+            return path, err
+        finally:
+            try:
+                reader.close()
+            except RuntimeError:
+                pass
+    return None
+
+
+def _split_names(split: str) -> list[str]:
+    """The split names in a TFDS split spec: ``"train[:10%]+test"`` -> train, test."""
+    return [part.split("[", 1)[0].strip() for part in split.split("+")]
+
+
+def verify_prepared(builder, name: str, splits: list[str] | None = None) -> None:
+    """Check a prepared dataset's files against its TFDS metadata, before reading them.
+
+    Checks that ``features.json`` (when present) is valid JSON, that the metadata lists
+    splits, that each requested split exists and lists shards, and that every shard file
+    listed in ``dataset_info.json`` exists, is not empty, has a readable array_record
+    footer and holds as many records as ``shardLengths`` says. ``numBytes`` is not
+    compared with file sizes: TFDS records the size of the serialized examples there,
+    not of the (compressed) files.
+
+    This reads only footers, so corruption inside a file shows when the records are read
+    (:func:`load_split` reports it then).
+
+    Args:
+      builder: a prepared TFDS builder (from :func:`_builder`).
+      name: the dataset name, for the message.
+      splits: split specs to check; None checks every split in the metadata.
+
+    Raises:
+      DataError: the first problem, naming the dataset directory and the damaged file,
+        with the fix (delete the directory; it is prepared anew on the next run).
+    """
+    variant_dir = Path(builder.data_dir)
+    features_json = variant_dir / "features.json"
+    if features_json.exists():
+        try:
+            json.loads(features_json.read_text())
+        except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise _damaged(name, variant_dir, f"{features_json} cannot be read", err) from err
+    available = builder.info.splits
+    if not list(available.keys()):
+        raise _damaged(name, variant_dir, f"{variant_dir / 'dataset_info.json'} lists no splits")
+    wanted = list(available.keys()) if splits is None else [s for spec in splits for s in _split_names(spec)]
+    for split in wanted:
+        if split not in available:
+            raise DataError(
+                f"dataset '{name}' has no split '{split}' (it has {sorted(available.keys())}); "
+                f"fix: use one of those splits"
+            )
+        info = available[split]
+        if not info.shard_lengths:
+            raise _damaged(name, variant_dir, f"dataset_info.json lists no shard files for split '{split}'")
+        for path, length in zip(info.filepaths, info.shard_lengths, strict=True):
+            problem = _check_shard(Path(path), int(length))
+            if problem is not None:
+                raise _damaged(name, variant_dir, problem)
 
 
 def _manual_files(builder) -> list[str]:
@@ -166,11 +340,23 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
     no TensorFlow). A catalog dataset that is not prepared yet is built by TFDS, which
     needs TensorFlow and either the network or the original files in ``manual_dir``.
 
+    An already prepared dataset is checked with :func:`verify_prepared` (every split's
+    shard files against the metadata), so damage shows here, before any compute. TFDS
+    counts a dataset as prepared when its directory holds ``dataset_info.json``, and it
+    skips preparing whenever the directory exists; so a directory without that file is
+    reported as damaged rather than silently reused.
+
     Raises:
-      DataError: unknown name, TensorFlow missing, files missing offline, or a dataset
-        without ``image``/``label`` features.
+      DataError: unknown name, TensorFlow missing, files missing offline, a dataset
+        without ``image``/``label`` features or without train and test splits, or a
+        damaged prepared dataset (garbled ``dataset_info.json``/``features.json``, a
+        shard file missing, empty, truncated, corrupt or with the wrong record count).
+        A damage message names the directory and file and says to delete the
+        directory; the next call then prepares the dataset anew.
     """
     builder = _builder(name, data_dir)
+    if not builder.is_prepared() and builder.data_path.exists():
+        raise _damaged(name, builder.data_dir, f"{builder.data_path / 'dataset_info.json'} is missing")
     if not builder.is_prepared():
         if name != EMBEDDED and importlib.util.find_spec("tensorflow") is None:
             raise DataError(
@@ -190,6 +376,13 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
                 f"cannot prepare '{name}' ({type(err).__name__}: {str(err)[:200]}); "
                 f"offline fix: put {files} in {manual} (or set data.manual_dir) and rerun"
             ) from None
+    verify_prepared(builder, name)
+    for split in ("train", "test"):
+        if split not in builder.info.splits:
+            raise DataError(
+                f"dataset '{name}' has no '{split}' split (it has {sorted(builder.info.splits.keys())}); "
+                f"fix: choose a dataset with train and test splits"
+            )
     features = builder.info.features
     if "image" not in features or "label" not in features:
         raise DataError(
@@ -214,9 +407,16 @@ def load_split(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Read a prepared split into host memory with ``tfds.data_source`` (array_record).
 
+    Before reading, the split's shard files are checked against the metadata
+    (:func:`verify_prepared`). The records are then read shard by shard, so that a
+    read or decode error (corruption inside a file, which only reading can find) is
+    reported with the file it came from.
+
     Args:
       name: dataset name (as in :func:`prepare`).
-      split: ``"train"`` or ``"test"``.
+      split: ``"train"`` or ``"test"`` (any TFDS split spec works; a spec with slices
+        or ``+`` is read in one piece, and a read error is traced to a file by reading
+        the named splits' files one by one).
       data_dir: the TFDS data dir used to prepare it.
       limit: keep only the first ``limit`` examples.
 
@@ -224,14 +424,52 @@ def load_split(
       images uint8 ``[N, H, W, C]``, labels int32 ``[N]``.
 
     Raises:
-      DataError: the split is missing or holds labels outside ``[0, num_classes)``.
+      DataError: the dataset is not prepared; the split does not exist; the dataset is
+        damaged: garbled ``dataset_info.json``/``features.json``, a shard file missing,
+        empty, truncated or with the wrong record count (found before reading), or a
+        shard whose records fail to read (Riegeli ``RuntimeError``, confirmed by
+        reading the file on its own) or decode (protobuf ``DecodeError``, or records
+        without image/label) -- each naming the directory, the file, and the fix
+        (delete the directory and run again); or labels outside ``[0, num_classes)``.
+      RuntimeError: a read failed although every file reads on its own (not damage;
+        passed on unchanged, as is any other error).
     """
     builder = _builder(name, data_dir)
     if not builder.is_prepared():
+        if builder.data_path.exists():
+            raise _damaged(name, builder.data_dir, f"{builder.data_path / 'dataset_info.json'} is missing")
         raise DataError(f"dataset '{name}' is not prepared in {builder.data_dir}; fix: run prepare() first")
+    verify_prepared(builder, name, [split])
     source = builder.as_data_source(split=split)
     n = len(source) if limit is None else min(limit, len(source))
-    records = source.__getitems__(list(range(n)))
+    splits = builder.info.splits
+    if split in splits and len(source) == splits[split].num_examples:
+        shards = [(Path(p), int(k)) for p, k in zip(splits[split].filepaths, splits[split].shard_lengths, strict=True)]
+    else:  # a sliced or combined split spec: read in one piece
+        shards = [(None, len(source))]
+    records: list = []
+    start = 0
+    for path, length in shards:
+        if start >= n:
+            break
+        stop = min(start + length, n)
+        where = f"shard file {path}" if path is not None else f"split '{split}'"
+        try:
+            batch = source.__getitems__(list(range(start, stop)))
+        except RuntimeError as err:  # array_record/Riegeli raise RuntimeError for a bad file
+            candidates = (
+                [path] if path is not None else [Path(f) for s in _split_names(split) for f in splits[s].filepaths]
+            )
+            found = _first_unreadable(candidates)
+            if found is None:  # every file reads: not damage, so not ours to rename
+                raise
+            raise _damaged(name, builder.data_dir, f"shard file {found[0]} cannot be read", found[1]) from err
+        except DecodeError as err:  # records that are not serialized tf.Examples
+            raise _damaged(name, builder.data_dir, f"{where} holds records that cannot be decoded", err) from err
+        if any(r.get("image") is None or r.get("label") is None for r in batch):
+            raise _damaged(name, builder.data_dir, f"{where} holds records without image or label")
+        records.extend(batch)
+        start += length
     images = np.stack([np.asarray(r["image"]) for r in records])
     if not np.issubdtype(images.dtype, np.floating):
         images = images.astype(np.uint8)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -22,6 +23,7 @@ import numpy as np
 
 from ensemble_core import champion as champion_lib
 from ensemble_core import data as data_lib
+from ensemble_core import memory as memory_lib
 from ensemble_core import metrics as metrics_lib
 from ensemble_core import report as report_lib
 from ensemble_core.checkpoint import EnsembleCheckpointer
@@ -73,17 +75,32 @@ def resolve_strategy(cfg: PipelineConfig) -> str:
     return default_strategy(jax.default_backend())
 
 
+def _num_train(cfg: PipelineConfig, dataset: dict) -> int:
+    limit = cfg.data.max_train_examples
+    return dataset["num_train"] if limit is None else min(dataset["num_train"], limit)
+
+
+def check_memory(cfg: PipelineConfig, dataset: dict) -> memory_lib.MemoryEstimate:
+    """Refuse, before anything compiles, a config whose training cannot fit in memory
+    (:mod:`ensemble_core.memory`: a lower bound from shapes alone).
+
+    Raises:
+      ConfigError: with the estimate and the memory there is.
+    """
+    shape = tuple(dataset["image_shape"])
+    n = _num_train(cfg, dataset)
+    est = memory_lib.estimate(cfg, plan(cfg), dataset["num_classes"], shape, n, resolve_strategy(cfg))
+    memory_lib.check(est, cfg)
+    return est
+
+
 def check_against_dataset(cfg: PipelineConfig, dataset: dict) -> None:
     """Config checks that need the dataset's size.
 
     Raises:
       ConfigError: the batch is larger than the training split.
     """
-    n = (
-        dataset["num_train"]
-        if cfg.data.max_train_examples is None
-        else min(dataset["num_train"], cfg.data.max_train_examples)
-    )
+    n = _num_train(cfg, dataset)
     if cfg.train.batch_size > n:
         raise ConfigError(
             f"train.batch_size={cfg.train.batch_size} is larger than the {n} training examples; "
@@ -91,50 +108,128 @@ def check_against_dataset(cfg: PipelineConfig, dataset: dict) -> None:
         )
 
 
+# What may differ between a run's checkpoint and the config that resumes it: how many
+# epochs in all (more, never fewer than are done), where the data files are, the device
+# layout, checkpoint and evaluation settings, the divergence policy and promotion. Every
+# other key changes what the saved steps mean (the model, the data, the seed, E, the
+# optimizer and its learning rate, the batch), so resuming under it is refused.
+RESUMABLE_KEYS = (
+    "train.epochs",
+    "train.on_divergence",
+    "data.data_dir",
+    "data.manual_dir",
+    "mesh.*",
+    "checkpoint.*",
+    "eval.*",
+    "promotion.*",
+)
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def _resumable(key: str) -> bool:
+    return any(key == k or (k.endswith(".*") and key.startswith(k[:-1])) for k in RESUMABLE_KEYS)
+
+
+def config_changes(saved_config: dict, cfg: PipelineConfig) -> dict[str, tuple[Any, Any]]:
+    """``{dotted key: (saved value, new value)}`` for every key that differs."""
+    old = _flat(PipelineConfig.model_validate(saved_config).model_dump(mode="json"))
+    new = _flat(cfg.model_dump(mode="json"))
+    return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
+
+
 def _compatible(saved: dict, cfg: PipelineConfig, run_dir: Path) -> None:
-    old = PipelineConfig.model_validate(saved["config"])
-    for key in ("model", "data"):
-        if getattr(old, key) != getattr(cfg, key):
-            raise IncompatibleRunError(
-                f"run '{run_dir}' was started with a different '{key}' config "
-                f"({getattr(old, key).model_dump()} vs {getattr(cfg, key).model_dump()}); "
-                f"fix: use a new --run-name or the original config"
-            )
-    if old.ensemble.size != cfg.ensemble.size or old.seed != cfg.seed:
+    """Refuse to resume ``run_dir`` (checkpoint metadata ``saved``) under ``cfg`` unless
+    only :data:`RESUMABLE_KEYS` differ and ``train.epochs`` is not below the epochs done.
+
+    Raises:
+      IncompatibleRunError: naming every key that may not change, old and new values.
+    """
+    changes = config_changes(saved["config"], cfg)
+    refused = {k: v for k, v in changes.items() if not _resumable(k)}
+    if refused:
+        listed = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in refused.items())
         raise IncompatibleRunError(
-            f"run '{run_dir}' holds a checkpoint of ensemble.size={old.ensemble.size}, "
-            f"seed={old.seed}; this config asks for size={cfg.ensemble.size}, seed={cfg.seed}; "
-            f"fix: use a new --run-name or the original values"
+            f"run '{run_dir}' was trained with another config ({listed}); resuming may change only "
+            f"{', '.join(RESUMABLE_KEYS)}; fix: use a new --run-name, or the run's original values"
+        )
+    done = int(saved.get("epoch", 0))
+    if cfg.train.epochs < done:
+        raise IncompatibleRunError(
+            f"run '{run_dir}' has already trained {done} epochs; train.epochs={cfg.train.epochs} would "
+            f"report a model trained longer than the config says; "
+            f"fix: set train.epochs >= {done}, or use a new --run-name"
+        )
+    members = saved.get("members_trained")
+    if members is not None and members != plan(cfg).padded_members:
+        raise IncompatibleRunError(
+            f"run '{run_dir}' trained {members} members (padding included) and this mesh asks for "
+            f"{plan(cfg).padded_members}; fix: use the run's mesh/ensemble.pad values or a new --run-name"
         )
 
 
 def check_output_dir(output_dir: str | Path) -> Path:
-    """Create ``output_dir`` if needed and make sure it is writable.
+    """Check that ``output_dir`` is, or can be created as, a writable directory; creates
+    nothing (the run creates it when it starts writing).
 
     Raises:
-      ConfigError: it cannot be created or written.
+      ConfigError: it is not a directory, or it (or the directory it would be created in)
+        is not writable.
     """
     out = Path(output_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
+    if out.exists():
+        if not out.is_dir():
+            raise ConfigError(f"output directory '{out}' is a file; fix: pass a directory to --output-dir")
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise ConfigError(f"output directory '{out}' is not writable; fix: pass a writable --output-dir")
+        return out
+    parent = out.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        what = "is a file" if not parent.is_dir() else "is not writable"
         raise ConfigError(
-            f"cannot create output directory '{out}': {err.strerror}; fix: pass a writable --output-dir"
-        ) from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise ConfigError(f"output directory '{out}' is not writable; fix: pass a writable --output-dir")
+            f"cannot create output directory '{out}': '{parent}' {what}; fix: pass a writable --output-dir"
+        )
     return out
 
 
-def check_run_name(run_name: str) -> str:
-    """A run name is one path component.
+RUN_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_run_name(run_name: str, output_dir: str | Path = ".") -> str:
+    """A run name is one directory name of letters, digits, '.', '_' and '-' (starting with
+    a letter or digit) that the file system of ``output_dir`` can hold: so the run
+    directory, printed as the CLI's last line, is one unambiguous path.
 
     Raises:
-      ConfigError: empty, '.', '..', or containing a path separator.
+      ConfigError: empty, another character (a path separator, a space, a newline, ...),
+        or longer than the file system's NAME_MAX (255 bytes on Linux file systems).
     """
-    if not run_name or run_name in (".", "..") or "/" in run_name or "\\" in run_name or "\0" in run_name:
+    if not isinstance(run_name, str) or not RUN_NAME_PATTERN.fullmatch(run_name):
         raise ConfigError(
-            f"run name {run_name!r} is not a single directory name; fix: use letters, digits, '-', '_' or '.'"
+            f"run name {run_name!r} is not a single directory name; fix: use letters, digits, '-', '_' or '.', "
+            f"starting with a letter or digit"
+        )
+    parent = Path(output_dir).absolute()
+    while not parent.exists():
+        parent = parent.parent
+    try:
+        name_max = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    if len(run_name.encode()) > name_max:
+        raise ConfigError(
+            f"run name is {len(run_name.encode())} bytes, longer than the {name_max} the file system of "
+            f"'{parent}' allows; fix: use a shorter --run-name"
         )
     return run_name
 
@@ -143,7 +238,8 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> dic
     """Every check that can fail before training, in order; writes nothing in the run dir.
 
     Mesh, output directory, run name, the run's lock, the dataset (prepared if needed)
-    against the config, and an existing run's checkpoint against the config.
+    against the config, the memory training needs against what there is, and an existing
+    run's checkpoint against the config.
 
     Returns:
       The dataset info dict.
@@ -153,10 +249,11 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> dic
         RunLockedError, IncompatibleRunError).
     """
     plan(cfg)
-    run_dir = check_output_dir(output_dir) / check_run_name(run_name)
+    run_dir = check_output_dir(output_dir) / check_run_name(run_name, output_dir)
     ensure_unlocked(run_dir)
     dataset = prepare_dataset(cfg.data)
     check_against_dataset(cfg, dataset)
+    check_memory(cfg, dataset)
     ckpt_dir = run_dir / CHECKPOINT_DIR
     if ckpt_dir.is_dir() and any(p.name.isdigit() for p in ckpt_dir.iterdir()):
         with EnsembleCheckpointer(ckpt_dir) as ckpt:
@@ -212,17 +309,21 @@ def train_ensemble(
     Holds the run directory's lock for the whole training. If ``run_dir`` already holds a
     checkpoint of a compatible config, training resumes from its data position (epoch
     and step) with the same data order. Checkpoint names are global optimizer steps.
-    SIGTERM (in the main thread) or ``should_stop()`` stops training at the next step
+    SIGTERM or SIGINT (in the main thread) or ``should_stop()`` stops training at the next step
     boundary, after a checkpoint there has been written.
 
     Returns:
       ``{"checkpoint_dir", "checkpoint_step", "history", "timing", "mesh", "strategy",
-      "backend", "devices", "resumed_from", "diverged_members"}``.
+      "backend", "devices", "resumed_from", "stretches", "diverged_members"}``;
+      ``stretches``: one dict per stretch of training (the first run and each resume):
+      ``start_epoch``/``end_epoch`` and steps, ``settings`` (the values of
+      :data:`RESUMABLE_KEYS` it used), ``changed`` (``{key: [old, new]}`` against the
+      checkpoint it resumed), mesh, strategy, backend, devices.
 
     Raises:
       IncompatibleRunError: the run directory holds checkpoints of another config.
       RunLockedError: another process trains in this run directory.
-      PreemptedError: stopped by SIGTERM / ``should_stop`` (a checkpoint was saved).
+      PreemptedError: stopped by SIGTERM / SIGINT / ``should_stop`` (a checkpoint was saved).
       DivergenceError: a member diverged and ``train.on_divergence`` is ``fail``.
     """
     run_dir = Path(run_dir)
@@ -243,12 +344,34 @@ def train_ensemble(
     history: list[dict] = []
     position = {"epoch": 0, "step_in_epoch": 0, "loss_sum": None, "accuracy_sum": None}
     resumed_from = None
-    with run_lock(run_dir), EnsembleCheckpointer(ckpt_dir, keep=cfg.checkpoint.keep) as ckpt, _sigterm() as term:
+    stretches: list[dict] = []
+    settings = {k: v for k, v in _flat(cfg.model_dump(mode="json")).items() if _resumable(k)}
+    with run_lock(run_dir), EnsembleCheckpointer(ckpt_dir, keep=cfg.checkpoint.keep) as ckpt, _stop_signals() as term:
+        changed: dict[str, list] = {}
         if ckpt.latest_step() is not None:
             state, meta, _ = ckpt.restore_latest_valid(state, check=lambda m: _compatible(m, cfg, run_dir))
             position = meta["data_position"]
             resumed_from = int(meta["epoch"])
             history = list(meta["history"])
+            stretches = list(meta.get("stretches") or [])
+            changed = {k: [old, new] for k, (old, new) in config_changes(meta["config"], cfg).items()}
+        # What this stretch of training uses (each resume starts one): the keys that may
+        # change on resume, what changed since the checkpoint, and the devices.
+        stretches.append(
+            {
+                "start_epoch": position["epoch"],
+                "start_step": int(state.step),
+                "end_epoch": None,
+                "end_step": None,
+                "settings": settings,
+                "changed": changed,
+                "mesh": {"ensemble": mesh_plan.ensemble, "data": mesh_plan.data},
+                "strategy": strategy,
+                "backend": jax.default_backend(),
+                "devices": jax.device_count(),
+                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+        )
 
         saved_steps: set[int] = set()
 
@@ -256,6 +379,7 @@ def train_ensemble(
             if int(st.step) in saved_steps:  # e.g. a stop right after an epoch's checkpoint
                 return
             saved_steps.add(int(st.step))
+            stretches[-1].update(end_epoch=pos["epoch"], end_step=int(st.step))
             ckpt.save(
                 int(st.step),
                 st,
@@ -268,6 +392,7 @@ def train_ensemble(
                     "healthy": np.asarray(st.healthy).tolist(),
                     "dataset": {k: dataset[k] for k in ("name", "num_classes", "image_shape")},
                     "history": history,
+                    "stretches": stretches,
                 },
             )
 
@@ -308,6 +433,8 @@ def train_ensemble(
             on_epoch_end=on_epoch_end,
             should_stop=lambda: term.is_set() or (should_stop is not None and should_stop()),
         )
+        if stretches[-1]["end_step"] is None and timing["stopped_at"] is None:
+            stretches.pop()  # a finished run re-run: nothing was trained
         if timing["stopped_at"] is not None:
             save(state, timing["stopped_at"])
             ckpt.wait()
@@ -332,22 +459,25 @@ def train_ensemble(
         "backend": jax.default_backend(),
         "devices": jax.device_count(),
         "resumed_from": resumed_from,
+        "stretches": stretches,
         "diverged_members": np.flatnonzero(~np.asarray(state.healthy)[: cfg.ensemble.size]).tolist(),
     }
 
 
 @contextlib.contextmanager
-def _sigterm():
-    """While active (main thread only), SIGTERM sets the yielded event instead of killing."""
+def _stop_signals():
+    """While active (main thread only), SIGTERM and SIGINT (Ctrl-C) set the yielded event
+    instead of killing: training stops at the next step boundary after a checkpoint."""
     event = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield event
         return
-    previous = signal.signal(signal.SIGTERM, lambda *_: event.set())
+    previous = {sig: signal.signal(sig, lambda *_: event.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield event
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def restore_ensemble(cfg: PipelineConfig, run_dir: str | Path, num_classes: int, image_shape) -> tuple:
@@ -427,7 +557,10 @@ def compare_with_champion(
 
     Both are scored on this run's test split: when the champion was measured on another
     data config, its checkpoint is re-evaluated on this one first. The champion pointer
-    is replaced atomically and a row is appended to ``history.jsonl``.
+    is replaced atomically and this run's row of ``history.jsonl`` is written (replaced
+    when a retry writes it again). A damaged champion pointer, or a champion whose run
+    cannot be read back, is set aside in ``<output_dir>/corrupt-state/`` with a warning and
+    the run is judged as if there were no champion (:mod:`ensemble_core.champion`).
 
     Returns:
       ``{"promoted", "reason", "metric", "challenger", "champion", "champion_run",
@@ -441,9 +574,23 @@ def compare_with_champion(
         if current["data"] == data_key:
             champion_metrics = current["metrics"]
         else:
-            meta = EnsembleCheckpointer(Path(current["run_dir"]) / CHECKPOINT_DIR).read_meta()
-            champion_cfg = PipelineConfig.model_validate({**meta["config"], "data": data_key})
-            champion_metrics = evaluate(champion_cfg, dataset, current["run_dir"], write_predictions=False)["ensemble"]
+            try:
+                meta = EnsembleCheckpointer(Path(current["run_dir"]) / CHECKPOINT_DIR).read_meta()
+                champion_cfg = PipelineConfig.model_validate({**meta["config"], "data": data_key})
+                champion_metrics = evaluate(champion_cfg, dataset, current["run_dir"], write_predictions=False)[
+                    "ensemble"
+                ]
+            except Exception as err:  # noqa: BLE001  (orbax/pydantic/JAX raise many types for a damaged run)
+                # The champion's run cannot be re-evaluated (checkpoints damaged or of an
+                # older format): set the pointer aside, as a damaged pointer is.
+                champion_lib.set_aside(
+                    output_dir,
+                    champion_lib.CHAMPION_FILE,
+                    f"its run {current['run_dir']} cannot be re-evaluated on this data config "
+                    f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})",
+                    consequence=champion_lib.NO_CHAMPION,
+                )
+                current, champion_metrics = None, None
     promoted, reason = champion_lib.decide(evaluation["ensemble"], champion_metrics, metric)
     if promoted:
         champion_lib.write_champion(
@@ -475,6 +622,48 @@ def compare_with_champion(
     }
 
 
+def check_image_values(images: np.ndarray) -> None:
+    """Images must be what the model was trained on: uint8 in 0..255, or floats in [0, 1].
+
+    Anything else is refused rather than guessed at: floats outside [0, 1] (e.g. 0..255
+    stored as float, or standardised values), other integer types (16-bit scans, int64
+    labels mistaken for images), booleans, and NaN or infinite values would all give
+    confident, wrong predictions and uncertainty.
+
+    Args:
+      images: ``[N, H, W, C]``.
+
+    Raises:
+      DataError: no images, a dtype other than uint8 or float, values out of range, or
+        non-finite values; the message gives the range found and the conversion to apply.
+    """
+    if images.size == 0:
+        raise DataError(f"the image array is empty (shape {tuple(images.shape)}); fix: pass at least one image")
+    if images.dtype == np.uint8:
+        return
+    if np.issubdtype(images.dtype, np.integer) or images.dtype == np.bool_:
+        lo, hi = (int(images.min()), int(images.max())) if images.dtype != np.bool_ else (0, 1)
+        fix = (
+            "images.astype(np.uint8)"
+            if lo >= 0 and hi <= 255
+            else f"rescale them to 0..255 and cast to uint8 (e.g. (images / {hi} * 255).round().astype(np.uint8))"
+        )
+        raise DataError(
+            f"images are {images.dtype} (values {lo}..{hi}); the model takes uint8 in 0..255 or floats in [0, 1]; "
+            f"fix: convert explicitly, {fix}"
+        )
+    if not np.issubdtype(images.dtype, np.floating):
+        raise DataError(f"images are {images.dtype}; fix: pass uint8 in 0..255 or floats in [0, 1]")
+    if not np.all(np.isfinite(images)):
+        raise DataError("images contain NaN or infinite values; fix: clean them before predicting")
+    lo, hi = float(images.min()), float(images.max())
+    if lo < 0.0 or hi > 1.0:
+        hint = "divide by 255" if lo >= 0.0 and hi <= 255.0 else "rescale them to [0, 1] as the training data was"
+        raise DataError(
+            f"float images range over [{lo:g}, {hi:g}] but the model takes [0, 1] (uint8 0..255 / 255); fix: {hint}"
+        )
+
+
 def predict_images(run_dir: str | Path, images: np.ndarray, *, batch_size: int | None = None) -> dict[str, np.ndarray]:
     """Ensemble predictions of a trained run on new images.
 
@@ -488,13 +677,14 @@ def predict_images(run_dir: str | Path, images: np.ndarray, *, batch_size: int |
       ``predicted_class`` int32 ``[N]``.
 
     Raises:
-      DataError: images of the wrong shape, or non-finite values.
+      DataError: images of the wrong shape, or values :func:`check_image_values` refuses.
     """
     meta = EnsembleCheckpointer(Path(run_dir) / CHECKPOINT_DIR).read_meta()
     cfg = PipelineConfig.model_validate(meta["config"])
     if batch_size:
         cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"batch_size": batch_size})})
     shape = tuple(meta["dataset"]["image_shape"])
+    check_image_values(images)
     if images.ndim == 3 and shape[-1] == 1:
         images = images[..., None]
     if images.ndim != 4 or tuple(images.shape[1:]) != shape:
@@ -502,8 +692,7 @@ def predict_images(run_dir: str | Path, images: np.ndarray, *, batch_size: int |
         raise DataError(
             f"images have shape {tuple(images.shape)} but the model takes [N, {dims}]; fix: reshape them to [N, {dims}]"
         )
-    if images.dtype != np.uint8 and not np.all(np.isfinite(images)):
-        raise DataError("images contain NaN or infinite values; fix: clean them before predicting")
+    check_image_values(images)
     state, mesh, model = restore_ensemble(cfg, run_dir, meta["dataset"]["num_classes"], shape)
     probs, _ = predict_member_probs(cfg, state, mesh, model, images)
     return {

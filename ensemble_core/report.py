@@ -48,6 +48,7 @@ def build_report(
         },
         "checkpoint": {"dir": train_summary["checkpoint_dir"], "step": train_summary["checkpoint_step"]},
         "resumed_from_epoch": train_summary["resumed_from"],
+        "training_stretches": train_summary.get("stretches", []),
         "history": train_summary["history"],
         "plots": {
             "reliability": "plots/reliability.png",

@@ -1,16 +1,72 @@
-"""How the command lines report a refused or failed run."""
+"""How the command lines report a refused, failed or stopped run."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 from ensemble_core.errors import EnsembleError, PreemptedError
 
 EXIT_BAD_INPUT = 2  # bad input or a failed stage: one line on stderr
-EXIT_PREEMPTED = 75  # stopped by SIGTERM after a checkpoint; rerun to resume (EX_TEMPFAIL)
+EXIT_PREEMPTED = 75  # stopped by SIGTERM/SIGINT (after a checkpoint when training); rerun to resume (EX_TEMPFAIL)
 
 
 def report_error(err: EnsembleError) -> int:
     """Print ``error: <message>`` on stderr; returns the exit code for ``err``."""
     print(f"error: {err}", file=sys.stderr)
     return EXIT_PREEMPTED if isinstance(err, PreemptedError) else EXIT_BAD_INPUT
+
+
+def exit_cleanly_while_starting() -> None:
+    """Until :func:`raise_on_stop_signals`: SIGINT or SIGTERM ends the command at once with
+    one line and exit 75 (while modules import nothing is written, so nothing is lost),
+    instead of a traceback from the middle of an import."""
+
+    def handler(signum: int, _frame) -> None:
+        line = f"error: stopped by {signal.Signals(signum).name} while starting; fix: run the command again\n"
+        os.write(2, line.encode())
+        os._exit(EXIT_PREEMPTED)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def raise_on_stop_signals() -> Iterator[None]:
+    """While active: SIGINT raises KeyboardInterrupt and SIGTERM Prefect's
+    ``TerminationSignal`` (what its engine raises), for :func:`stopped` to report;
+    training replaces both while it runs, to stop at a step boundary after a checkpoint.
+    The previous handlers come back on exit (``main`` may be called in-process)."""
+    from prefect.exceptions import TerminationSignal
+
+    def on_term(signum: int, _frame) -> None:
+        raise TerminationSignal(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler)}
+    previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def stop_exceptions() -> tuple[type[BaseException], ...]:
+    """The exceptions a stop signal becomes (see :func:`raise_on_stop_signals`)."""
+    from prefect.exceptions import TerminationSignal
+
+    return (KeyboardInterrupt, TerminationSignal)
+
+
+def stopped(err: BaseException, fix: str) -> int:
+    """Report a stop signal outside training in one line; returns 75."""
+    sig = getattr(err, "signal", signal.SIGINT)
+    print(f"error: stopped by {signal.Signals(sig).name}; fix: {fix}", file=sys.stderr, flush=True)
+    return EXIT_PREEMPTED

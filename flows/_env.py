@@ -21,6 +21,9 @@ def apply() -> None:
     if _FLAG not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={HOST_DEVICES}".strip()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Warnings of ensemble_core (a damaged checkpoint or champion pointer set aside) go to
+    # the flow run's logs too (effective when Prefect is imported after this module).
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "ensemble_core")
     # JAX's persistent compilation cache, shared by every run of this user: a nightly
     # rerun of the same config loads its programs instead of compiling them again.
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache" / "ensemble-pipeline" / "jax"))

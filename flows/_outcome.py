@@ -91,6 +91,16 @@ def finish_cli(state: State) -> int:
     return 0
 
 
+def run_cli(flow_fn, **parameters) -> int:
+    """Run ``flow_fn(**parameters)`` for a command line and return :func:`finish_cli`'s
+    exit code. The flow runs against the configured Prefect server, or a temporary one
+    that dies with this process even on SIGKILL (:mod:`flows._ephemeral`)."""
+    from flows import _ephemeral
+
+    with _ephemeral.temporary_server():
+        return finish_cli(flow_fn(**parameters, return_state=True))
+
+
 def refused(err: EnsembleError) -> State:
     """Final ``Failed`` state for bad input: ``error: <message>`` (no retry)."""
     line = f"error: {err}"

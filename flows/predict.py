@@ -14,6 +14,11 @@ from __future__ import annotations
 
 from flows import _env  # noqa: F401  (must precede every JAX import)
 
+if __name__ == "__main__":
+    from flows import _cli as _startup
+
+    _startup.exit_cleanly_while_starting()  # Ctrl-C during the imports below: one line
+
 import argparse
 import sys
 from pathlib import Path
@@ -21,7 +26,7 @@ from pathlib import Path
 from prefect import flow
 
 from ensemble_core.errors import EnsembleError
-from flows import _outcome
+from flows import _cli, _outcome
 from tasks.predict import load_images, resolve_run
 from tasks.predict import predict as predict_task
 
@@ -66,7 +71,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", default="runs", help="where the champion pointer lives (default: runs)")
     parser.add_argument("--output", help="output .npz path")
     args = parser.parse_args(argv)
-    state = predict(
+    try:
+        with _cli.raise_on_stop_signals():
+            return _predict(args)
+    except _cli.stop_exceptions() as err:
+        return _cli.stopped(err, "run the command again")
+
+
+def _predict(args: argparse.Namespace) -> int:
+    return _outcome.run_cli(
+        predict,
         images_npy=args.images,
         tfds_name=args.tfds_name,
         tfds_split=args.tfds_split,
@@ -74,9 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir=args.run_dir,
         output_dir=args.output_dir,
         output=args.output,
-        return_state=True,
     )
-    return _outcome.finish_cli(state)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,11 @@ from __future__ import annotations
 
 from flows import _env  # noqa: F401  (must precede every JAX import)
 
+if __name__ == "__main__":
+    from flows import _cli as _startup
+
+    _startup.exit_cleanly_while_starting()  # Ctrl-C during the imports below: one line
+
 import argparse
 import datetime as dt
 import sys
@@ -33,10 +38,12 @@ from ensemble_core.config import (
     PromotionConfig,
     TrainConfig,
     load_config,
+    validate,
 )
 from ensemble_core.errors import EnsembleError, PreemptedError
 from flows import _outcome
 from flows import _server
+from flows import _cli
 from flows._cli import EXIT_BAD_INPUT, report_error
 from tasks.champion import compare_with_champion
 from tasks.evaluate import evaluate
@@ -89,19 +96,13 @@ def train_ensemble(
     ``error: ...; fix: ...``.
     """
     services = _outcome.PrefectServices()
-    config = PipelineConfig(
-        seed=seed,
-        data=data,
-        model=model,
-        ensemble=ensemble,
-        train=train,
-        mesh=mesh,
-        checkpoint=checkpoint,
-        eval=eval,
-        promotion=promotion,
-    )
+    sections = dict(data=data, model=model, ensemble=ensemble, train=train, mesh=mesh, checkpoint=checkpoint)
+    sections.update(eval=eval, promotion=promotion)
     run_name = run_name or default_run_name()
     try:
+        # Through validate(): a value the parameter schema let through (a seed out of range)
+        # is refused with the one-line message, as from the command line.
+        config = validate({"seed": seed, **{k: v.model_dump(mode="json") for k, v in sections.items()}})
         pipeline.preflight(config, output_dir, run_name)  # every refusal, before any compute or write
         run_dir = str(Path(output_dir) / run_name)
         dataset = prepare_dataset(config.data)
@@ -136,9 +137,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point: 0 done, 2 bad input or a failed stage, 75 preempted (resumable)."""
+    """CLI entry point: 0 done, 2 bad input or a failed stage, 75 stopped by SIGTERM or
+    SIGINT (after a checkpoint when training; rerun with the same run name to resume)."""
     args = parse_args(argv)
     run_name = args.run_name or dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    try:
+        with _cli.raise_on_stop_signals():
+            return _main(args, run_name)
+    except _cli.stop_exceptions() as err:
+        return _cli.stopped(err, f"rerun with --run-name {run_name} to resume")
+
+
+def _main(args: argparse.Namespace, run_name: str) -> int:
     try:
         config = load_config(args.config, args.overrides)
     except EnsembleError as err:
@@ -151,13 +161,12 @@ def main(argv: list[str] | None = None) -> int:
         pipeline.preflight(config, args.output_dir, run_name)
     except EnsembleError as err:
         return report_error(err)
-    state = train_ensemble(
+    return _outcome.run_cli(
+        train_ensemble,
         **{name: getattr(config, name) for name in PipelineConfig.model_fields},
         output_dir=args.output_dir,
         run_name=run_name,
-        return_state=True,
     )
-    return _outcome.finish_cli(state)
 
 
 if __name__ == "__main__":

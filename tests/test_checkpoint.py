@@ -68,12 +68,56 @@ def test_resume_continues_where_it_stopped(tmp_path, tfds_dir):
     np.testing.assert_array_equal(a, b)
 
 
-def test_incompatible_resume_is_refused(tmp_path, tfds_dir):
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ("ensemble.size=2", "ensemble.size: 4 -> 2"),
+        ("model.hidden_sizes=[16]", "model.hidden_sizes: [32] -> [16]"),
+        ("train.learning_rate=0.05", "train.learning_rate: 0.1 -> 0.05"),
+        ("train.batch_size=16", "train.batch_size: 32 -> 16"),
+        ("train.optimizer=adam", "train.optimizer: 'sgd' -> 'adam'"),
+        ("seed=3", "seed: 0 -> 3"),
+        ("data.max_train_examples=128", "data.max_train_examples: 256 -> 128"),
+    ],
+)
+def test_resume_under_another_config_is_refused_and_writes_nothing(tmp_path, tfds_dir, change, named):
     _run(_cfg(tfds_dir, "train.epochs=1"), tmp_path / "run")
-    with pytest.raises(IncompatibleRunError, match="ensemble.size=4"):
-        _run(_cfg(tfds_dir, "ensemble.size=2"), tmp_path / "run")
-    with pytest.raises(IncompatibleRunError, match="different 'model'"):
-        _run(_cfg(tfds_dir, "model.hidden_sizes=[16]"), tmp_path / "run")
+    before = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in (tmp_path / "run").rglob("*"))
+    # More epochs as well: the refusal must not train the new epochs under the new value.
+    with pytest.raises(IncompatibleRunError, match=named.replace("[", r"\[").replace("]", r"\]")) as err:
+        _run(_cfg(tfds_dir, change, "train.epochs=2"), tmp_path / "run")
+    assert "fix:" in str(err.value) and "\n" not in str(err.value)
+    after = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in (tmp_path / "run").rglob("*"))
+    assert [p for p, _ in after if "lock" not in p.name] == [p for p, _ in before if "lock" not in p.name]
+    assert EnsembleCheckpointer(tmp_path / "run" / "checkpoints").all_steps() == [8]
+
+
+def test_fewer_epochs_than_done_is_refused(tmp_path, tfds_dir):
+    _run(_cfg(tfds_dir, "train.epochs=2"), tmp_path / "run")
+    with pytest.raises(IncompatibleRunError, match="already trained 2 epochs.*train.epochs >= 2"):
+        _run(_cfg(tfds_dir, "train.epochs=1"), tmp_path / "run")
+
+
+def test_stretches_record_what_each_part_of_training_used(tmp_path, tfds_dir):
+    """1 epoch, then resumed to 3 epochs with other (allowed) checkpoint and mesh settings:
+    two stretches, each with its epochs, steps and settings; the checkpoint holds them too."""
+    first, _ = _run(_cfg(tfds_dir, "train.epochs=1"), tmp_path / "run")
+
+    def spans(summary):
+        return [(s["start_epoch"], s["end_epoch"], s["start_step"], s["end_step"]) for s in summary["stretches"]]
+
+    assert spans(first) == [(0, 1, 0, 8)]
+    second, _ = _run(_cfg(tfds_dir, "checkpoint.keep=3", "mesh.ensemble=2"), tmp_path / "run")
+    assert spans(second) == [(0, 1, 0, 8), (1, 3, 8, 24)]
+    one, two = second["stretches"]
+    assert one["settings"]["train.epochs"] == 1 and two["settings"]["train.epochs"] == 3
+    assert one["mesh"] == {"ensemble": 4, "data": 1} and two["mesh"] == {"ensemble": 2, "data": 1}
+    assert two["changed"] == {"train.epochs": [1, 3], "checkpoint.keep": [2, 3], "mesh.ensemble": [None, 2]}
+    meta = EnsembleCheckpointer(tmp_path / "run" / "checkpoints").read_meta()
+    assert meta["stretches"] == second["stretches"]
+    # A finished run re-run trains nothing and adds no stretch.
+    third, _ = _run(_cfg(tfds_dir, "checkpoint.keep=3", "mesh.ensemble=2"), tmp_path / "run")
+    assert third["stretches"] == second["stretches"] and third["timing"]["steps"] == 0
 
 
 def test_restore_onto_fewer_devices(tmp_path, tfds_dir):

@@ -192,6 +192,12 @@ def _bad_yaml(tmp_path):
     return ["--config", str(p)]
 
 
+def _config_file(tmp_path, content: bytes, name: str):
+    p = tmp_path / name
+    p.write_bytes(content)
+    return ["--config", str(p)]
+
+
 def _locked(tmp_path):
     holder = subprocess.Popen(
         [
@@ -221,8 +227,16 @@ def _locked(tmp_path):
         ("mesh_too_big", "needs 16 devices"),
         ("batch_not_divisible", "does not split over mesh.data=2"),
         ("locked", "is in use by another run"),
-        ("incompatible_resume", "holds a checkpoint of ensemble.size=4"),
+        ("incompatible_resume", "was trained with another config (ensemble.size: 4 -> 2)"),
         ("bad_override", "has no '='"),
+        ("run_name_too_long", "longer than the 255"),
+        ("run_name_newline", "is not a single directory name"),
+        ("run_name_space", "is not a single directory name"),
+        ("seed_too_big", "config key 'seed'"),
+        ("seed_negative", "config key 'seed'"),
+        ("learning_rate_inf", "config key 'train.learning_rate'"),
+        ("duplicate_section", "twice"),
+        ("binary_config", "fix:"),
     ],
 )
 def test_cli_refuses_bad_input_before_any_compute(tmp_path, tfds_dir, capsys, finished_run, case, fragment):
@@ -250,6 +264,14 @@ def test_cli_refuses_bad_input_before_any_compute(tmp_path, tfds_dir, capsys, fi
             "ensemble.size=2",
         ],
         "bad_override": ["--set", "trainepochs"],
+        "run_name_too_long": ["--run-name", "r" * 300],
+        "run_name_newline": ["--run-name", "a\nb"],
+        "run_name_space": ["--run-name", "nightly run"],
+        "seed_too_big": ["--set", f"seed={2**32}"],
+        "seed_negative": ["--set", "seed=-1"],
+        "learning_rate_inf": ["--set", "train.learning_rate=.inf"],
+        "duplicate_section": _config_file(tmp_path, b"train:\n  epochs: 1\ntrain:\n  batch_size: 8\n", "dup.yaml"),
+        "binary_config": _config_file(tmp_path, bytes(range(256)), "binary.yaml"),
     }[case]
     if case == "catalog_offline":
         import importlib.util
@@ -267,9 +289,9 @@ def test_cli_refuses_bad_input_before_any_compute(tmp_path, tfds_dir, capsys, fi
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert err[-1].startswith("error: ") and fragment in err[-1] and "fix" in err[-1]
+    assert len(err[-1]) == len(err[-1].strip()) and "Traceback" not in "\n".join(err)
     if case not in ("locked", "incompatible_resume"):
-        runs = tmp_path / "runs"
-        assert not runs.exists() or not any(runs.iterdir())  # no run directory was written
+        assert not (tmp_path / "runs").exists()  # not even the output directory was created
 
 
 def test_dead_prefect_service_crashes_the_run_instead_of_completing(prefect_server):
@@ -334,10 +356,12 @@ def test_predict_cli_with_the_champion_and_a_refusal(finished_run, tfds_dir, tmp
     assert rc == 2 and err[-1].startswith("error: images file") and "fix:" in err[-1]
 
 
-def test_cli_sigterm_checkpoints_and_exits_75(tmp_path, tfds_dir):
-    """SIGTERM while the CLI trains: a checkpoint is saved, the flow run ends Crashed
-    (what the retry automation re-runs under a deployment) and the command exits 75 with
-    one line saying how to resume; rerunning the same run name resumes and completes."""
+@pytest.mark.parametrize("signals", [("SIGTERM",), ("SIGINT",), ("SIGTERM", "SIGTERM"), ("SIGINT", "SIGTERM")])
+def test_cli_stop_signal_checkpoints_and_exits_75(tmp_path, tfds_dir, signals):
+    """SIGTERM or SIGINT (Ctrl-C), once or twice in quick succession, while the CLI trains:
+    a checkpoint is saved, the flow run ends Crashed (what the retry automation re-runs
+    under a deployment), the command exits 75 at once (no retry, no sleep) with one line
+    saying how to resume and no traceback; rerunning the same run name resumes and completes."""
     import os
     import signal
     import time
@@ -361,14 +385,142 @@ def test_cli_sigterm_checkpoints_and_exits_75(tmp_path, tfds_dir):
     while not any(p.name.isdigit() for p in (out / "term" / "checkpoints").glob("*")):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
         time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
+    for name in signals:
+        proc.send_signal(getattr(signal, name))
+        time.sleep(0.05)
+    sent = time.monotonic()
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 75, err[-2000:]
+    assert time.monotonic() - sent < 50  # no retry delay, no second training in-process
     line = [ln for ln in err.splitlines() if ln.startswith("error: ")][-1]
     assert "training stopped at epoch" in line and "--run-name term" in line
+    assert "Traceback" not in err
     steps = sorted(int(p.name) for p in (out / "term" / "checkpoints").iterdir() if p.name.isdigit())
     assert steps and steps[-1] < 30 * 8  # stopped before the end (8 steps an epoch)
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((out / "term" / "report.json").read_text())
     assert report["resumed_from_epoch"] is not None
+
+
+def _ephemeral_servers(parent_pid: int) -> list[int]:
+    """pids of this project's temporary Prefect servers started by ``parent_pid``."""
+    import os
+
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+            environ = (d / "environ").read_bytes()
+        except OSError:
+            continue
+        if (
+            b"flows._ephemeral:create_app" in cmd
+            and f"ENSEMBLE_EPHEMERAL_PARENT_PID={parent_pid}\0".encode() in environ
+        ):
+            found.append(int(d.name))
+    return [p for p in found if p != os.getpid()]
+
+
+def test_cli_killed_leaves_no_temporary_server(tmp_path, tfds_dir):
+    """kill -9 of a CLI run that uses a temporary Prefect server (no PREFECT_API_URL): the
+    server process goes too (it was left behind, about 200 MB, one per killed command)."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "runs"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    cmd = [sys.executable, "-m", "flows.train_ensemble", *_tiny(tfds_dir), "--set", "train.epochs=30"]
+    proc = subprocess.Popen([*cmd, "--output-dir", str(out), "--run-name", "k"], cwd=ROOT, env=env)
+    deadline = time.monotonic() + 180
+    while not any(p.name.isdigit() for p in (out / "k" / "checkpoints").glob("*")):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    servers = _ephemeral_servers(proc.pid)
+    assert len(servers) == 1  # the run really used a temporary server of its own
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{servers[0]}").exists() and time.monotonic() < deadline:
+        with open(f"/proc/{servers[0]}/stat") as f:
+            if f.read().split()[2] == "Z":
+                break
+        time.sleep(0.2)
+    alive = Path(f"/proc/{servers[0]}").exists() and open(f"/proc/{servers[0]}/stat").read().split()[2] != "Z"
+    assert not alive, f"temporary server {servers[0]} outlived its command"
+
+
+def test_cli_interrupted_while_starting_is_one_line(tmp_path, tfds_dir):
+    """Ctrl-C in the first second (modules still importing): one line, exit 75, nothing written."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "runs"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.train_ensemble", *_tiny(tfds_dir), "--output-dir", str(out)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err[-2000:]
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("error: stopped by SIGINT") and "fix:" in lines[-1] and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_flow_parameters_outside_the_config_ranges_fail_with_one_line(prefect_server, tmp_path):
+    """A deployment parameter the flow's schema lets through (a seed past 2**32 - 1) fails
+    the run at once with the one-line message, as from the command line."""
+    from flows.train_ensemble import train_ensemble
+
+    state = train_ensemble(seed=2**32, output_dir=str(tmp_path / "runs"), run_name="x", return_state=True)
+    assert state.is_failed() and state.message.startswith("error: config key 'seed'") and "fix:" in state.message
+    assert not (tmp_path / "runs").exists()
+
+
+def test_stage_tasks_retry_only_transient_failures(prefect_server):
+    """A task with the stages' retry policy, run for real: a deterministic error (a bug, a
+    damaged input, XLA out of memory, the project's own errors) runs once; a lost
+    connection runs three times (two retries)."""
+    import errno
+
+    from prefect import flow, task
+
+    from ensemble_core.errors import DataError
+    from tasks import TRANSIENT_RETRIES
+
+    calls = []
+
+    @task(**{**TRANSIENT_RETRIES, "retry_delay_seconds": 0})
+    def stage(exc):
+        calls.append(type(exc).__name__)
+        raise exc
+
+    @flow
+    def one(exc):
+        return stage(exc, return_state=True)
+
+    cases = [
+        (ValueError("bad"), 1),
+        (RuntimeError("RESOURCE_EXHAUSTED: out of memory"), 1),
+        (DataError("damaged; fix: x"), 1),
+        (FileNotFoundError(errno.ENOENT, "missing"), 1),
+        (OSError(errno.ENOSPC, "No space left on device"), 1),
+        (ConnectionResetError(errno.ECONNRESET, "reset"), 3),
+        (TimeoutError("timed out"), 3),
+    ]
+    for exc, runs in cases:
+        calls.clear()
+        state = one(exc, return_state=True)
+        assert state.is_failed() and len(calls) == runs, (exc, calls)

@@ -298,6 +298,39 @@ def test_predict_refuses_nan_and_misshapen_images(reference):
     np.testing.assert_allclose(out["ensemble_probs"].sum(1), 1.0, rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "images, fragment",
+    [
+        (np.zeros((0, 28, 28, 1), np.uint8), "empty"),
+        (np.zeros((0,), np.float32), "empty"),
+        (np.full((2, 28, 28, 1), 200.0, np.float32), r"range over \[200, 200\].*fix: divide by 255"),
+        (np.linspace(-1, 1, 2 * 784, dtype=np.float32).reshape(2, 28, 28, 1), "rescale them to \\[0, 1\\]"),
+        (np.full((2, 28, 28, 1), 40000, np.uint16), r"uint16 \(values 40000..40000\).*convert explicitly"),
+        (np.full((2, 28, 28, 1), 7, np.int64), r"int64.*images.astype\(np.uint8\)"),
+        (np.ones((2, 28, 28, 1), bool), "bool"),
+        (np.full((2, 28, 28, 1), 0.5 + 0.5j), "complex128"),
+    ],
+)
+def test_predict_refuses_images_it_would_misread(reference, images, fragment):
+    from ensemble_core.errors import DataError
+
+    with pytest.raises(DataError, match=fragment) as err:
+        pipeline.predict_images(reference, images)
+    assert "fix:" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_predict_takes_uint8_and_the_same_images_as_floats_alike(reference, tfds_dir):
+    """uint8 0..255 and the same images / 255 as float32 or float64 give the same predictions."""
+    from ensemble_core import data as data_lib
+
+    images, _ = data_lib.load_split(data_lib.EMBEDDED, "test", tfds_dir, 16)
+    a = pipeline.predict_images(reference, images)["ensemble_probs"]
+    b = pipeline.predict_images(reference, images.astype(np.float32) / 255.0)["ensemble_probs"]
+    c = pipeline.predict_images(reference, images.astype(np.float64) / 255.0)["ensemble_probs"]
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
+
+
 def test_concurrent_runs_in_different_directories_share_caches(tmp_path, tfds_dir, reference):
     env = {
         **{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},

@@ -1,0 +1,133 @@
+"""The temporary Prefect server of a command-line run, tied to the command's life.
+
+With no ``PREFECT_API_URL`` (no ``make serve``), Prefect starts a temporary API server as
+a child process and stops it at exit. A command killed with SIGKILL (or by the OOM
+killer) never reaches that exit hook, and the server (about 200 MB) stayed behind, one
+per killed command. :func:`temporary_server` starts the same server (Prefect's own app
+factory and settings, ``prefect.server.api.server.SubprocessASGIServer``'s command line)
+through :func:`create_app` below, which first asks the kernel to send the server SIGTERM
+when the command that started it dies (Linux ``prctl(PR_SET_PDEATHSIG)``), however it dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+PARENT_ENV = "ENSEMBLE_EPHEMERAL_PARENT_PID"
+STARTUP_TIMEOUT_S = 60.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the server process: SIGTERM when the parent dies (at once if it already has)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: Prefect's own exit hook still applies
+        return
+    expected = os.environ.get(PARENT_ENV)
+    if expected and os.getppid() != int(expected):  # the parent died before prctl
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def create_app():
+    """uvicorn app factory of the temporary server: Prefect's app, tied to the parent."""
+    _die_with_parent()
+    from prefect.server.api.server import create_app as prefect_create_app
+
+    return prefect_create_app()
+
+
+def _configured_api_url() -> str | None:
+    from prefect.settings import get_current_settings
+
+    return get_current_settings().api.url
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _drain_prefect_services(timeout: float = 30.0) -> None:
+    """Wait (bounded) until Prefect's event and API-log workers have sent what they hold."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (APILogWorker, EventsWorker):
+        try:
+            service.drain_all(timeout=timeout)
+        except Exception:  # noqa: BLE001  (none started, or already stopped)
+            pass
+
+
+@contextlib.contextmanager
+def temporary_server() -> Iterator[str | None]:
+    """Run the body against a temporary Prefect server that dies with this process.
+
+    Yields the API URL, or None (and starts nothing) when a server is configured
+    (``PREFECT_API_URL`` in the environment or the active profile, as ``make serve`` sets).
+
+    Raises:
+      RuntimeError: the server did not answer within ``STARTUP_TIMEOUT_S`` seconds (its
+        output is in the message).
+    """
+    if _configured_api_url():
+        yield None
+        return
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    port = _free_port()
+    env = {
+        **os.environ,
+        **get_current_settings().to_environment_variables(exclude_unset=True),
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+        PARENT_ENV: str(os.getpid()),
+    }
+    root = str(Path(__file__).resolve().parents[1])
+    # Same command line as Prefect's SubprocessASGIServer, with this module's factory.
+    cmd = [sys.executable, "-m", "uvicorn", "--app-dir", root, "--factory", "flows._ephemeral:create_app"]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"the temporary Prefect server exited: {server.stderr.read().decode()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the temporary Prefect server did not answer within {STARTUP_TIMEOUT_S:.0f} s")
+            time.sleep(0.1)
+        with temporary_settings(updates={PREFECT_API_URL: url}):
+            os.environ["PREFECT_API_URL"] = url  # for child processes and late settings reads
+            try:
+                yield url
+            finally:
+                os.environ.pop("PREFECT_API_URL", None)
+    finally:
+        _drain_prefect_services()  # what the run still has to send goes to this server first
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
