@@ -355,6 +355,18 @@ def test_predict_cli_with_the_champion_and_a_refusal(finished_run, tfds_dir, tmp
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err[-1].startswith("error: images file") and "fix:" in err[-1]
 
+    # Images the model would misread, through the command line: refused, one line each.
+    for name, images, fragment in [
+        ("empty", np.zeros((0, 28, 28, 1), np.uint8), "the image array is empty"),
+        ("scale", np.full((2, 28, 28, 1), 255.0, np.float32), "fix: divide by 255"),
+        ("deep", np.full((2, 28, 28, 1), 65535, np.uint16), "images are uint16"),
+    ]:
+        np.save(tmp_path / f"{name}.npy", images)
+        rc = main(["--images", str(tmp_path / f"{name}.npy"), "--output-dir", str(run_dir.parent)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and err[-1].startswith("error: ") and fragment in err[-1] and "fix:" in err[-1], err[-3:]
+        assert not list(run_dir.glob(f"predictions-{name}*"))
+
 
 @pytest.mark.parametrize("signals", [("SIGTERM",), ("SIGINT",), ("SIGTERM", "SIGTERM"), ("SIGINT", "SIGTERM")])
 def test_cli_stop_signal_checkpoints_and_exits_75(tmp_path, tfds_dir, signals):
