@@ -19,12 +19,12 @@ run: $(STAMP)
 	$(PY) -m flows.train_ensemble $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=15 tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
 
 # The edit loop: everything but the integration modules (a real Prefect stack, the flow
 # under Prefect, kill/resume subprocesses).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q tests --ignore=tests/test_deployment.py --ignore=tests/test_flow.py --ignore=tests/test_reliability.py
+	$(PY) -m pytest -q -n 2 tests --ignore=tests/test_deployment.py --ignore=tests/test_flow.py --ignore=tests/test_reliability.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -31,3 +31,17 @@ def mnist_test(tfds_dir):
     from ensemble_core import data
 
     return data.load_split(data.EMBEDDED, "test", tfds_dir)
+
+
+# The modules that mostly wait on real processes (a Prefect stack's heartbeats, timeouts
+# and scheduler; trainings killed and resumed) start first: under `make test`'s two
+# pytest-xdist workers, the other worker runs the CPU-bound modules during those waits.
+_WAITING_FIRST = ("test_deployment.py", "test_flow.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        name = item.path.name
+        return _WAITING_FIRST.index(name) if name in _WAITING_FIRST else len(_WAITING_FIRST)
+
+    items.sort(key=rank)
