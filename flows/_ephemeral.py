@@ -25,7 +25,16 @@ from pathlib import Path
 import httpx
 
 PARENT_ENV = "ENSEMBLE_EPHEMERAL_PARENT_PID"
-STARTUP_TIMEOUT_S = 60.0
+# The server imports Prefect's whole API and migrates its database before it answers:
+# seconds on a quiet machine, over a minute on two cores shared with training runs.
+# PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS raises it further.
+MIN_STARTUP_TIMEOUT_S = 180.0
+
+
+class ServerStartError(RuntimeError):
+    """The temporary Prefect server did not start (its output is in the message)."""
+
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -81,13 +90,20 @@ def temporary_server() -> Iterator[str | None]:
     (``PREFECT_API_URL`` in the environment or the active profile, as ``make serve`` sets).
 
     Raises:
-      RuntimeError: the server did not answer within ``STARTUP_TIMEOUT_S`` seconds (its
-        output is in the message).
+      ServerStartError: the server exited, or did not answer within
+        ``max(MIN_STARTUP_TIMEOUT_S, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)``.
     """
     if _configured_api_url():
         yield None
         return
-    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        get_current_settings,
+        temporary_settings,
+    )
+
+    timeout = max(MIN_STARTUP_TIMEOUT_S, float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()))
 
     port = _free_port()
     env = {
@@ -105,17 +121,25 @@ def temporary_server() -> Iterator[str | None]:
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}/api"
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        deadline = time.monotonic() + timeout
         while True:
             if server.poll() is not None:
-                raise RuntimeError(f"the temporary Prefect server exited: {server.stderr.read().decode()[-2000:]}")
+                last = (server.stderr.read().decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+                raise ServerStartError(
+                    f"Prefect's temporary server exited with code {server.returncode} ({last}); fix: check "
+                    f"PREFECT_HOME's database, or start a server with `make serve` and set PREFECT_API_URL"
+                )
             try:
                 if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the temporary Prefect server did not answer within {STARTUP_TIMEOUT_S:.0f} s")
+                raise ServerStartError(
+                    f"Prefect's temporary server did not answer within {timeout:.0f} s; fix: retry on a less "
+                    f"loaded machine, raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or start a server "
+                    f"with `make serve` and set PREFECT_API_URL"
+                )
             time.sleep(0.1)
         with temporary_settings(updates={PREFECT_API_URL: url}):
             os.environ["PREFECT_API_URL"] = url  # for child processes and late settings reads

@@ -97,8 +97,12 @@ def run_cli(flow_fn, **parameters) -> int:
     that dies with this process even on SIGKILL (:mod:`flows._ephemeral`)."""
     from flows import _ephemeral
 
-    with _ephemeral.temporary_server():
-        return finish_cli(flow_fn(**parameters, return_state=True))
+    try:
+        with _ephemeral.temporary_server():
+            return finish_cli(flow_fn(**parameters, return_state=True))
+    except _ephemeral.ServerStartError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 def refused(err: EnsembleError) -> State:

@@ -170,7 +170,10 @@ def _assert_complete_records(env, fr):
     run_dir = Path(fr["parameters"]["output_dir"]) / _run_name(fr)
     run_name = run_dir.name
     assert (run_dir / "report.json").is_file()
-    events = _events(env, "ensemble.", run_name)
+    # Prefect persists events asynchronously (the flow-run process sends them over a
+    # websocket, the server writes them in batches): under load the run's event can reach
+    # the database seconds after its final state. Wait for it; a lost one never comes.
+    events = _wait_until(lambda: _events(env, "ensemble.", run_name), 90, f"the ensemble.* event of {run_name}")
     assert len(events) == 1 and events[0]["event"] in {"ensemble.promoted", "ensemble.rejected"}, events
     keys = {
         a["key"]
@@ -452,9 +455,8 @@ def test_worker_and_flow_run_killed_is_crashed_and_resumed(stack):
         }
         return len(_api(env, "POST", "/events/filter", body)["events"]) >= 2
 
-    # Two heartbeats on record: on SQLite under load the server can drop the trigger state
-    # of one heartbeat ("database is locked"), so a run killed before its second heartbeat
-    # may go undetected; nightly runs send one every 30 s for hours.
+    # Two heartbeats on record, so the zombie trigger has certainly seen one (events are
+    # persisted asynchronously); nightly runs send one every 30 s for hours.
     _wait_until(heartbeats, 120, "two heartbeats of the run")
     (engine,) = _engine_pids(env, run_id)
     serve = Path(env["ENSEMBLE_SERVE_DIR"])
