@@ -409,6 +409,8 @@ def test_cli_stop_signal_checkpoints_and_exits_75(tmp_path, tfds_dir, signals):
     assert "Traceback" not in err
     steps = sorted(int(p.name) for p in (out / "term" / "checkpoints").iterdir() if p.name.isdigit())
     assert steps and steps[-1] < 30 * 8  # stopped before the end (8 steps an epoch)
+    if signals != ("SIGTERM",):
+        return  # the resume itself is the same for every signal: shown once, below
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((out / "term" / "report.json").read_text())
