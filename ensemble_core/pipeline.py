@@ -168,12 +168,19 @@ def _compatible(saved: dict, cfg: PipelineConfig, run_dir: Path) -> None:
             f"report a model trained longer than the config says; "
             f"fix: set train.epochs >= {done}, or use a new --run-name"
         )
-    members = saved.get("members_trained")
-    if members is not None and members != plan(cfg).padded_members:
+    members, planned = saved.get("members_trained"), plan(cfg).padded_members
+    if members is not None and members != planned:
         raise IncompatibleRunError(
             f"run '{run_dir}' trained {members} members (padding included) and this mesh asks for "
-            f"{plan(cfg).padded_members}; fix: use the run's mesh/ensemble.pad values or a new --run-name"
+            f"{planned}; fix: use the run's mesh/ensemble.pad values or a new --run-name"
         )
+
+
+def _nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists (what a later mkdir would create in)."""
+    while not path.exists():
+        path = path.parent
+    return path
 
 
 def check_output_dir(output_dir: str | Path) -> Path:
@@ -191,9 +198,7 @@ def check_output_dir(output_dir: str | Path) -> Path:
         if not os.access(out, os.W_OK | os.X_OK):
             raise ConfigError(f"output directory '{out}' is not writable; fix: pass a writable --output-dir")
         return out
-    parent = out.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
+    parent = _nearest_existing(out.absolute().parent)
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         what = "is a file" if not parent.is_dir() else "is not writable"
         raise ConfigError(
@@ -219,9 +224,7 @@ def check_run_name(run_name: str, output_dir: str | Path = ".") -> str:
             f"run name {run_name!r} is not a single directory name; fix: use letters, digits, '-', '_' or '.', "
             f"starting with a letter or digit"
         )
-    parent = Path(output_dir).absolute()
-    while not parent.exists():
-        parent = parent.parent
+    parent = _nearest_existing(Path(output_dir).absolute())
     try:
         name_max = os.pathconf(parent, "PC_NAME_MAX")
     except (OSError, ValueError):

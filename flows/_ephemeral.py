@@ -70,18 +70,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _drain_prefect_services(timeout: float = 30.0) -> None:
-    """Wait (bounded) until Prefect's event and API-log workers have sent what they hold."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    for service in (APILogWorker, EventsWorker):
-        try:
-            service.drain_all(timeout=timeout)
-        except Exception:  # noqa: BLE001  (none started, or already stopped)
-            pass
-
-
 @contextlib.contextmanager
 def temporary_server() -> Iterator[str | None]:
     """Run the body against a temporary Prefect server that dies with this process.
@@ -148,7 +136,9 @@ def temporary_server() -> Iterator[str | None]:
             finally:
                 os.environ.pop("PREFECT_API_URL", None)
     finally:
-        _drain_prefect_services()  # what the run still has to send goes to this server first
+        from flows._outcome import DRAIN_TIMEOUT_S, drain_services
+
+        drain_services(DRAIN_TIMEOUT_S)  # what the run still has to send goes to this server first
         server.terminate()
         try:
             server.wait(timeout=10)

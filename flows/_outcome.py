@@ -176,6 +176,19 @@ class PrefectServices:
 _DRAIN_REGISTERED = threading.Event()
 
 
+def drain_services(timeout: float) -> int:
+    """Wait at most ``timeout`` s for Prefect's API-log and events workers to send what
+    they hold (this stops them); returns how many items were still not sent."""
+    pending = 0
+    for service in (APILogWorker, EventsWorker):
+        try:
+            _, not_done = service.drain_all(timeout=timeout)
+            pending += len(not_done)
+        except Exception:  # noqa: BLE001  (none started, or already stopped)
+            pass
+    return pending
+
+
 def _register_bounded_drain() -> None:
     """At interpreter exit, drain Prefect's services for at most ``DRAIN_TIMEOUT_S``.
 
@@ -189,14 +202,7 @@ def _register_bounded_drain() -> None:
     _DRAIN_REGISTERED.set()
 
     def drain() -> None:
-        pending = 0
-        for service in (APILogWorker, EventsWorker):
-            try:
-                _, not_done = service.drain_all(timeout=DRAIN_TIMEOUT_S)
-                pending += len(not_done)
-            except Exception:  # noqa: BLE001
-                pass
-        if pending:
+        if drain_services(DRAIN_TIMEOUT_S):
             print(
                 f"error: Prefect's services did not finish sending within {DRAIN_TIMEOUT_S:.0f} s at exit; "
                 f"exiting without them (the run's final state was already reported)",
