@@ -89,25 +89,21 @@ def _worker(args: argparse.Namespace) -> dict:
     import optax
 
     from ensemble_core import data as data_lib
-    from ensemble_core import mesh as mesh_lib
-    from ensemble_core import rngs
-    from ensemble_core.config import ModelConfig, TrainConfig
-    from ensemble_core.evaluate import make_predict, member_probs
-    from ensemble_core.models import build_model
-    from ensemble_core.train import (
-        default_strategy,
-        init_ensemble,
-        make_optimizer,
-        make_train_step,
-        train_compiler_options,
-    )
+    from ensemble_core import rngs, setup
+    from ensemble_core.config import PipelineConfig
+    from ensemble_core.mesh import replicated
+    from ensemble_core.predict import member_probs
+    from ensemble_core.train import cross_entropy, train_compiler_options
 
     data_lib.prepare(data_lib.EMBEDDED, args.data_dir)
     train_x, train_y = data_lib.load_split(data_lib.EMBEDDED, "train", args.data_dir)
     test_x, _ = data_lib.load_split(data_lib.EMBEDDED, "test", args.data_dir)
     e, steps = args.size, args.steps
-    model = build_model(ModelConfig(name=args.model), 10)
-    tx = make_optimizer(TrainConfig())
+    cfg = PipelineConfig.model_validate(
+        {"model": {"name": args.model}, "ensemble": {"size": e}, "mesh": {"member_strategy": args.strategy or "auto"}}
+    )
+    built = setup.build(cfg, 10)
+    model, tx = built.model, built.optimizer
     keys = rngs.member_keys(0, e)
     order = np.stack([rngs.epoch_order(keys["data"], 0, len(train_x), BATCH)[: steps + 1]])[0]  # [S+1, E, B]
     out = {
@@ -119,15 +115,13 @@ def _worker(args: argparse.Namespace) -> dict:
     }
 
     if args.method == "project":
-        strategy = args.strategy or default_strategy(jax.default_backend())
-        plan = mesh_lib.plan_mesh(e, jax.device_count())
-        mesh = mesh_lib.make_mesh(plan)
-        state = init_ensemble(model, tx, keys["init"], (28, 28, 1), mesh)
-        x = jax.device_put(train_x, mesh_lib.replicated(mesh))
-        y = jax.device_put(train_y, mesh_lib.replicated(mesh))
+        strategy, plan, mesh = built.strategy, built.plan, built.mesh
+        state = built.init_state(keys["init"], (28, 28, 1))
+        x = jax.device_put(train_x, replicated(mesh))
+        y = jax.device_put(train_y, replicated(mesh))
         sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("ensemble", "data"))
         idx = [jax.device_put(o, sharding) for o in order]
-        step = make_train_step(model, tx, mesh, strategy)
+        step = built.train_step()
         t0 = time.perf_counter()
         compiled = step.lower(state, x, y, idx[0]).compile()
         out["compile_seconds"] = time.perf_counter() - t0
@@ -141,7 +135,7 @@ def _worker(args: argparse.Namespace) -> dict:
             jax.block_until_ready((state, m))
 
         out["train_seconds"] = _best_of(REPEATS, train_chunk)
-        predict = make_predict(model, mesh, strategy)
+        predict = built.predict_fn()
         one = strategy == "unroll"
         member_probs(predict, state.params, test_x, mesh, EVAL_BATCH, one_member_per_device=one)  # compile
         out["eval_seconds"] = _best_of(
@@ -151,11 +145,7 @@ def _worker(args: argparse.Namespace) -> dict:
     else:
 
         def single_step(params, opt_state, xb, yb):
-            def loss_fn(p):
-                logits = model.apply({"params": p}, data_lib.to_float(xb))
-                return optax.losses.softmax_cross_entropy_with_integer_labels(logits, yb).mean()
-
-            grads = jax.grad(loss_fn)(params)
+            grads = jax.grad(lambda p: cross_entropy(model, p, xb, yb)[0].mean())(params)
             updates, opt_state = tx.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state
 

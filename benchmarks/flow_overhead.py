@@ -3,8 +3,8 @@
     python -m benchmarks.flow_overhead [--set key=value ...]
 
 Runs the same config twice in fresh processes, each in a fresh run directory and with
-the same warm JAX compilation cache: (1) ``ensemble_core.pipeline`` stage functions one
-after another, (2) the ``train-ensemble`` flow through its CLI, including Prefect's
+the same warm JAX compilation cache: (1) ``ensemble_core.runs.run``, the same sequence of
+stages without Prefect, (2) the ``train-ensemble`` flow through its CLI, including Prefect's
 temporary local server. Prints both wall times and the overhead in percent, and the
 overhead without the temporary server's start (what a deployment run on a running
 server pays).
@@ -25,18 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 DIRECT = """
 from flows import _env  # noqa: F401
-import os, sys
-from ensemble_core import pipeline
+import sys
+from ensemble_core import runs
 from ensemble_core.config import load_config
-cfg = load_config(None, sys.argv[2:])
-run = sys.argv[1]
-os.makedirs(run + "-out", exist_ok=True)
-dataset = pipeline.prepare_dataset(cfg.data)
-keys = pipeline.split_rngs(cfg, pipeline.plan(cfg).padded_members)
-summary = pipeline.train_ensemble(cfg, dataset, keys, run)
-evaluation = pipeline.evaluate(cfg, dataset, run)
-decision = pipeline.compare_with_champion(cfg, dataset, "direct", run, evaluation, sys.argv[1] + "-out")
-pipeline.write_report("direct", cfg.model_dump(mode="json"), summary, evaluation, run, decision)
+runs.run(load_config(None, sys.argv[2:]), sys.argv[1], "direct")
 """
 
 

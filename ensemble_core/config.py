@@ -7,6 +7,7 @@ Unknown keys are errors, so a typo never silently falls back to a default.
 
 from __future__ import annotations
 
+import pkgutil
 import reprlib
 import struct
 from pathlib import Path
@@ -16,6 +17,20 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ensemble_core.errors import ConfigError
+
+# MARK: registries (names only: nothing is imported here)
+
+
+def _registered(package: str) -> tuple[str, ...]:
+    """The modules of ``ensemble_core/<package>/`` (one per model or evaluator), by name."""
+    found = pkgutil.iter_modules([str(Path(__file__).parent / package)])
+    return tuple(sorted(m.name for m in found if not m.name.startswith("_")))
+
+
+#: ``model.name`` values: one file per model in ``ensemble_core/models/``.
+MODEL_NAMES = _registered("models")
+#: ``eval.evaluators`` values: one file per evaluator in ``ensemble_core/evaluators/``.
+EVALUATOR_NAMES = _registered("evaluators")
 
 # MARK: limits
 
@@ -89,9 +104,9 @@ class DataConfig(_Section):
 class ModelConfig(_Section):
     """Which network each member is, looked up by name in ensemble_core.models."""
 
-    name: Literal["cnn", "mlp"] = Field(
+    name: Literal[MODEL_NAMES] = Field(  # type: ignore[valid-type]
         "cnn",
-        description="'cnn': the Flax ensembling HOWTO CNN; 'mlp': a ReLU MLP.",
+        description="A module of ensemble_core/models/: 'cnn', the Flax ensembling HOWTO CNN; 'mlp', a ReLU MLP.",
     )
     hidden_sizes: tuple[Annotated[int, Field(ge=1, le=MAX_WIDTH)], ...] = Field(
         (512, 512),
@@ -198,6 +213,21 @@ class EvalConfig(_Section):
         250, ge=1, le=MAX_DIM, description="Test examples per device per forward pass (250 measured fastest on CPU)."
     )
     ece_bins: int = Field(15, ge=2, le=1000, description="Equal-width bins for ECE (2..1000).")
+    evaluators: tuple[Literal[EVALUATOR_NAMES], ...] = Field(  # type: ignore[valid-type]
+        ("test",),
+        min_length=1,
+        description="Evaluators run after training, by module name in ensemble_core/evaluators/; 'test' (the "
+        "test split: accuracy, NLL, Brier, ECE, diversity) is required: the champion is judged on it.",
+    )
+
+    @field_validator("evaluators")
+    @classmethod
+    def _test_first(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        if "test" not in names:
+            raise ValueError("'test' must be one of the evaluators (the report and the champion are judged on it)")
+        if len(set(names)) != len(names):
+            raise ValueError("an evaluator is listed twice")
+        return names
 
 
 class PromotionConfig(_Section):
@@ -415,7 +445,7 @@ def _read_text(p: Path) -> str:
     Raises:
       ConfigError: missing, unreadable, a directory, too large, binary or not UTF-8.
     """
-    fix = "fix: pass a readable YAML text file (UTF-8, like configs/default.yaml) to --config"
+    fix = "fix: pass a readable YAML text file (UTF-8, like configs/default.yaml) as config_path"
     try:
         with p.open("rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)
@@ -424,7 +454,7 @@ def _read_text(p: Path) -> str:
     except OSError as err:
         reason = err.strerror or type(err).__name__
         raise _error(
-            f"cannot read config file '{p}': {reason}; fix: pass an existing readable YAML file to --config"
+            f"cannot read config file '{p}': {reason}; fix: pass an existing readable YAML file as config_path"
         ) from None
     except ValueError as err:  # e.g. a NUL byte in the path
         raise _error(f"cannot read config file '{p}': {err}; {fix}") from None

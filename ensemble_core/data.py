@@ -8,7 +8,6 @@ memory than float32) and become float32 in [0, 1] inside the jitted step
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import importlib.util
 import json
@@ -16,6 +15,7 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+import pydantic
 
 # TFDS is imported here, when this module is imported, and never later inside a function.
 # tensorflow_datasets imports itself inside ``etils.epy.lazy_imports()``, which replaces
@@ -132,12 +132,19 @@ def _builder_class():
 # MARK: preparing and reading
 
 
-@dataclasses.dataclass(frozen=True)
-class DatasetInfo:
-    """What the model and metrics need to know about a prepared dataset."""
+class DatasetInfo(pydantic.BaseModel):
+    """What the model and metrics need to know about a prepared dataset (JSON-able).
+
+    ``data_dir``: the prepared variant's directory (``<root>/<name>/<version>``);
+    ``tfds_data_dir``: the TFDS data directory it was prepared in (None: TFDS's default),
+    what :func:`load_split` takes; ``image_shape``: ``(H, W, C)``.
+    """
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
 
     name: str
     data_dir: str
+    tfds_data_dir: str | None = None
     num_classes: int
     image_shape: tuple[int, int, int]
     num_train: int
@@ -395,6 +402,7 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
     return DatasetInfo(
         name=name,
         data_dir=str(builder.data_dir),
+        tfds_data_dir=None if data_dir is None else str(data_dir),
         num_classes=int(features["label"].num_classes),
         image_shape=shape,  # type: ignore[arg-type]
         num_train=int(builder.info.splits["train"].num_examples),

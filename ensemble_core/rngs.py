@@ -1,6 +1,6 @@
 """Per-member random keys that depend only on ``(seed, member index)``.
 
-``root = jax.random.key(seed)``; for each purpose (init, data order, dropout)
+``root = jax.random.key(seed)``; for each purpose (init, data order)
 ``purpose_key = fold_in(root, PURPOSES[purpose])`` and member i gets
 ``fold_in(purpose_key, i)``. Member i is therefore the same network whatever the
 ensemble size and however many devices the members are spread over (unlike the HOWTO's
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-PURPOSES = {"init": 0, "data": 1, "dropout": 2}
+PURPOSES = {"init": 0, "data": 1}  # ids are fixed: a new purpose takes a new id
 
 
 def member_keys(seed: int, num_members: int) -> dict[str, jax.Array]:
@@ -24,7 +24,7 @@ def member_keys(seed: int, num_members: int) -> dict[str, jax.Array]:
       num_members: E.
 
     Returns:
-      ``{"init": key[E], "data": key[E], "dropout": key[E]}`` (typed key arrays).
+      ``{"init": key[E], "data": key[E]}`` (typed key arrays).
     """
     root = jax.random.key(seed)
     members = jnp.arange(num_members, dtype=jnp.uint32)

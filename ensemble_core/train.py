@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 import flax.linen as nn
 import flax.struct
@@ -136,6 +136,21 @@ def state_shardings(state: EnsembleState, mesh: Mesh) -> EnsembleState:
 # MARK: the step
 
 
+def cross_entropy(model: nn.Module, params: Any, images, labels) -> tuple[jax.Array, jax.Array]:
+    """One member's softmax cross-entropy on a batch: the loss every member trains on.
+
+    Args:
+      params: one member's parameters (no member axis).
+      images: uint8 ``[B, H, W, C]`` (scaled to [0, 1] here); labels: int ``[B]``.
+
+    Returns:
+      ``(losses, logits)``: float32 ``[B]`` per-example losses in nats
+      (``optax.losses.softmax_cross_entropy_with_integer_labels``) and float32 ``[B, C]``.
+    """
+    logits = model.apply({"params": params}, to_float(images))
+    return optax.losses.softmax_cross_entropy_with_integer_labels(logits, labels), logits
+
+
 def default_donate(platform: str) -> bool:
     """Whether the train step donates the state buffers: yes, except on CPU.
 
@@ -198,8 +213,7 @@ def make_train_step(
         global_batch = labels.shape[0] * data_size
 
         def loss_fn(p):
-            logits = model.apply({"params": p}, to_float(images))
-            losses = optax.losses.softmax_cross_entropy_with_integer_labels(logits, labels)
+            losses, logits = cross_entropy(model, p, images, labels)
             return losses.sum() / global_batch, logits
 
         (share, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -250,6 +264,28 @@ def make_train_step(
 # MARK: the epoch loop
 
 
+class DataPosition(TypedDict):
+    """Where training is in the data: saved with every checkpoint, resumed from.
+
+    ``epoch`` (0-based, the epoch in progress), ``step_in_epoch`` (steps of it done), and
+    the per-member sums ``loss_sum``/``accuracy_sum`` (lists of E floats) of those steps,
+    None at an epoch boundary.
+    """
+
+    epoch: int
+    step_in_epoch: int
+    loss_sum: list[float] | None
+    accuracy_sum: list[float] | None
+
+
+def data_position(epoch: int, step_in_epoch: int = 0, loss_sum=None, accuracy_sum=None) -> DataPosition:
+    """A :class:`DataPosition`; sums given as arrays are stored as lists."""
+    as_list = lambda x: None if x is None else np.asarray(x).tolist()  # noqa: E731
+    return DataPosition(
+        epoch=epoch, step_in_epoch=step_in_epoch, loss_sum=as_list(loss_sum), accuracy_sum=as_list(accuracy_sum)
+    )
+
+
 def fit(
     state: EnsembleState,
     train_step: Callable,
@@ -260,14 +296,12 @@ def fit(
     *,
     epochs: int,
     batch_size: int,
-    start_epoch: int = 0,
-    start_step: int = 0,
-    partial: dict | None = None,
+    start: DataPosition | None = None,
     on_step: Callable[[int, int, int], None] | None = None,
     on_epoch_end: Callable[[int, EnsembleState, dict], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> tuple[EnsembleState, dict]:
-    """Train from (``start_epoch``, ``start_step``) to the end of epoch ``epochs - 1``.
+    """Train from ``start`` (default: the beginning) to the end of epoch ``epochs - 1``.
 
     No I/O of its own. Member e's batches in epoch k come from
     :func:`ensemble_core.rngs.epoch_order` with ``data_keys[e]``, so resuming at any
@@ -276,8 +310,7 @@ def fit(
     Args:
       images, labels: the training split on device (see :func:`make_train_step`).
       data_keys: typed keys ``[E]``.
-      start_step: steps of ``start_epoch`` already done (a mid-epoch resume).
-      partial: ``{"loss_sum": [E], "accuracy_sum": [E]}`` of those steps, so the epoch's
+      start: the :class:`DataPosition` to resume from; its sums make the resumed epoch's
         means come out as if it had not been interrupted.
       on_step: ``on_step(epoch, step_in_epoch, steps_per_epoch)`` after each dispatched step.
       on_epoch_end: ``on_epoch_end(epoch, state, record)`` where record holds
@@ -289,12 +322,14 @@ def fit(
       The state and a dict: ``compile_seconds`` (lowering+compiling the step, 0 if no
       step ran), ``train_seconds`` (steady-state wall time of all steps, checkpoint
       callbacks excluded), ``steps`` (run in this call), and ``stopped_at`` (None, or
-      ``{"epoch", "step_in_epoch", "loss_sum", "accuracy_sum"}`` where it stopped).
+      the :class:`DataPosition` where it stopped).
     """
     idx_sharding = NamedSharding(mesh, P(ENSEMBLE_AXIS, DATA_AXIS))
     n = int(images.shape[0])
     compiled = None
     timing: dict = {"compile_seconds": 0.0, "train_seconds": 0.0, "steps": 0, "stopped_at": None}
+    start = start or data_position(0)
+    start_epoch, start_step = start["epoch"], start["step_in_epoch"]
     for epoch in range(start_epoch, epochs):
         order = epoch_order(data_keys, epoch, n, batch_size)  # [S, E, B]
         steps = order.shape[0]
@@ -307,7 +342,7 @@ def fit(
             compiled = train_step.lower(state, images, labels, first).compile()
             timing["compile_seconds"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        resumed = partial if epoch == start_epoch and first_step else None
+        resumed = start if epoch == start_epoch and first_step else None
         loss_sum = np.asarray(resumed["loss_sum"]) if resumed else 0.0
         acc_sum = np.asarray(resumed["accuracy_sum"]) if resumed else 0.0
         nxt = first
@@ -323,12 +358,7 @@ def fit(
                 on_step(epoch, s, steps)
             if should_stop is not None and s + 1 < steps and should_stop():
                 timing["train_seconds"] += time.perf_counter() - t0
-                timing["stopped_at"] = {
-                    "epoch": epoch,
-                    "step_in_epoch": s + 1,
-                    "loss_sum": np.asarray(loss_sum).tolist(),
-                    "accuracy_sum": np.asarray(acc_sum).tolist(),
-                }
+                timing["stopped_at"] = data_position(epoch, s + 1, loss_sum, acc_sum)
                 return state, timing
         record = {
             "epoch": epoch + 1,
@@ -339,49 +369,9 @@ def fit(
         if on_epoch_end is not None:
             on_epoch_end(epoch, state, record)
         if should_stop is not None and epoch + 1 < epochs and should_stop():
-            timing["stopped_at"] = {"epoch": epoch + 1, "step_in_epoch": 0, "loss_sum": None, "accuracy_sum": None}
+            timing["stopped_at"] = data_position(epoch + 1)
             return state, timing
     return state, timing
-
-
-def train_member_alone(
-    model: nn.Module,
-    tx: optax.GradientTransformation,
-    params: Any,
-    images: np.ndarray,
-    labels: np.ndarray,
-    order: np.ndarray,
-) -> Any:
-    """Reference: one member trained by its own jitted single-model step (the seed's loop).
-
-    Args:
-      params: one member's params (no member axis).
-      images: uint8 ``[N, H, W, C]``; labels int ``[N]``.
-      order: int ``[S, B]`` indices, one row per step.
-
-    Returns:
-      The member's params after ``S`` steps.
-    """
-
-    @jax.jit
-    def step(params, opt_state, x, y):
-        def loss_fn(p):
-            logits = model.apply({"params": p}, to_float(x))
-            return optax.losses.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
-        grads = jax.grad(loss_fn)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
-    opt_state = tx.init(params)
-    for idx in order:
-        params, opt_state = step(params, opt_state, images[idx], labels[idx])
-    return params
-
-
-def stacked(members: list[Any]) -> Any:
-    """List of E pytrees -> one pytree with leaves ``[E, ...]`` (struct of arrays)."""
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *members)
 
 
 def unstacked(tree: Any, i: int) -> Any:

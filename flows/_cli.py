@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -15,9 +16,22 @@ EXIT_BAD_INPUT = 2  # bad input or a failed stage: one line on stderr
 EXIT_PREEMPTED = 75  # stopped by SIGTERM/SIGINT (after a checkpoint when training); rerun to resume (EX_TEMPFAIL)
 
 
+# ensemble_core names the parameters a run takes (a deployment's users see those); the
+# command lines name their flags.
+_FLAGS = {"run_name": "--run-name", "output_dir": "--output-dir", "config_path": "--config"}
+_PARAMETER = re.compile(r"\b(" + "|".join(_FLAGS) + r")\b")
+
+
+def in_flags(message: str) -> str:
+    """``message`` with the run parameters it names (``run_name``, ``output_dir``,
+    ``config_path``) written as the command line's flags."""
+    return _PARAMETER.sub(lambda m: _FLAGS[m.group(1)], message)
+
+
 def report_error(err: EnsembleError) -> int:
-    """Print ``error: <message>`` on stderr; returns the exit code for ``err``."""
-    print(f"error: {err}", file=sys.stderr)
+    """Print ``error: <message>`` on stderr (parameters named as flags); returns the exit
+    code for ``err``."""
+    print(f"error: {in_flags(str(err))}", file=sys.stderr)
     return EXIT_PREEMPTED if isinstance(err, PreemptedError) else EXIT_BAD_INPUT
 
 

@@ -36,7 +36,7 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, Crashed, Failed, State
 
 from ensemble_core.errors import EnsembleError, PreemptedError
-from flows._cli import EXIT_BAD_INPUT, EXIT_PREEMPTED
+from flows._cli import EXIT_BAD_INPUT, EXIT_PREEMPTED, in_flags
 
 PREEMPTED_PREFIX = "preempted: "
 DRAIN_TIMEOUT_S = 30.0  # at exit: longest wait for the last events and logs to be sent
@@ -85,7 +85,7 @@ def finish_cli(state: State) -> int:
     stdout line and 0, or the :func:`exit_code` line on stderr and its code."""
     code, line = exit_code(state)
     if line:
-        print(line, file=sys.stderr)
+        print(in_flags(line), file=sys.stderr)
         return code
     print(state.result(), flush=True)
     return 0

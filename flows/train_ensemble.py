@@ -21,12 +21,11 @@ if __name__ == "__main__":
 import argparse
 import datetime as dt
 import sys
-from pathlib import Path
 
 from prefect import flow
 from prefect.runtime import flow_run
 
-from ensemble_core import pipeline
+from ensemble_core import runs
 from ensemble_core.config import (
     CheckpointConfig,
     DataConfig,
@@ -40,25 +39,50 @@ from ensemble_core.config import (
     load_config,
     validate,
 )
+from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import EnsembleError, PreemptedError
 from flows import _outcome
 from flows import _server
 from flows import _cli
 from flows._cli import EXIT_BAD_INPUT, report_error
 from tasks.champion import compare_with_champion
-from tasks.evaluate import evaluate
+from tasks.evaluate import evaluate_members
 from tasks.prepare_dataset import prepare_dataset
-from tasks.report import report
+from tasks.report import publish_report
 from tasks.split_rngs import split_rngs
-from tasks.train_ensemble import train_ensemble as train_task
+from tasks.train import train_members
 
 DEFAULT_OUTPUT_DIR = "runs"
+
+# The command line runs the preflight before it starts a Prefect server (a refusal is one
+# line and no server); it leaves the result here, keyed by what was checked, so that the
+# flow it then calls in the same process does not check it all again.
+_PREFLIGHTED: dict[tuple[str, str, str], DatasetInfo] = {}
+
+
+def _preflight(config: PipelineConfig, output_dir: str, run_name: str) -> DatasetInfo:
+    """The CLI's preflight result for exactly these inputs, or a fresh preflight."""
+    key = (config.model_dump_json(), str(output_dir), run_name)
+    return _PREFLIGHTED.pop(key, None) or runs.preflight(config, output_dir, run_name)
+
+
+# The sequence of ensemble_core.runs.run, each stage a Prefect task.
+STAGES = runs.Stages(
+    preflight=_preflight,
+    prepare=prepare_dataset,
+    split_keys=split_rngs,
+    train=train_members,
+    evaluate=evaluate_members,
+    promote=compare_with_champion,
+    report=publish_report,
+)
 
 
 def default_run_name() -> str:
     """``YYYYmmdd-HHMMSS-<flow run name>`` from the flow run's scheduled start: unique per
     flow run, sortable by time, and the same when the retry-crashed-runs automation runs
-    the flow run again (Prefect keeps its name and expected start), so the re-run resumes."""
+    the flow run again (Prefect keeps its name and expected start), so the re-run resumes.
+    Outside a flow run (the command line, before it starts one): ``YYYYmmdd-HHMMSS`` now."""
     start = flow_run.get_scheduled_start_time()
     stamp = (start or dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
     name = flow_run.get_name()
@@ -103,21 +127,12 @@ def train_ensemble(
         # Through validate(): a value the parameter schema let through (a seed out of range)
         # is refused with the one-line message, as from the command line.
         config = validate({"seed": seed, **{k: v.model_dump(mode="json") for k, v in sections.items()}})
-        pipeline.preflight(config, output_dir, run_name)  # every refusal, before any compute or write
-        run_dir = str(Path(output_dir) / run_name)
-        dataset = prepare_dataset(config.data)
-        keys = split_rngs(config, pipeline.plan(config).padded_members)
-        summary = train_task(config, dataset, keys, run_dir)
-        evaluation = evaluate(config, dataset, run_dir)
-        decision = None
-        if config.promotion.enabled:
-            decision = compare_with_champion(config, dataset, run_name, run_dir, evaluation, str(output_dir))
-        report(run_name, config.model_dump(mode="json"), summary, evaluation, run_dir, decision)
+        result = runs.run(config, output_dir, run_name, STAGES)  # preflight first: refusals before any compute
     except PreemptedError as err:
         return _outcome.interrupted(err)
     except EnsembleError as err:
         return _outcome.refused(err)
-    return services.outcome(run_dir)
+    return services.outcome(str(result.run_dir.path))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -140,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry point: 0 done, 2 bad input or a failed stage, 75 stopped by SIGTERM or
     SIGINT (after a checkpoint when training; rerun with the same run name to resume)."""
     args = parse_args(argv)
-    run_name = args.run_name or dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_name = args.run_name or default_run_name()
     try:
         with _cli.raise_on_stop_signals():
             return _main(args, run_name)
@@ -158,9 +173,10 @@ def _main(args: argparse.Namespace, run_name: str) -> int:
         print(f"error: {down}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        pipeline.preflight(config, args.output_dir, run_name)
+        dataset = runs.preflight(config, args.output_dir, run_name)
     except EnsembleError as err:
         return report_error(err)
+    _PREFLIGHTED[(config.model_dump_json(), str(args.output_dir), run_name)] = dataset
     return _outcome.run_cli(
         train_ensemble,
         **{name: getattr(config, name) for name in PipelineConfig.model_fields},

@@ -1,4 +1,12 @@
-"""One thin Prefect task per pipeline stage; the work is in ``ensemble_core.pipeline``."""
+"""One thin Prefect task per stage of :func:`ensemble_core.runs.run`; the work is in
+:mod:`ensemble_core.runs`.
+
+A task is named after its stage in the Prefect UI (``prepare_dataset``, ``split_rngs``,
+``train_ensemble``, ``evaluate``, ``compare_with_champion``, ``report``: the names
+dashboards, automations and the soak benchmark filter on) and its Python function is
+named for what it does to the run (``train_members``, ``evaluate_members``,
+``publish_report``), never like the core function it wraps.
+"""
 
 from __future__ import annotations
 

@@ -7,10 +7,11 @@ from pathlib import Path
 import numpy as np
 from prefect import get_run_logger, task
 
-from ensemble_core import champion as champion_lib
 from ensemble_core import data as data_lib
-from ensemble_core import pipeline
+from ensemble_core import runs
 from ensemble_core.errors import DataError
+from ensemble_core.runs import champion as champion_lib
+from ensemble_core.runs.layout import atomic_savez
 
 
 @task(name="resolve_run")
@@ -55,8 +56,8 @@ def predict(run_dir: str, images_npy: str, output: str) -> str:
         images = np.load(images_npy, allow_pickle=False)
     except (OSError, ValueError) as err:
         raise DataError(f"cannot read images from '{images_npy}' ({err}); fix: save them with numpy.save") from None
-    result = pipeline.predict_images(run_dir, images)
-    pipeline.atomic_savez(Path(output), **result)
+    result = runs.predict_images(run_dir, images)
+    atomic_savez(Path(output), **result)
     get_run_logger().info(
         "%d images: mean predictive entropy %.4f nats, mean mutual information %.4f nats -> %s",
         len(images),

@@ -1,4 +1,5 @@
-"""Prefect task: report.json, report.md, plots, and markdown/table artifacts."""
+"""Prefect task: report.json, report.md, plots, and markdown/table artifacts; wraps
+:func:`ensemble_core.runs.write_report`."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from ensemble_core import pipeline
-from ensemble_core import report as report_lib
+from ensemble_core import runs
+from ensemble_core.runs import report as report_lib
 from tasks import TRANSIENT_RETRIES
 
 REPORT_KEY = "ensemble-report"
@@ -16,11 +17,16 @@ MEMBERS_KEY = "ensemble-members"
 
 
 @task(name="report", **TRANSIENT_RETRIES)
-def report(
-    run_name: str, config: dict, train_summary: dict, evaluation: dict, run_dir: str, promotion: dict | None = None
+def publish_report(
+    run_name: str,
+    config: dict,
+    training: runs.TrainingSummary,
+    evaluation: runs.Evaluation,
+    run_dir: str,
+    promotion: runs.PromotionDecision | None = None,
 ) -> str:
     """Write the report files and publish them as artifacts; returns report.json's path."""
-    rep = pipeline.write_report(run_name, config, train_summary, evaluation, Path(run_dir), promotion)
+    rep = runs.write_report(run_name, config, training, evaluation, Path(run_dir), promotion)
     create_markdown_artifact(
         markdown=report_lib.render_markdown(rep, plots=False),
         key=REPORT_KEY,
@@ -29,5 +35,6 @@ def report(
     create_table_artifact(
         table=report_lib.member_table(rep), key=MEMBERS_KEY, description="Per-member vs ensemble test metrics"
     )
-    get_run_logger().info("report written to %s", Path(run_dir) / "report.json")
-    return str(Path(run_dir) / "report.json")
+    path = runs.RunDir(Path(run_dir)).report_json
+    get_run_logger().info("report written to %s", path)
+    return str(path)

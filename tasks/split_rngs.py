@@ -1,10 +1,11 @@
-"""Prefect task: one seed -> per-member keys (init, data order, dropout)."""
+"""Prefect task: one seed -> per-member keys (init, data order); wraps
+:func:`ensemble_core.runs.split_keys`."""
 
 from __future__ import annotations
 
 from prefect import get_run_logger, task
 
-from ensemble_core import pipeline
+from ensemble_core import runs
 from ensemble_core.config import PipelineConfig
 from tasks import TRANSIENT_RETRIES
 
@@ -12,7 +13,7 @@ from tasks import TRANSIENT_RETRIES
 @task(name="split_rngs", **TRANSIENT_RETRIES)
 def split_rngs(config: PipelineConfig, num_members: int) -> dict[str, list[list[int]]]:
     """Raw uint32 key data ``{purpose: [[k0, k1]] * E}`` for ``num_members`` members."""
-    layout = pipeline.split_rngs(config, num_members)
+    layout = runs.split_keys(config, num_members)
     logger = get_run_logger()
     logger.info(
         "seed %d -> %d members x %s keys, member i = fold_in(fold_in(key(seed), purpose), i)",

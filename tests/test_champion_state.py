@@ -14,7 +14,8 @@ import types
 
 import pytest
 
-from ensemble_core import champion
+from ensemble_core.runs import champion
+from ensemble_core.runs.layout import OutputDir
 
 LOGGER = "ensemble_core.champion"
 METRICS = {"accuracy": 0.91, "nll": 0.31, "brier": 0.12, "ece": 0.02}
@@ -43,7 +44,7 @@ def _warnings(caplog):
 
 
 def _corrupt_files(out):
-    d = out / champion.CORRUPT_DIR
+    d = OutputDir(out).corrupt_state
     return sorted(d.iterdir()) if d.exists() else []
 
 
@@ -376,13 +377,15 @@ def test_concurrent_appends_lose_no_row(tmp_path):
     assert sorted(r["run_name"] for r in rows) == sorted(names)
 
 
-# MARK: the pipeline step that uses this module
+# MARK: the promotion policy that uses this module
 
 
 def test_compare_with_champion_survives_a_damaged_state_and_a_retry(tmp_path, caplog):
     """The bug report end to end: garbage champion + corrupt history, the step runs twice."""
     from ensemble_core.config import PipelineConfig
-    from ensemble_core.pipeline import compare_with_champion
+    from ensemble_core.runs import Evaluation
+    from ensemble_core.runs.champion import promote
+    from ensemble_core.runs.results import EvaluatorResult
 
     out = tmp_path / "out"
     out.mkdir()
@@ -390,10 +393,11 @@ def test_compare_with_champion_survives_a_damaged_state_and_a_retry(tmp_path, ca
     (out / "champion.json").write_text(json.dumps(_record(dead)))
     (out / "history.jsonl").write_text(json.dumps(_row("old-champion")) + "\n\x00\x00garbage\n")
     run = _run_dir(tmp_path, "new-run")
-    evaluation = {"ensemble": {"accuracy": 0.8, "nll": 0.6, "brier": 0.2, "ece": 0.05}}
+    test = {"ensemble": {"accuracy": 0.8, "nll": 0.6, "brier": 0.2, "ece": 0.05}}
+    evaluation = Evaluation(results={"test": EvaluatorResult(name="test", metrics=test)})
     cfg = PipelineConfig()
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        results = [compare_with_champion(cfg, {}, "new-run", run, evaluation, out) for _ in range(2)]
+        results = [promote(cfg, None, "new-run", run, evaluation, out).to_json() for _ in range(2)]
     first, retry = results
     assert first["promoted"] and first["reason"] == "no champion yet" and first["champion"] is None
     assert retry["champion_run"] == "new-run" and retry["reason"].startswith("challenger nll")  # vs itself

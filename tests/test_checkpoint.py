@@ -6,10 +6,10 @@ import jax
 import numpy as np
 import pytest
 
-from ensemble_core import pipeline
-from ensemble_core.checkpoint import EnsembleCheckpointer
+from ensemble_core import runs, setup
 from ensemble_core.config import load_config
 from ensemble_core.errors import IncompatibleRunError
+from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 
 
 def _cfg(tfds_dir, *extra):
@@ -31,13 +31,13 @@ def _cfg(tfds_dir, *extra):
 
 
 def _run(cfg, run_dir):
-    dataset = pipeline.prepare_dataset(cfg.data)
-    keys = pipeline.split_rngs(cfg, pipeline.plan(cfg).padded_members)
-    return pipeline.train_ensemble(cfg, dataset, keys, run_dir), dataset
+    dataset = runs.prepare(cfg.data)
+    keys = runs.split_keys(cfg, setup.plan(cfg).padded_members)
+    return runs.train(cfg, dataset, keys, run_dir), dataset
 
 
 def _params(cfg, dataset, run_dir):
-    pipeline.evaluate(cfg, dataset, run_dir)
+    runs.evaluate(cfg, dataset, run_dir)
     with np.load(run_dir / "predictions.npz") as f:
         return f["member_probs"]
 
@@ -51,7 +51,7 @@ def test_round_trip_and_keep_last(tmp_path, tfds_dir):
     assert meta["epoch"] == 3
     assert meta["data_position"] == {"epoch": 3, "step_in_epoch": 0, "loss_sum": None, "accuracy_sum": None}
     assert meta["config"] == json.loads(cfg.model_dump_json())
-    assert len(meta["history"]) == 3 and summary["checkpoint_step"] == 24
+    assert len(meta["history"]) == 3 and summary.checkpoint_step == 24
     ckpt.close()
 
 
@@ -61,8 +61,8 @@ def test_resume_continues_where_it_stopped(tmp_path, tfds_dir):
     part_cfg = _cfg(tfds_dir, "train.epochs=1")
     _run(part_cfg, tmp_path / "resumed")
     summary, _ = _run(full_cfg, tmp_path / "resumed")
-    assert summary["resumed_from"] == 1
-    assert [r["epoch"] for r in summary["history"]] == [1, 2, 3]
+    assert summary.resumed_from == 1
+    assert [r["epoch"] for r in summary.history] == [1, 2, 3]
     a = _params(full_cfg, dataset, tmp_path / "full")
     b = _params(full_cfg, dataset, tmp_path / "resumed")
     np.testing.assert_array_equal(a, b)
@@ -104,35 +104,28 @@ def test_stretches_record_what_each_part_of_training_used(tmp_path, tfds_dir):
     first, _ = _run(_cfg(tfds_dir, "train.epochs=1"), tmp_path / "run")
 
     def spans(summary):
-        return [(s["start_epoch"], s["end_epoch"], s["start_step"], s["end_step"]) for s in summary["stretches"]]
+        return [(s["start_epoch"], s["end_epoch"], s["start_step"], s["end_step"]) for s in summary.stretches]
 
     assert spans(first) == [(0, 1, 0, 8)]
     second, _ = _run(_cfg(tfds_dir, "checkpoint.keep=3", "mesh.ensemble=2"), tmp_path / "run")
     assert spans(second) == [(0, 1, 0, 8), (1, 3, 8, 24)]
-    one, two = second["stretches"]
+    one, two = second.stretches
     assert one["settings"]["train.epochs"] == 1 and two["settings"]["train.epochs"] == 3
     assert one["mesh"] == {"ensemble": 4, "data": 1} and two["mesh"] == {"ensemble": 2, "data": 1}
     assert two["changed"] == {"train.epochs": [1, 3], "checkpoint.keep": [2, 3], "mesh.ensemble": [None, 2]}
     meta = EnsembleCheckpointer(tmp_path / "run" / "checkpoints").read_meta()
-    assert meta["stretches"] == second["stretches"]
+    assert meta["stretches"] == second.stretches
     # A finished run re-run trains nothing and adds no stretch.
     third, _ = _run(_cfg(tfds_dir, "checkpoint.keep=3", "mesh.ensemble=2"), tmp_path / "run")
-    assert third["stretches"] == second["stretches"] and third["timing"]["steps"] == 0
+    assert third.stretches == second.stretches and third.timing.steps == 0
 
 
 def test_restore_onto_fewer_devices(tmp_path, tfds_dir):
     cfg = _cfg(tfds_dir, "train.epochs=1")
     _, dataset = _run(cfg, tmp_path / "run")  # saved sharded over 4 devices
     ckpt = EnsembleCheckpointer(tmp_path / "run" / "checkpoints")
-    from ensemble_core import mesh as mesh_lib
-    from ensemble_core.models import build_model
-    from ensemble_core.rngs import member_keys
-    from ensemble_core.train import init_ensemble, make_optimizer
-
-    one = mesh_lib.make_mesh(mesh_lib.plan_mesh(4, 1))
-    target = init_ensemble(
-        build_model(cfg.model, 10), make_optimizer(cfg.train), member_keys(0, 4)["init"], (28, 28, 1), one
-    )
+    one = setup.build(cfg, 10, num_devices=1)
+    target = one.init_state(one.member_keys()["init"], (28, 28, 1))
     state, meta = ckpt.restore(target)
     ckpt.close()
     assert meta["epoch"] == 1
@@ -148,7 +141,7 @@ def test_stop_then_resume_matches_an_uninterrupted_run(tmp_path, tfds_dir, stop_
 
     cfg = _cfg(tfds_dir)
     _, dataset = _run(cfg, tmp_path / "full")
-    keys = pipeline.split_rngs(cfg, 4)
+    keys = runs.split_keys(cfg, 4)
     epochs_done, steps_done = [], []
 
     def should_stop():
@@ -156,11 +149,9 @@ def test_stop_then_resume_matches_an_uninterrupted_run(tmp_path, tfds_dir, stop_
         return bool(epochs_done) if stop_after_steps is None else len(steps_done) >= stop_after_steps
 
     with pytest.raises(PreemptedError, match="rerun with the same run name"):
-        pipeline.train_ensemble(
-            cfg, dataset, keys, tmp_path / "stopped", on_epoch=epochs_done.append, should_stop=should_stop
-        )
+        runs.train(cfg, dataset, keys, tmp_path / "stopped", on_epoch=epochs_done.append, should_stop=should_stop)
     summary, _ = _run(cfg, tmp_path / "stopped")
-    assert summary["resumed_from"] == 1
+    assert summary.resumed_from == 1
     full = _run(cfg, tmp_path / "full")[0]
-    assert summary["history"] == full["history"]  # partial-epoch sums survive the stop
+    assert summary.history == full.history  # partial-epoch sums survive the stop
     np.testing.assert_array_equal(_params(cfg, dataset, tmp_path / "full"), _params(cfg, dataset, tmp_path / "stopped"))

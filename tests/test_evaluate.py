@@ -4,13 +4,10 @@ import jax
 import numpy as np
 import pytest
 
-from ensemble_core import mesh as mesh_lib
-from ensemble_core import rngs
-from ensemble_core.config import ModelConfig, TrainConfig
 from ensemble_core.data import to_float
-from ensemble_core.evaluate import make_predict, member_probs
-from ensemble_core.models import build_model
-from ensemble_core.train import init_ensemble, make_optimizer, unstacked
+from ensemble_core.predict import member_probs
+from ensemble_core.train import unstacked
+from tests.ensembles import small_setup
 
 
 @pytest.mark.parametrize(
@@ -20,12 +17,10 @@ from ensemble_core.train import init_ensemble, make_optimizer, unstacked
 def test_vmapped_evaluation_equals_member_loop(mnist_test, model_name, strategy, data_axis, grouped):
     images = mnist_test[0][:230]  # not a multiple of the chunk: exercises padding
     e = 4
-    model = build_model(ModelConfig(name=model_name, hidden_sizes=(32,)), 10)
-    plan = mesh_lib.plan_mesh(e, 8, data=data_axis, ensemble=2)
-    mesh = mesh_lib.make_mesh(plan)
-    keys = rngs.member_keys(0, e)
-    state = init_ensemble(model, make_optimizer(TrainConfig()), keys["init"], (28, 28, 1), mesh)
-    predict = make_predict(model, mesh, strategy)
+    built = small_setup(model_name, e, strategy, data=data_axis, ensemble=2)
+    model, mesh = built.model, built.mesh
+    state = built.init_state(built.member_keys()["init"], (28, 28, 1))
+    predict = built.predict_fn()
     got = member_probs(predict, state.params, images, mesh, batch_size=100, one_member_per_device=grouped)
     assert got.shape == (e, 230, 10) and got.dtype == np.float32
     for m in range(e):

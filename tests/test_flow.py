@@ -203,7 +203,7 @@ def _locked(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys,time; from ensemble_core.runlock import run_lock\n"
+            "import sys,time; from ensemble_core.runs.lock import run_lock\n"
             f"with run_lock({str(tmp_path / 'runs' / 'busy')!r}):\n print('locked', flush=True); time.sleep(60)",
         ],
         cwd=ROOT,

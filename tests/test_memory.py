@@ -10,12 +10,9 @@ from pathlib import Path
 import jax
 import pytest
 
-from ensemble_core import memory, pipeline
+from ensemble_core import memory, setup
 from ensemble_core.config import load_config
 from ensemble_core.errors import ConfigError
-from ensemble_core.models import build_model
-from ensemble_core.rngs import member_keys
-from ensemble_core.train import init_ensemble, make_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,13 +33,10 @@ def test_persistent_state_matches_what_init_allocates(extra, slots):
     """Parameters and optimizer slots of every member on a device, as estimated from shapes,
     against the bytes of the arrays init_ensemble really places on one device."""
     cfg = _cfg(*extra)
-    plan = pipeline.plan(cfg)
+    plan = setup.plan(cfg)
     est = memory.estimate(cfg, plan, 10, (28, 28, 1), 1000)
-    model = build_model(cfg.model, 10)
-    mesh = pipeline.make_mesh(plan)
-    state = init_ensemble(
-        model, make_optimizer(cfg.train), member_keys(0, plan.padded_members)["init"], (28, 28, 1), mesh
-    )
+    built = setup.build(cfg, 10)
+    state = built.init_state(built.member_keys()["init"], (28, 28, 1))
     device = jax.devices()[0]
     on_device = sum(
         shard.data.nbytes
@@ -60,17 +54,17 @@ def test_persistent_state_matches_what_init_allocates(extra, slots):
 
 def test_training_split_and_activations():
     cfg = _cfg("model.name=mlp", "model.hidden_sizes=[100]", "train.batch_size=32", "mesh.member_strategy=vmap")
-    est = memory.estimate(cfg, pipeline.plan(cfg), 10, (28, 28, 1), 1000, "vmap")
+    est = memory.estimate(cfg, setup.plan(cfg), 10, (28, 28, 1), 1000, "vmap")
     assert est.data_bytes == 1000 * (28 * 28 + 4)
     # per member: the hidden layer (32 x 100) and the logits (32 x 10, as Dense_1 and __call__)
     assert est.activation_bytes == est.members_per_device * 32 * (100 + 10 + 10) * 4
-    unrolled = memory.estimate(cfg, pipeline.plan(cfg), 10, (28, 28, 1), 1000, "unroll")
+    unrolled = memory.estimate(cfg, setup.plan(cfg), 10, (28, 28, 1), 1000, "unroll")
     assert unrolled.activation_bytes == 32 * (100 + 10 + 10) * 4
 
 
 def test_check_refuses_with_the_figures_and_accepts_what_fits():
     cfg = _cfg("model.name=cnn")
-    est = memory.estimate(cfg, pipeline.plan(cfg), 10, (28, 28, 1), 4000)
+    est = memory.estimate(cfg, setup.plan(cfg), 10, (28, 28, 1), 4000)
     need = est.per_device_bytes * est.devices  # CPU: the simulated devices share the host
     memory.check(est, cfg, available=(need, "available host memory"))  # fits exactly
     with pytest.raises(ConfigError) as err:

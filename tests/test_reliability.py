@@ -14,13 +14,12 @@ import jax
 import numpy as np
 import pytest
 
-from ensemble_core import mesh as mesh_lib
-from ensemble_core import pipeline, rngs
-from ensemble_core.config import ModelConfig, TrainConfig, load_config
+from ensemble_core import runs
+from ensemble_core.config import load_config
 from ensemble_core.errors import DivergenceError, RunLockedError
-from ensemble_core.models import build_model
-from ensemble_core.runlock import run_lock
-from ensemble_core.train import fit, init_ensemble, make_optimizer, make_train_step, unstacked
+from ensemble_core.runs.lock import run_lock
+from ensemble_core.train import unstacked
+from tests.ensembles import small_setup, train_small
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,9 +89,9 @@ def test_sigkill_mid_training_then_resume_is_bitwise_identical(tmp_path, tfds_di
     rc, out, err = _finish(_proc(run, tfds_dir))
     assert rc == 0, err[-2000:]
     summary = json.loads(out.strip().splitlines()[-1])
-    assert summary["resumed_from"] is not None and summary["resumed_from"] >= 1
+    assert summary.resumed_from is not None and summary.resumed_from >= 1
     # At most one checkpoint interval (one epoch, 16 steps) of work was lost.
-    assert saved and summary["resumed_from"] * 16 >= saved[-1] - 16
+    assert saved and summary.resumed_from * 16 >= saved[-1] - 16
     got, want = _final_arrays(run), _final_arrays(reference)
     np.testing.assert_array_equal(got["member_probs"], want["member_probs"])
 
@@ -105,7 +104,7 @@ def test_sigterm_saves_at_the_step_boundary_and_resumes(tmp_path, tfds_dir, refe
     p.send_signal(signal.SIGTERM)
     rc, _, err = _finish(p)
     assert rc == 75
-    assert "checkpoint was saved" in err and "--run-name run" in err
+    assert "checkpoint was saved" in err and "run_name run" in err
     (latest,) = sorted(int(d.name) for d in (run / "checkpoints").iterdir() if d.name.isdigit())[-1:]
     meta = json.loads((run / "checkpoints" / str(latest) / "meta" / "metadata").read_text())
     pos = meta["data_position"]
@@ -159,21 +158,15 @@ def test_write_error_during_save_is_clear_and_keeps_earlier_checkpoints(tmp_path
 
 def test_diverging_member_is_frozen_and_the_others_train_on(mnist_train):
     images, labels = mnist_train[0][:256], mnist_train[1][:256]
-    model = build_model(ModelConfig(name="mlp", hidden_sizes=(32,)), 10)
-    tx = make_optimizer(TrainConfig())
-    plan = mesh_lib.plan_mesh(4, 8)
-    mesh = mesh_lib.make_mesh(plan)
-    keys = rngs.member_keys(0, 4)
+    built = small_setup("mlp", 4)
 
     def train(blow_up: bool):
-        state = init_ensemble(model, tx, keys["init"], (28, 28, 1), mesh)
+        state = built.init_state(built.member_keys()["init"], (28, 28, 1))
         if blow_up:  # member 2's learning rate explodes
             hp = dict(state.opt_state.hyperparams)
             hp["learning_rate"] = hp["learning_rate"].at[2].set(1e12)
             state = state.replace(opt_state=state.opt_state._replace(hyperparams=hp))
-        step = make_train_step(model, tx, mesh, "vmap")
-        x, y = jax.device_put(images), jax.device_put(labels)
-        state, _ = fit(state, step, x, y, keys["data"], mesh, epochs=2, batch_size=32)
+        state, _ = train_small(built, images, labels, epochs=2, state=state)
         return state
 
     bad, good = train(True), train(False)
@@ -205,9 +198,9 @@ def _tiny(tfds_dir, *extra):
 
 def test_divergence_can_fail_the_run(tmp_path, tfds_dir):
     cfg = _tiny(tfds_dir, "train.learning_rate=1e30", "train.on_divergence=fail")
-    dataset = pipeline.prepare_dataset(cfg.data)
+    dataset = runs.prepare(cfg.data)
     with pytest.raises(DivergenceError, match=r"member\(s\) \[0, 1\] diverged"):
-        pipeline.train_ensemble(cfg, dataset, pipeline.split_rngs(cfg, 2), tmp_path / "run")
+        runs.train(cfg, dataset, runs.split_keys(cfg, 2), tmp_path / "run")
 
 
 def test_frozen_members_are_left_out_of_the_ensemble(tmp_path, tfds_dir):
@@ -228,7 +221,7 @@ def test_second_run_on_a_locked_directory_refuses(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys,time; from ensemble_core.runlock import run_lock\n"
+            "import sys,time; from ensemble_core.runs.lock import run_lock\n"
             f"with run_lock({str(run)!r}):\n print('locked', flush=True); time.sleep(60)",
         ],
         cwd=ROOT,
@@ -279,7 +272,7 @@ print(json.dumps({{"devices": jax.device_count(), "step": step, "meta_step": out
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["devices"] == 1 and got["step"] == got["meta_step"] == 64 and got["shape"] == [4, 256, 10]
     cfg = load_config(None, [f"data.data_dir={tfds_dir}", "model.name=cnn", "ensemble.size=4"])
-    state, _, _ = pipeline.restore_ensemble(cfg, reference, 10, (28, 28, 1))
+    state, _ = runs.evaluation.restore(cfg, reference, 10, (28, 28, 1))
     expected = float(np.abs(np.asarray(state.params["Dense_1"]["kernel"])).sum())
     assert got["abs_sum"] == pytest.approx(expected, rel=1e-6)
 
@@ -290,10 +283,10 @@ def test_predict_refuses_nan_and_misshapen_images(reference):
     images = np.zeros((3, 28, 28, 1), np.float32)
     images[1, 3, 3, 0] = np.nan
     with pytest.raises(DataError, match="NaN or infinite"):
-        pipeline.predict_images(reference, images)
+        runs.predict_images(reference, images)
     with pytest.raises(DataError, match=r"the model takes \[N, 28, 28, 1\]"):
-        pipeline.predict_images(reference, np.zeros((3, 32, 32, 3), np.uint8))
-    out = pipeline.predict_images(reference, np.zeros((3, 28, 28), np.uint8))  # [N, H, W] is accepted
+        runs.predict_images(reference, np.zeros((3, 32, 32, 3), np.uint8))
+    out = runs.predict_images(reference, np.zeros((3, 28, 28), np.uint8))  # [N, H, W] is accepted
     assert out["ensemble_probs"].shape == (3, 10)
     np.testing.assert_allclose(out["ensemble_probs"].sum(1), 1.0, rtol=1e-5)
 
@@ -315,7 +308,7 @@ def test_predict_refuses_images_it_would_misread(reference, images, fragment):
     from ensemble_core.errors import DataError
 
     with pytest.raises(DataError, match=fragment) as err:
-        pipeline.predict_images(reference, images)
+        runs.predict_images(reference, images)
     assert "fix:" in str(err.value) and "\n" not in str(err.value)
 
 
@@ -324,9 +317,9 @@ def test_predict_takes_uint8_and_the_same_images_as_floats_alike(reference, tfds
     from ensemble_core import data as data_lib
 
     images, _ = data_lib.load_split(data_lib.EMBEDDED, "test", tfds_dir, 16)
-    a = pipeline.predict_images(reference, images)["ensemble_probs"]
-    b = pipeline.predict_images(reference, images.astype(np.float32) / 255.0)["ensemble_probs"]
-    c = pipeline.predict_images(reference, images.astype(np.float64) / 255.0)["ensemble_probs"]
+    a = runs.predict_images(reference, images)["ensemble_probs"]
+    b = runs.predict_images(reference, images.astype(np.float32) / 255.0)["ensemble_probs"]
+    c = runs.predict_images(reference, images.astype(np.float64) / 255.0)["ensemble_probs"]
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
 

@@ -6,31 +6,12 @@ import pytest
 
 from ensemble_core import mesh as mesh_lib
 from ensemble_core import rngs
-from ensemble_core.config import ModelConfig, TrainConfig
 from ensemble_core.errors import MeshError
-from ensemble_core.models import build_model
-from ensemble_core.train import (
-    fit,
-    init_ensemble,
-    make_optimizer,
-    make_train_step,
-    train_member_alone,
-    unstacked,
-)
+from ensemble_core.train import fit, unstacked
+from tests.ensembles import BATCH, small_setup, train_small
+from tests.oracles import train_member_alone
 
 N_TRAIN = 256
-BATCH = 32
-
-
-def _train(model, tx, images, labels, num_members, plan, strategy, epochs=1, seed=0):
-    mesh = mesh_lib.make_mesh(plan)
-    keys = rngs.member_keys(seed, plan.padded_members)
-    state = init_ensemble(model, tx, keys["init"], images.shape[1:], mesh)
-    imgs = jax.device_put(images, mesh_lib.replicated(mesh))
-    labs = jax.device_put(labels, mesh_lib.replicated(mesh))
-    step = make_train_step(model, tx, mesh, strategy)
-    state, timing = fit(state, step, imgs, labs, keys["data"], mesh, epochs=epochs, batch_size=BATCH)
-    return state, timing
 
 
 def _assert_trees_close(a, b, atol=1e-5):
@@ -42,10 +23,9 @@ def _assert_trees_close(a, b, atol=1e-5):
 def test_stacked_ensemble_equals_members_trained_alone(mnist_train, model_name, strategy):
     images, labels = mnist_train[0][:N_TRAIN], mnist_train[1][:N_TRAIN]
     e = 4
-    model = build_model(ModelConfig(name=model_name, hidden_sizes=(32,)), 10)
-    tx = make_optimizer(TrainConfig())
-    plan = mesh_lib.plan_mesh(e, jax.device_count(), ensemble=2)
-    state, timing = _train(model, tx, images, labels, e, plan, strategy)
+    built = small_setup(model_name, e, strategy, ensemble=2)
+    model, tx = built.model, built.optimizer
+    state, timing = train_small(built, images, labels)
     assert int(state.step) == timing["steps"] == N_TRAIN // BATCH
 
     keys = rngs.member_keys(0, e)
@@ -59,12 +39,9 @@ def test_stacked_ensemble_equals_members_trained_alone(mnist_train, model_name, 
 @pytest.mark.parametrize("ensemble_axis, data_axis", [(1, 1), (2, 1), (4, 1), (2, 2), (1, 4)])
 def test_same_members_on_any_mesh(mnist_train, ensemble_axis, data_axis):
     images, labels = mnist_train[0][:N_TRAIN], mnist_train[1][:N_TRAIN]
-    model = build_model(ModelConfig(name="cnn"), 10)
-    tx = make_optimizer(TrainConfig())
-    ref_plan = mesh_lib.plan_mesh(4, 1)
-    ref, _ = _train(model, tx, images, labels, 4, ref_plan, "unroll")
-    plan = mesh_lib.plan_mesh(4, ensemble_axis * data_axis, data=data_axis, ensemble=ensemble_axis)
-    got, _ = _train(model, tx, images, labels, 4, plan, "unroll")
+    ref, _ = train_small(small_setup("cnn", 4, "unroll", devices=1), images, labels)
+    built = small_setup("cnn", 4, "unroll", devices=ensemble_axis * data_axis, ensemble=ensemble_axis, data=data_axis)
+    got, _ = train_small(built, images, labels)
     assert got.params["Dense_0"]["kernel"].sharding.mesh.shape == {"ensemble": ensemble_axis, "data": data_axis}
     # Splitting a batch over 'data' sums its gradient in another order: float32 rounding
     # differences, grown over the training steps to a few 1e-5.
@@ -73,30 +50,24 @@ def test_same_members_on_any_mesh(mnist_train, ensemble_axis, data_axis):
 
 def test_member_is_independent_of_ensemble_size(mnist_train):
     images, labels = mnist_train[0][:N_TRAIN], mnist_train[1][:N_TRAIN]
-    model = build_model(ModelConfig(name="mlp", hidden_sizes=(32,)), 10)
-    tx = make_optimizer(TrainConfig())
-    small, _ = _train(model, tx, images, labels, 2, mesh_lib.plan_mesh(2, 8), "vmap")
-    big, _ = _train(model, tx, images, labels, 6, mesh_lib.plan_mesh(6, 8), "vmap")
+    small, _ = train_small(small_setup("mlp", 2), images, labels)
+    big, _ = train_small(small_setup("mlp", 6), images, labels)
     _assert_trees_close(unstacked(small.params, 1), unstacked(big.params, 1))
 
 
 def test_training_reduces_loss(mnist_train):
     images, labels = mnist_train[0][:1024], mnist_train[1][:1024]
-    model = build_model(ModelConfig(name="mlp", hidden_sizes=(64,)), 10)
-    tx = make_optimizer(TrainConfig(learning_rate=0.05))
-    plan = mesh_lib.plan_mesh(2, 8)
-    mesh = mesh_lib.make_mesh(plan)
-    keys = rngs.member_keys(0, 2)
-    state = init_ensemble(model, tx, keys["init"], (28, 28, 1), mesh)
+    built = small_setup("mlp", 2, hidden=(64,), lr=0.05)
+    keys = built.member_keys()
+    state = built.init_state(keys["init"], (28, 28, 1))
     records = []
-    step = make_train_step(model, tx, mesh, "vmap")
     fit(
         state,
-        step,
+        built.train_step(),
         jax.device_put(images),
         jax.device_put(labels),
         keys["data"],
-        mesh,
+        built.mesh,
         epochs=3,
         batch_size=BATCH,
         on_epoch_end=lambda e, s, r: records.append(r),
@@ -125,10 +96,8 @@ def test_mesh_plans():
 
 def test_padded_members_are_real_members(mnist_train):
     images, labels = mnist_train[0][:N_TRAIN], mnist_train[1][:N_TRAIN]
-    model = build_model(ModelConfig(name="mlp", hidden_sizes=(16,)), 10)
-    tx = make_optimizer(TrainConfig())
-    padded, _ = _train(model, tx, images, labels, 3, mesh_lib.plan_mesh(3, 8, ensemble=2, pad=True), "vmap")
-    plain, _ = _train(model, tx, images, labels, 3, mesh_lib.plan_mesh(3, 8), "vmap")
+    padded, _ = train_small(small_setup("mlp", 3, ensemble=2, pad=True, hidden=(16,)), images, labels)
+    plain, _ = train_small(small_setup("mlp", 3, hidden=(16,)), images, labels)
     assert padded.params["Dense_0"]["kernel"].shape[0] == 4
     _assert_trees_close(jax.tree.map(lambda x: x[:3], padded.params), plain.params)
 
@@ -151,19 +120,16 @@ def test_cpu_step_compiler_options_and_donation(mnist_train, donate):
     """On CPU the step is compiled without YNNPACK fusions and, by default, without
     donation (the state stays usable); donate=True deletes the donated state."""
     images, labels = mnist_train[0][:N_TRAIN], mnist_train[1][:N_TRAIN]
-    model = build_model(ModelConfig(name="cnn"), 10)
-    tx = make_optimizer(TrainConfig())
-    plan = mesh_lib.plan_mesh(2, 2)
-    mesh = mesh_lib.make_mesh(plan)
-    keys = rngs.member_keys(0, 2)
-    state = init_ensemble(model, tx, keys["init"], images.shape[1:], mesh)
+    built = small_setup("cnn", 2, "unroll", devices=2)
+    model, mesh = built.model, built.mesh
+    state = built.init_state(built.member_keys()["init"], images.shape[1:])
     imgs = jax.device_put(images, mesh_lib.replicated(mesh))
     labs = jax.device_put(labels, mesh_lib.replicated(mesh))
     idx = jax.device_put(
         np.arange(2 * BATCH, dtype=np.int32).reshape(2, BATCH),
         jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("ensemble", "data")),
     )
-    step = make_train_step(model, tx, mesh, "unroll", donate=donate)
+    step = built.train_step(donate=donate)
     hlo = step.lower(state, imgs, labs, idx).compile().as_text()
     assert "__ynn_fusion" not in hlo
     # the evaluation of the same model keeps XLA:CPU's default (YNNPACK) fusions

@@ -2,24 +2,25 @@
 
     python -m tests.train_proc RUN_DIR TFDS_DIR [--fsize-limit-after-epoch N BYTES] [KEY=VALUE ...]
 
-Trains and evaluates through ``ensemble_core.pipeline`` (no Prefect), prints the
-training summary as JSON on the last stdout line; an EnsembleError prints ``error: ...``
-on stderr and exits as the CLI does (2, or 75 when preempted).
+Runs :func:`ensemble_core.runs.run` (no Prefect; promotion off), prints the training
+summary as JSON on the last stdout line; an EnsembleError prints ``error: ...`` on
+stderr and exits as the CLI does (2, or 75 when preempted).
 """
 
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
+import functools  # noqa: E402
 import json  # noqa: E402
 import resource  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
-from ensemble_core import pipeline  # noqa: E402
+from ensemble_core import runs  # noqa: E402
 from ensemble_core.config import load_config  # noqa: E402
-from ensemble_core.errors import EnsembleError  # noqa: E402
-from flows._cli import report_error  # noqa: E402
+from ensemble_core.errors import EnsembleError, PreemptedError  # noqa: E402
 
 BASE = [
     "data.max_train_examples=1024",
@@ -47,14 +48,14 @@ def main(argv: list[str]) -> int:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit[1], limit[1]))
 
+    run_path = Path(run_dir)
+    stages = runs.Stages(train=functools.partial(runs.train, on_epoch=on_epoch))
     try:
-        dataset = pipeline.prepare_dataset(cfg.data)
-        keys = pipeline.split_rngs(cfg, pipeline.plan(cfg).padded_members)
-        summary = pipeline.train_ensemble(cfg, dataset, keys, run_dir, on_epoch=on_epoch)
-        pipeline.evaluate(cfg, dataset, run_dir)
+        summary = runs.run(cfg, run_path.parent, run_path.name, stages).training
     except EnsembleError as err:
-        return report_error(err)
-    print(json.dumps({k: summary[k] for k in ("checkpoint_step", "resumed_from", "diverged_members")}))
+        print(f"error: {err}", file=sys.stderr)
+        return 75 if isinstance(err, PreemptedError) else 2
+    print(json.dumps(summary.model_dump(include={"checkpoint_step", "resumed_from", "diverged_members"})))
     return 0
 
 

@@ -1,17 +1,22 @@
-"""Models looked up by ``model.name``."""
+"""Models by name, one file each (big_vision style).
+
+``model.name: foo`` is the module ``ensemble_core/models/foo.py``, which defines
+``build(cfg: ModelConfig, num_classes: int) -> flax.linen.Module``: the network of one
+member, taking float32 images ``[B, H, W, C]`` in [0, 1] and returning float32 logits
+``[B, num_classes]``. Adding a model is adding that file; the config accepts every module
+found here (:data:`ensemble_core.config.MODEL_NAMES`).
+"""
 
 from __future__ import annotations
 
+import importlib
+
 import flax.linen as nn
 
-from ensemble_core.config import ModelConfig
+from ensemble_core.config import MODEL_NAMES, ModelConfig
 from ensemble_core.errors import ConfigError
-from ensemble_core.models.cnn import CNN
-from ensemble_core.models.mlp import MLP
 
-__all__ = ["CNN", "MLP", "build_model", "MODEL_NAMES"]
-
-MODEL_NAMES = ("cnn", "mlp")
+__all__ = ["MODEL_NAMES", "build_model"]
 
 
 def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
@@ -20,8 +25,6 @@ def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
     Raises:
       ConfigError: an unknown model name.
     """
-    if cfg.name == "cnn":
-        return CNN(num_classes=num_classes)
-    if cfg.name == "mlp":
-        return MLP(hidden_sizes=tuple(cfg.hidden_sizes), num_classes=num_classes)
-    raise ConfigError(f"unknown model.name '{cfg.name}'; fix: use one of {MODEL_NAMES}")
+    if cfg.name not in MODEL_NAMES:
+        raise ConfigError(f"unknown model.name '{cfg.name}'; fix: use one of {MODEL_NAMES}")
+    return importlib.import_module(f"ensemble_core.models.{cfg.name}").build(cfg, num_classes)

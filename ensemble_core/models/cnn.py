@@ -5,6 +5,8 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
+from ensemble_core.config import ModelConfig
+
 
 def avg_pool_2x2(x: jnp.ndarray) -> jnp.ndarray:
     """2x2 average pooling, stride 2, no padding: float ``[B, H, W, C]`` -> ``[B, H//2, W//2, C]``.
@@ -38,3 +40,8 @@ class CNN(nn.Module):
         x = nn.Dense(features=256)(x)
         x = nn.relu(x)
         return nn.Dense(features=self.num_classes)(x)
+
+
+def build(cfg: ModelConfig, num_classes: int) -> CNN:
+    """The registry's constructor (:mod:`ensemble_core.models`); ``cfg`` has nothing for the CNN."""
+    return CNN(num_classes=num_classes)

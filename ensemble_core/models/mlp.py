@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
+from ensemble_core.config import ModelConfig
+
 
 class MLP(nn.Module):
     """Flatten - (Dense - ReLU) per hidden size - Dense.
@@ -23,3 +25,8 @@ class MLP(nn.Module):
         for width in self.hidden_sizes:
             x = nn.relu(nn.Dense(features=width)(x))
         return nn.Dense(features=self.num_classes)(x)
+
+
+def build(cfg: ModelConfig, num_classes: int) -> MLP:
+    """The registry's constructor (:mod:`ensemble_core.models`): ``cfg.hidden_sizes`` widths."""
+    return MLP(hidden_sizes=tuple(cfg.hidden_sizes), num_classes=num_classes)

@@ -1,4 +1,4 @@
-"""Champion/challenger bookkeeping for nightly retraining (pure file I/O, no JAX).
+"""Champion/challenger for nightly retraining: the state files and the promotion policy.
 
 Files under an output directory:
 
@@ -33,16 +33,20 @@ import json
 import logging
 import math
 import os
-import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-CHAMPION_FILE = "champion.json"
-HISTORY_FILE = "history.jsonl"
-CORRUPT_DIR = "corrupt-state"
-LOCK_FILE = ".champion-state.lock"
-CHECKPOINT_DIR = "checkpoints"  # inside a champion's run_dir (as in ensemble_core.pipeline)
+from ensemble_core.config import PipelineConfig
+from ensemble_core.runs.checkpoint import EnsembleCheckpointer
+from ensemble_core.runs.layout import CHAMPION_FILE, HISTORY_FILE, OutputDir, RunDir, atomic_write_bytes
+from ensemble_core.runs.results import Evaluation, PromotionDecision
+
+if TYPE_CHECKING:
+    from ensemble_core.data import DatasetInfo
+
 HIGHER_IS_BETTER = {"accuracy": True, "nll": False, "brier": False, "ece": False}
 NO_CHAMPION = "this run will be judged as if there were no champion"
 
@@ -62,7 +66,7 @@ def read_champion(output_dir: str | Path) -> dict | None:
     Raises:
       OSError: the file exists but cannot be read, or cannot be moved aside (I/O failure).
     """
-    path = Path(output_dir) / CHAMPION_FILE
+    path = OutputDir(Path(output_dir)).champion
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -138,7 +142,7 @@ def write_champion(output_dir: str | Path, record: dict) -> None:
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps({**record, "promoted_at": dt.datetime.now(dt.UTC).isoformat()}, indent=2) + "\n"
-    _atomic_write(out / CHAMPION_FILE, text.encode())
+    atomic_write_bytes(OutputDir(out).champion, text.encode())
 
 
 def read_history(output_dir: str | Path) -> list[dict]:
@@ -153,7 +157,7 @@ def read_history(output_dir: str | Path) -> list[dict]:
       OSError: the history cannot be read or rewritten (I/O failure).
     """
     out = Path(output_dir)
-    if not (out / HISTORY_FILE).exists():
+    if not (OutputDir(out).history).exists():
         return []
     with _locked(out):
         return [row for row, _ in _read_history_locked(out)]
@@ -184,7 +188,7 @@ def append_history(output_dir: str | Path, row: dict) -> list[dict]:
             kept.append((old, line))
         if not placed:
             kept.append((row, new_line))
-        _atomic_write(out / HISTORY_FILE, b"".join(line + b"\n" for _, line in kept))
+        atomic_write_bytes(OutputDir(out).history, b"".join(line + b"\n" for _, line in kept))
     return [json.loads(line) for _, line in kept]
 
 
@@ -216,14 +220,14 @@ def _parse_champion(raw: bytes) -> tuple[dict | None, str | None]:
     run_dir = Path(record["run_dir"])
     if not run_dir.is_dir():
         return None, f"its run directory {run_dir} no longer exists"
-    if not (run_dir / CHECKPOINT_DIR).is_dir():
-        return None, f"its run directory {run_dir} has no {CHECKPOINT_DIR}/ in it"
+    if not RunDir(run_dir).checkpoints.is_dir():
+        return None, f"its run directory {run_dir} has no checkpoints/ in it"
     return record, None
 
 
 def _read_history_locked(out: Path) -> list[tuple[dict, bytes]]:
     """Intact ``(row, raw line)`` pairs; bad lines are set aside first (caller holds the lock)."""
-    path = out / HISTORY_FILE
+    path = OutputDir(out).history
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -244,8 +248,8 @@ def _read_history_locked(out: Path) -> list[tuple[dict, bytes]]:
     if bad:
         dest = _reserve(out, HISTORY_FILE, ".bad-lines", directory=False)
         try:
-            _atomic_write(dest, b"".join(line + b"\n" for _, line in bad))
-            _atomic_write(path, b"".join(line + b"\n" for _, line in good))
+            atomic_write_bytes(dest, b"".join(line + b"\n" for _, line in bad))
+            atomic_write_bytes(path, b"".join(line + b"\n" for _, line in good))
         except OSError:
             if dest.exists() and dest.stat().st_size == 0:
                 _unreserve(dest)
@@ -265,7 +269,7 @@ def _read_history_locked(out: Path) -> list[tuple[dict, bytes]]:
 
 def _reserve(out: Path, name: str, suffix: str, *, directory: bool) -> Path:
     """Create and return a new, unique ``<out>/corrupt-state/<name>.<UTC timestamp>[-N]<suffix>``."""
-    corrupt = out / CORRUPT_DIR
+    corrupt = OutputDir(out).corrupt_state
     corrupt.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     for n in range(10_000):
@@ -288,29 +292,93 @@ def _unreserve(dest: Path) -> None:
         pass
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a synced temporary file and ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 @contextmanager
 def _locked(out: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``<out>/.champion-state.lock``."""
-    with open(out / LOCK_FILE, "a") as f:
+    with open(OutputDir(out).champion_lock, "a") as f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+# MARK: the promotion policy
+
+
+def promote(
+    cfg: PipelineConfig,
+    dataset: DatasetInfo,
+    run_name: str,
+    run_dir: str | Path,
+    evaluation: Evaluation,
+    output_dir: str | Path,
+) -> PromotionDecision:
+    """Champion/challenger: promote this run if it is not worse than the champion on
+    ``promotion.metric`` (:func:`decide`).
+
+    Both are scored on this run's test split: when the champion was measured on another
+    data config, its checkpoint is re-evaluated on this one first. The champion pointer
+    is replaced atomically and this run's row of ``history.jsonl`` is written (replaced
+    when a retry writes it again). A damaged champion pointer, or a champion whose run
+    cannot be read back, is set aside in ``<output_dir>/corrupt-state/`` with a warning and
+    the run is judged as if there were no champion.
+
+    Raises:
+      OSError: the output directory cannot be written.
+    """
+    from ensemble_core.runs.evaluation import evaluate  # the champion's re-evaluation
+
+    metric = cfg.promotion.metric
+    data_key = cfg.data.model_dump(mode="json")
+    current = read_champion(output_dir)
+    champion_metrics = None
+    if current is not None:
+        if current["data"] == data_key:
+            champion_metrics = current["metrics"]
+        else:
+            try:
+                with EnsembleCheckpointer(RunDir(Path(current["run_dir"])).checkpoints) as ckpt:
+                    meta = ckpt.read_meta()
+                champion_cfg = PipelineConfig.model_validate({**meta["config"], "data": data_key})
+                champion_metrics = evaluate(champion_cfg, dataset, current["run_dir"], write=False).ensemble
+            except Exception as err:  # noqa: BLE001  (orbax/pydantic/JAX raise many types for a damaged run)
+                # The champion's run cannot be re-evaluated (checkpoints damaged or of an
+                # older format): set the pointer aside, as a damaged pointer is.
+                set_aside(
+                    output_dir,
+                    CHAMPION_FILE,
+                    f"its run {current['run_dir']} cannot be re-evaluated on this data config "
+                    f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})",
+                    consequence=NO_CHAMPION,
+                )
+                current, champion_metrics = None, None
+    promoted, reason = decide(evaluation.ensemble, champion_metrics, metric)
+    if promoted:
+        write_champion(
+            output_dir,
+            {
+                "run_name": run_name,
+                "run_dir": str(Path(run_dir).absolute()),
+                "data": data_key,
+                "metrics": evaluation.ensemble,
+            },
+        )
+    history = append_history(
+        output_dir,
+        {
+            "run_name": run_name,
+            **{k: round(v, 6) for k, v in evaluation.ensemble.items()},
+            "promoted": promoted,
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        },
+    )
+    return PromotionDecision(
+        promoted=promoted,
+        reason=reason,
+        metric=metric,
+        challenger=evaluation.ensemble,
+        champion=champion_metrics,
+        champion_run=current["run_name"] if current else None,
+        history=history,
+    )

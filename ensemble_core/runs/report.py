@@ -1,16 +1,16 @@
-"""The run report: ``report.json``, ``report.md`` and matplotlib plots in ``plots/``."""
+"""The run report: ``report.json``, ``report.md`` and the training curves in ``plots/``
+(each evaluator draws its own plots, :mod:`ensemble_core.evaluators`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from ensemble_core import metrics as metrics_lib  # noqa: E402
+from ensemble_core import evaluators
+from ensemble_core.plotting import plt, save
+from ensemble_core.runs.layout import RunDir, atomic_write_json, atomic_write_text
+from ensemble_core.runs.results import Evaluation, PromotionDecision, TrainingSummary
 
 SCORE_KEYS = ("accuracy", "nll", "brier", "ece")
 
@@ -18,46 +18,52 @@ SCORE_KEYS = ("accuracy", "nll", "brier", "ece")
 def build_report(
     run_name: str,
     config: dict,
-    train_summary: dict,
-    evaluation: dict,
+    training: TrainingSummary,
+    evaluation: Evaluation,
     run_dir: str | Path,
-    promotion: dict | None = None,
+    promotion: PromotionDecision | None = None,
 ) -> dict:
     """Assemble the ``report.json`` object (see the README for every key).
 
-    ``promotion`` is the champion/challenger decision
-    (:func:`ensemble_core.pipeline.compare_with_champion`), stored without its history."""
+    The ``test`` evaluator's figures are the top-level ``ensemble``, ``members``,
+    ``member_mean``, ``diversity`` and ``diverged_members``; any other evaluator's are
+    under ``evaluations.<name>`` (``metrics`` and ``plots``). ``promotion`` is the
+    champion/challenger decision (:func:`ensemble_core.runs.champion.promote`), stored
+    without its history."""
+    train_summary = training.to_json()
+    test = evaluation.test
     timing = train_summary["timing"]
-    return {
+    plots = {**evaluation.results["test"].plots, "training_curves": "plots/training_curves.png"}
+    others = {name: r.to_json() for name, r in evaluation.results.items() if name != "test"}
+    report = {
         "run_name": run_name,
         "config": config,
         "backend": train_summary["backend"],
         "devices": train_summary["devices"],
         "mesh": train_summary["mesh"],
         "strategy": train_summary["strategy"],
-        "ensemble": evaluation["ensemble"],
-        "members": evaluation["members"],
-        "member_mean": evaluation["member_mean"],
-        "diversity": evaluation["diversity"],
-        "diverged_members": evaluation["diverged_members"],
+        "ensemble": test["ensemble"],
+        "members": test["members"],
+        "member_mean": test["member_mean"],
+        "diversity": test["diversity"],
+        "diverged_members": test["diverged_members"],
         "timing": {
             "compile_seconds": timing["compile_seconds"],
             "train_seconds": timing["train_seconds"],
             "train_member_images_per_s": timing["train_member_images_per_s"],
-            "eval_member_images_per_s": evaluation["eval_member_images_per_s"],
+            "eval_member_images_per_s": test["eval_member_images_per_s"],
         },
         "checkpoint": {"dir": train_summary["checkpoint_dir"], "step": train_summary["checkpoint_step"]},
         "resumed_from_epoch": train_summary["resumed_from"],
-        "training_stretches": train_summary.get("stretches", []),
+        "training_stretches": train_summary["stretches"],
         "history": train_summary["history"],
-        "plots": {
-            "reliability": "plots/reliability.png",
-            "members": "plots/members.png",
-            "training_curves": "plots/training_curves.png",
-        },
+        "plots": plots,
         "run_dir": str(run_dir),
-        "promotion": None if promotion is None else {k: v for k, v in promotion.items() if k != "history"},
+        "promotion": None if promotion is None else promotion.model_dump(mode="json", exclude={"history"}),
     }
+    if others:
+        report["evaluations"] = others
+    return report
 
 
 def _fmt(x: float) -> str:
@@ -123,68 +129,44 @@ def render_markdown(report: dict, plots: bool = True) -> str:
                 + " |",
                 "",
             ]
+    for name, section in (report.get("evaluations") or {}).items():
+        module = evaluators.get(name)
+        if hasattr(module, "markdown"):
+            lines += [*module.markdown(section["metrics"]), ""]
     if plots:
-        lines += [
-            "![reliability](plots/reliability.png) ![members](plots/members.png) "
-            "![training curves](plots/training_curves.png)",
-            "",
-        ]
+        lines += [" ".join(f"![{key.replace('_', ' ')}]({path})" for key, path in report["plots"].items()), ""]
     else:
         lines += [f"Plots: `{report['run_dir']}/plots/`.", ""]
     return "\n".join(lines)
 
 
-def make_plots(report: dict, member_probs: np.ndarray, labels: np.ndarray, plots_dir: str | Path) -> list[Path]:
-    """Reliability diagram (ensemble vs best member), per-member vs ensemble accuracy/NLL,
-    per-member training curves. Returns the PNG paths."""
-    plots_dir = Path(plots_dir)
-    plots_dir.mkdir(parents=True, exist_ok=True)
-    bins = report["config"]["eval"]["ece_bins"]
-    paths = []
-
-    best = int(np.argmin([m["nll"] for m in report["members"]]))
-    fig, ax = plt.subplots(figsize=(5, 5))
-    ax.plot([0, 1], [0, 1], "k:", label="perfect calibration")
-    for name, probs in (
-        (f"ensemble (ECE {report['ensemble']['ece']:.3f})", metrics_lib.ensemble_probs(member_probs)),
-        (f"best member {best} (ECE {report['members'][best]['ece']:.3f})", member_probs[best]),
-    ):
-        curve = metrics_lib.reliability_curve(probs, labels, bins)
-        xs = [c for c, n in zip(curve["confidence"], curve["count"], strict=True) if n]
-        ys = [a for a, n in zip(curve["accuracy"], curve["count"], strict=True) if n]
-        ax.plot(xs, ys, "o-", label=name)
-    ax.set(xlabel="confidence (top label)", ylabel="accuracy", title="Reliability diagram", xlim=(0, 1), ylim=(0, 1))
-    ax.legend(loc="upper left", fontsize=8)
-    paths.append(_save(fig, plots_dir / "reliability.png"))
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    e = len(report["members"])
-    for ax, key, label in ((axes[0], "accuracy", "test accuracy"), (axes[1], "nll", "test NLL (nats)")):
-        ax.bar(range(e), [m[key] for m in report["members"]], color="tab:blue", label="members")
-        ax.axhline(report["ensemble"][key], color="tab:red", label="ensemble")
-        ax.axhline(report["member_mean"][key], color="tab:gray", linestyle="--", label="member mean")
-        values = [m[key] for m in report["members"]] + [report["ensemble"][key]]
-        span = max(values) - min(values) or abs(max(values)) * 0.1 or 0.1
-        ax.set_ylim(min(values) - span, max(values) + span)
-        ax.set(xlabel="member", ylabel=label, title=f"{label}: members vs ensemble")
-        ax.legend(fontsize=8)
-    paths.append(_save(fig, plots_dir / "members.png"))
-
+def plot_training_curves(report: dict, plots_dir: str | Path) -> Path:
+    """``training_curves.png``: every member's training loss and accuracy per epoch."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     hist = report["history"]
     epochs = [r["epoch"] for r in hist]
     for ax, key, label in ((axes[0], "train_loss", "train loss (nats)"), (axes[1], "train_accuracy", "train accuracy")):
         values = np.asarray([r[key] for r in hist])  # [epochs, E_trained]
-        for m in range(e):
+        for m in range(len(report["members"])):
             ax.plot(epochs, values[:, m], marker=".", label=f"member {m}")
         ax.set(xlabel="epoch", ylabel=label, title=f"{label} per member")
     axes[0].legend(fontsize=7, ncol=2)
-    paths.append(_save(fig, plots_dir / "training_curves.png"))
-    return paths
+    return save(fig, Path(plots_dir) / "training_curves.png")
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+def write_report(
+    run_name: str,
+    config: dict,
+    training: TrainingSummary,
+    evaluation: Evaluation,
+    run_dir: str | Path,
+    promotion: PromotionDecision | None = None,
+) -> dict:
+    """Write ``report.json``, ``report.md`` and ``plots/training_curves.png`` (atomically,
+    the plot first); returns the report dict (:func:`build_report`)."""
+    run = RunDir(Path(run_dir))
+    rep = build_report(run_name, config, training, evaluation, run.path, promotion)
+    plot_training_curves(rep, run.plots)
+    atomic_write_json(run.report_json, rep)
+    atomic_write_text(run.report_md, render_markdown(rep))
+    return rep

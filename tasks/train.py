@@ -1,4 +1,5 @@
-"""Prefect task: train (or resume) the ensemble; live progress artifact and terminal bar."""
+"""Prefect task: train (or resume) the ensemble; live progress artifact and terminal bar;
+wraps :func:`ensemble_core.runs.train`."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from tqdm.auto import tqdm
 
-from ensemble_core import pipeline
+from ensemble_core import runs
 from ensemble_core.config import PipelineConfig
+from ensemble_core.data import DatasetInfo
 from tasks import TRANSIENT_RETRIES
 
 PROGRESS_KEY = "training-progress"
@@ -19,7 +21,7 @@ PROGRESS_INTERVAL_S = 10.0  # at most one progress-artifact update per 10 s of t
 
 
 @task(name="train_ensemble", **TRANSIENT_RETRIES)
-def train_ensemble(config: PipelineConfig, dataset: dict, keys: dict, run_dir: str) -> dict:
+def train_members(config: PipelineConfig, dataset: DatasetInfo, keys: dict, run_dir: str) -> runs.TrainingSummary:
     """Train ``config.ensemble.size`` members; returns the training summary dict."""
     logger = get_run_logger()
     total = config.train.epochs
@@ -48,19 +50,19 @@ def train_ensemble(config: PipelineConfig, dataset: dict, keys: dict, run_dir: s
         )
 
     try:
-        summary = pipeline.train_ensemble(config, dataset, keys, Path(run_dir), on_step=on_step, on_epoch=on_epoch)
+        summary = runs.train(config, dataset, keys, Path(run_dir), on_step=on_step, on_epoch=on_epoch)
     finally:
         bar.close()
     update_progress_artifact(artifact_id, progress=100.0)
-    if summary["resumed_from"] is not None:
-        logger.info("resumed from the checkpoint of epoch %d", summary["resumed_from"])
+    if summary.resumed_from is not None:
+        logger.info("resumed from the checkpoint of epoch %d", summary.resumed_from)
     logger.info(
         "trained on %s (%d devices, mesh %s, strategy %s): compile %.2f s, train %.1f s",
-        summary["backend"],
-        summary["devices"],
-        summary["mesh"],
-        summary["strategy"],
-        summary["timing"]["compile_seconds"],
-        summary["timing"]["train_seconds"],
+        summary.backend,
+        summary.devices,
+        summary.mesh,
+        summary.strategy,
+        summary.timing.compile_seconds,
+        summary.timing.train_seconds,
     )
     return summary

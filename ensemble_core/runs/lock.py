@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ensemble_core.errors import RunLockedError
-
-LOCK_FILE = ".lock"
+from ensemble_core.runs.layout import RunDir
 
 
 @contextlib.contextmanager
@@ -26,7 +25,7 @@ def run_lock(run_dir: str | Path) -> Iterator[None]:
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(RunDir(run_dir).lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -43,7 +42,7 @@ def _refusal(run_dir: Path, fd: int) -> RunLockedError:
     holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
     return RunLockedError(
         f"run directory '{run_dir}' is in use by another run (pid {holder}); fix: wait for it to "
-        f"finish or choose another --run-name"
+        f"finish or choose another run_name"
     )
 
 
@@ -53,7 +52,7 @@ def ensure_unlocked(run_dir: str | Path) -> None:
     Raises:
       RunLockedError: another process holds it (the same error :func:`run_lock` raises).
     """
-    path = Path(run_dir) / LOCK_FILE
+    path = RunDir(Path(run_dir)).lock
     if not path.exists():
         return
     fd = os.open(path, os.O_RDONLY)

@@ -1,7 +1,7 @@
 """orbax checkpoints of the ensemble state, with the run's metadata saved beside it as JSON.
 
-Layout (orbax ``CheckpointManager``): ``<run>/checkpoints/<epoch>/{state,meta}/``, where
-the step number is the number of completed epochs. ``state`` is the struct-of-arrays
+Layout (orbax ``CheckpointManager``): ``<run>/checkpoints/<step>/{state,meta}/``, where
+the step number is the global optimizer step. ``state`` is the struct-of-arrays
 :class:`~ensemble_core.train.EnsembleState` (``StandardSave``); ``meta`` is JSON with the
 config, the epoch, the data position and the training history so far. Saves are
 asynchronous; :meth:`EnsembleCheckpointer.close` waits for them.
@@ -31,10 +31,13 @@ class EnsembleCheckpointer:
       directory: the ``checkpoints/`` directory (created if missing).
       keep: how many of the latest checkpoints to keep (orbax ``LatestN`` preservation
         policy, the successor of ``max_to_keep``).
+      quarantine_dir: where unreadable steps are moved (default: ``corrupt-checkpoints/``
+        beside ``directory``).
     """
 
-    def __init__(self, directory: str | Path, keep: int = 3):
+    def __init__(self, directory: str | Path, keep: int = 3, quarantine_dir: str | Path | None = None):
         self.directory = Path(directory).absolute()
+        self.quarantine_dir = Path(quarantine_dir or self.directory.parent / "corrupt-checkpoints").absolute()
         options = ocp.CheckpointManagerOptions(
             preservation_policy=pp.LatestN(n=keep),
             enable_async_checkpointing=True,
@@ -114,7 +117,7 @@ class EnsembleCheckpointer:
         except (ValueError, KeyError, TypeError) as err:
             raise CheckpointError(
                 f"checkpoint {step} in {self.directory} does not fit this config ({err}); fix: use "
-                f"another --run-name or the config the run was started with"
+                f"another run_name or the config the run was started with"
             ) from None
         return out["state"], out["meta"]
 
@@ -122,7 +125,7 @@ class EnsembleCheckpointer:
         """Restore the newest checkpoint that reads back, falling back to older ones.
 
         A step that cannot be read (a truncated or deleted file, a half-written save) is
-        reported with a warning naming it and moved to ``<run>/corrupt-checkpoints/`` so
+        reported with a warning naming it and moved to ``quarantine_dir`` so
         that later saves cannot collide with it; valid checkpoints are never touched.
         ``check(meta)`` runs on the newest readable metadata before any array is read
         (it raises to refuse an incompatible run).
@@ -149,12 +152,12 @@ class EnsembleCheckpointer:
             except Exception as err:  # orbax/tensorstore raise many types for damaged files
                 self._quarantine(step, err)
         raise CheckpointError(
-            f"no readable checkpoint in {self.directory}; fix: delete the run directory or use another --run-name"
+            f"no readable checkpoint in {self.directory}; fix: delete the run directory or use another run_name"
         )
 
     def _quarantine(self, step: int, err: Exception) -> None:
         bad = self.directory / str(step)
-        dest = self.directory.parent / "corrupt-checkpoints" / f"{step}-{int(time.time())}"
+        dest = self.quarantine_dir / f"{step}-{int(time.time())}"
         warnings.warn(
             f"checkpoint step {step} in {self.directory} is unreadable ({type(err).__name__}: "
             f"{str(err)[:200]}); moved to {dest}, falling back to an older step",

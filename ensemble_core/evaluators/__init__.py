@@ -1,0 +1,77 @@
+"""Evaluators by name, one module each (``eval.evaluators`` in the config).
+
+An evaluator scores the trained members on data it chooses. The module
+``ensemble_core/evaluators/<name>.py`` defines:
+
+- ``evaluate(ctx: EvalContext) -> EvaluatorOutput`` (required): loads or builds its data
+  (``ctx.load(split)``, or a transformed test set, or another dataset), gets every
+  member's probabilities through ``ctx.predict`` and returns its metrics (a JSON object
+  of its own shape) and the arrays to keep;
+- ``plot(metrics: dict, arrays: dict, plots_dir: Path, config) -> dict[str, Path]`` (optional):
+  draws its PNGs into ``plots_dir`` and returns them by name;
+- ``markdown(metrics: dict) -> list[str]`` (optional): its section of ``report.md``.
+
+The run layer (:mod:`ensemble_core.runs.evaluation`) writes the arrays to
+``<run>/predictions.npz`` for ``test`` and ``<run>/eval/<name>.npz`` for the others, and
+the report puts the metrics of ``test`` at the top of ``report.json`` and every other
+evaluator's under ``evaluations.<name>``. Evaluators do no file I/O of their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from ensemble_core.config import EVALUATOR_NAMES, PipelineConfig
+from ensemble_core.data import DatasetInfo
+from ensemble_core.errors import ConfigError
+
+__all__ = ["EVALUATOR_NAMES", "EvalContext", "EvaluatorOutput", "get"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalContext:
+    """What an evaluator may use.
+
+    Attributes:
+      config: the run's config (``eval.batch_size``, ``eval.ece_bins``, ...).
+      dataset: the training dataset's info (classes, image shape).
+      healthy: bool ``[E]``; False for a member that diverged and was frozen (left out
+        of ensemble figures).
+      predict: ``predict(images) -> (member_probs, member_images_per_s)``: images uint8
+        ``[N, H, W, C]`` (or float in [0, 1]) -> float32 ``[E, N, C]`` probabilities of
+        every member, and the steady-state throughput.
+      load: ``load(split) -> (images uint8 [N, H, W, C], labels int32 [N])`` of the
+        training dataset ('train' or 'test', capped as the config says).
+    """
+
+    config: PipelineConfig
+    dataset: DatasetInfo
+    healthy: np.ndarray
+    predict: Callable[[np.ndarray], tuple[np.ndarray, float]]
+    load: Callable[[str], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluatorOutput:
+    """An evaluator's result: ``metrics`` (JSON-able) and ``arrays`` (numpy arrays to keep
+    in the run directory; see the module docstring)."""
+
+    metrics: dict[str, Any]
+    arrays: dict[str, np.ndarray]
+
+
+def get(name: str) -> ModuleType:
+    """The evaluator module ``name``.
+
+    Raises:
+      ConfigError: no such evaluator.
+    """
+    if name not in EVALUATOR_NAMES:
+        raise ConfigError(f"unknown evaluator '{name}'; fix: use one of {EVALUATOR_NAMES} in eval.evaluators")
+    return importlib.import_module(f"ensemble_core.evaluators.{name}")

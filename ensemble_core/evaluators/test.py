@@ -1,0 +1,70 @@
+"""The test split: accuracy, NLL, Brier score and ECE of the ensemble, of every member and
+of the mean member, and the ensemble's diversity (:func:`ensemble_core.metrics.evaluate_all`).
+
+Arrays (``<run>/predictions.npz``): ``member_probs`` float32 ``[E, N, C]``, ``labels``
+int32 ``[N]``, ``healthy`` bool ``[E]``. Plots: a reliability diagram (ensemble vs best
+member) and per-member vs ensemble accuracy and NLL.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ensemble_core import metrics as metrics_lib
+from ensemble_core.config import PipelineConfig
+from ensemble_core.evaluators import EvalContext, EvaluatorOutput
+from ensemble_core.plotting import plt, save
+
+
+def evaluate(ctx: EvalContext) -> EvaluatorOutput:
+    """Every member on the test split.
+
+    Returns:
+      metrics: :func:`ensemble_core.metrics.evaluate_all` (``ensemble``, ``members``,
+      ``member_mean``, ``diversity``, ``diverged_members``) plus
+      ``eval_member_images_per_s``.
+    """
+    images, labels = ctx.load("test")
+    probs, throughput = ctx.predict(images)
+    metrics = metrics_lib.evaluate_all(probs, labels, ctx.config.eval.ece_bins, healthy=ctx.healthy)
+    metrics["eval_member_images_per_s"] = throughput
+    arrays = {"member_probs": probs, "labels": labels.astype(np.int32), "healthy": ctx.healthy}
+    return EvaluatorOutput(metrics=metrics, arrays=arrays)
+
+
+def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig) -> dict[str, Path]:
+    """``reliability.png`` (ensemble vs the best member by NLL) and ``members.png``."""
+    member_probs, labels = arrays["member_probs"], arrays["labels"]
+    members, ensemble = metrics["members"], metrics["ensemble"]
+    paths = {}
+
+    best = int(np.argmin([m["nll"] for m in members]))
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.plot([0, 1], [0, 1], "k:", label="perfect calibration")
+    for name, probs in (
+        (f"ensemble (ECE {ensemble['ece']:.3f})", metrics_lib.ensemble_probs(member_probs)),
+        (f"best member {best} (ECE {members[best]['ece']:.3f})", member_probs[best]),
+    ):
+        curve = metrics_lib.reliability_curve(probs, labels, config.eval.ece_bins)
+        xs = [c for c, n in zip(curve["confidence"], curve["count"], strict=True) if n]
+        ys = [a for a, n in zip(curve["accuracy"], curve["count"], strict=True) if n]
+        ax.plot(xs, ys, "o-", label=name)
+    ax.set(xlabel="confidence (top label)", ylabel="accuracy", title="Reliability diagram", xlim=(0, 1), ylim=(0, 1))
+    ax.legend(loc="upper left", fontsize=8)
+    paths["reliability"] = save(fig, plots_dir / "reliability.png")
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    e = len(members)
+    for ax, key, label in ((axes[0], "accuracy", "test accuracy"), (axes[1], "nll", "test NLL (nats)")):
+        ax.bar(range(e), [m[key] for m in members], color="tab:blue", label="members")
+        ax.axhline(ensemble[key], color="tab:red", label="ensemble")
+        ax.axhline(metrics["member_mean"][key], color="tab:gray", linestyle="--", label="member mean")
+        values = [m[key] for m in members] + [ensemble[key]]
+        span = max(values) - min(values) or abs(max(values)) * 0.1 or 0.1
+        ax.set_ylim(min(values) - span, max(values) + span)
+        ax.set(xlabel="member", ylabel=label, title=f"{label}: members vs ensemble")
+        ax.legend(fontsize=8)
+    paths["members"] = save(fig, plots_dir / "members.png")
+    return paths

@@ -1,0 +1,114 @@
+"""The run layer: everything that knows a run directory, and the sequence of a run.
+
+Still no Prefect: arrays and files here, orchestration in ``flows/`` and ``tasks/``.
+One home per concern:
+
+==================  =======================================================================
+``layout``          the run directory's and output directory's paths; atomic writes;
+                    output dir and run name checks
+``lock``            the run directory's lock (one trainer per run)
+``checkpoint``      orbax checkpoints of the ensemble state plus JSON metadata
+``dataset``         the config's data section applied (prepare, load a split)
+``resume``          which config changes a run's checkpoints allow
+``preflight``       every check before any compute or write
+``training``        member keys; training with resume, checkpoints and stop signals
+``evaluation``      restore; the evaluators (:mod:`ensemble_core.evaluators`); prediction
+``champion``        the champion/challenger state files and the promotion policy
+``report``          ``report.json``, ``report.md``, the training curves
+``results``         the typed values stages hand each other
+==================  =======================================================================
+
+:func:`run` is the one sequence: preflight -> prepare the dataset -> split member keys
+-> train -> evaluate -> champion/challenger -> report. The Prefect flow runs it with
+each stage replaced by its task (:class:`Stages`); the benchmarks and tests run it as is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ensemble_core.config import PipelineConfig
+from ensemble_core.runs.champion import promote
+from ensemble_core.runs.dataset import prepare
+from ensemble_core.runs.evaluation import evaluate, predict_images
+from ensemble_core.runs.layout import OutputDir, RunDir
+from ensemble_core.runs.preflight import preflight
+from ensemble_core.runs.report import write_report
+from ensemble_core.runs.results import Evaluation, PromotionDecision, TrainingSummary
+from ensemble_core.runs.training import split_keys, train
+from ensemble_core.setup import plan
+
+__all__ = [
+    "Evaluation",
+    "OutputDir",
+    "PromotionDecision",
+    "RunDir",
+    "RunResult",
+    "Stages",
+    "TrainingSummary",
+    "evaluate",
+    "predict_images",
+    "preflight",
+    "prepare",
+    "promote",
+    "run",
+    "split_keys",
+    "train",
+    "write_report",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stages:
+    """The callables :func:`run` chains, each with the signature of its default.
+
+    The Prefect flow passes its tasks here (thin wrappers over the defaults), a caller
+    that wants progress passes its own ``train`` (e.g. ``functools.partial(train,
+    on_epoch=...)``).
+    """
+
+    preflight: Callable[..., Any] = preflight
+    prepare: Callable[..., Any] = prepare
+    split_keys: Callable[..., Any] = split_keys
+    train: Callable[..., Any] = train
+    evaluate: Callable[..., Any] = evaluate
+    promote: Callable[..., Any] = promote
+    report: Callable[..., Any] = write_report
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """What :func:`run` did: the run directory and every stage's result."""
+
+    run_dir: RunDir
+    training: TrainingSummary
+    evaluation: Evaluation
+    promotion: PromotionDecision | None
+
+
+def run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Stages = Stages()) -> RunResult:
+    """Train, checkpoint, evaluate, judge against the champion and report one run.
+
+    Re-using a run name resumes that run (from its latest checkpoint; a finished run is
+    evaluated and reported again). The run directory is ``<output_dir>/<run_name>``.
+
+    Raises:
+      EnsembleError: preflight refused the run (nothing computed or written), or a stage
+        failed (ConfigError, MeshError, DataError, RunLockedError, IncompatibleRunError,
+        CheckpointError, DivergenceError), or training was stopped (PreemptedError,
+        after a checkpoint).
+    """
+    stages.preflight(cfg, output_dir, run_name)
+    run_dir = OutputDir(Path(output_dir)).run(run_name)
+    dataset = stages.prepare(cfg.data)
+    keys = stages.split_keys(cfg, plan(cfg).padded_members)
+    training = stages.train(cfg, dataset, keys, str(run_dir.path))
+    evaluation = stages.evaluate(cfg, dataset, str(run_dir.path))
+    decision = None
+    if cfg.promotion.enabled:
+        decision = stages.promote(cfg, dataset, run_name, str(run_dir.path), evaluation, str(output_dir))
+    stages.report(run_name, cfg.model_dump(mode="json"), training, evaluation, str(run_dir.path), decision)
+    return RunResult(run_dir=run_dir, training=training, evaluation=evaluation, promotion=decision)

@@ -1,0 +1,232 @@
+"""Where a run's files live, and the one way they are written (atomically).
+
+A run directory ``<output_dir>/<run_name>/``::
+
+    .lock                    advisory lock of the process training in it (lock.py)
+    checkpoints/<step>/      orbax checkpoints, named by global optimizer step (checkpoint.py)
+    corrupt-checkpoints/     unreadable steps set aside on resume
+    predictions.npz          the test evaluator's member probabilities (evaluation.py)
+    eval/<evaluator>.npz     every other evaluator's arrays
+    report.json, report.md   the report (report.py)
+    plots/*.png
+
+The output directory ``<output_dir>/`` also holds the champion state (champion.py):
+``champion.json``, ``history.jsonl``, ``corrupt-state/`` and ``.champion-state.lock``.
+
+Every file the run layer writes goes through :func:`atomic_write`: a synced temporary
+file in the same directory, then ``os.replace``, so a reader sees the old file or the
+new one, never a half-written one, whatever kills the writer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from ensemble_core.errors import ConfigError
+
+RUN_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+CHAMPION_FILE = "champion.json"
+HISTORY_FILE = "history.jsonl"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDir:
+    """Every path of one run directory (nothing is created by naming it)."""
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def lock(self) -> Path:
+        return self.path / ".lock"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def corrupt_checkpoints(self) -> Path:
+        return self.path / "corrupt-checkpoints"
+
+    @property
+    def predictions(self) -> Path:
+        return self.path / "predictions.npz"
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.path / "eval"
+
+    def evaluator_arrays(self, name: str) -> Path:
+        """Where evaluator ``name`` keeps its arrays: ``predictions.npz`` for ``test``
+        (the file every earlier release wrote), ``eval/<name>.npz`` for the others."""
+        return self.predictions if name == "test" else self.eval_dir / f"{name}.npz"
+
+    @property
+    def report_json(self) -> Path:
+        return self.path / "report.json"
+
+    @property
+    def report_md(self) -> Path:
+        return self.path / "report.md"
+
+    @property
+    def plots(self) -> Path:
+        return self.path / "plots"
+
+    def has_checkpoint(self) -> bool:
+        """Whether a finished checkpoint step (a digit-named directory) is present."""
+        return self.checkpoints.is_dir() and any(p.name.isdigit() for p in self.checkpoints.iterdir())
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputDir:
+    """The parent of run directories, holding the champion state shared by its runs."""
+
+    path: Path
+
+    def run(self, run_name: str) -> RunDir:
+        return RunDir(self.path / run_name)
+
+    @property
+    def champion(self) -> Path:
+        return self.path / CHAMPION_FILE
+
+    @property
+    def history(self) -> Path:
+        return self.path / HISTORY_FILE
+
+    @property
+    def corrupt_state(self) -> Path:
+        return self.path / "corrupt-state"
+
+    @property
+    def champion_lock(self) -> Path:
+        return self.path / ".champion-state.lock"
+
+
+# MARK: atomic writes
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """Write ``path`` through ``write(file)`` on a synced temporary file in the same
+    directory (``.<name>.<random>.tmp``), then ``os.replace``; the temporary file is
+    removed if anything fails. Creates the parent directory.
+
+    Raises:
+      OSError: the directory cannot be written (read-only, full, missing permissions).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """:func:`atomic_write` of ``data``."""
+    atomic_write(path, lambda f: f.write(data))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """:func:`atomic_write` of ``text`` (UTF-8)."""
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """:func:`atomic_write` of ``obj`` as indented JSON plus a newline."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def atomic_savez(path: Path, **arrays: np.ndarray) -> None:
+    """:func:`atomic_write` of ``np.savez`` (uncompressed ``.npz``) of ``arrays``."""
+    atomic_write(path, lambda f: np.savez(f, **arrays))
+
+
+# MARK: checks of the places a run writes to
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists (what a later mkdir would create in)."""
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def check_output_dir(output_dir: str | Path) -> Path:
+    """Check that ``output_dir`` is, or can be created as, a writable directory; creates
+    nothing (the run creates it when it starts writing).
+
+    Raises:
+      ConfigError: it is not a directory, or it (or the directory it would be created in)
+        is not writable.
+    """
+    out = Path(output_dir)
+    if out.exists():
+        if not out.is_dir():
+            raise ConfigError(f"output directory '{out}' is a file; fix: pass a directory as output_dir")
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise ConfigError(f"output directory '{out}' is not writable; fix: pass a writable output_dir")
+        return out
+    parent = nearest_existing(out.absolute().parent)
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        what = "is a file" if not parent.is_dir() else "is not writable"
+        raise ConfigError(f"cannot create output directory '{out}': '{parent}' {what}; fix: pass a writable output_dir")
+    return out
+
+
+def check_run_name(run_name: str, output_dir: str | Path = ".") -> str:
+    """A run name is one directory name of letters, digits, '.', '_' and '-' (starting with
+    a letter or digit) that the file system of ``output_dir`` can hold: so the run
+    directory, printed as the CLI's last line, is one unambiguous path.
+
+    Raises:
+      ConfigError: empty, another character (a path separator, a space, a newline, ...),
+        or longer than the file system's NAME_MAX (255 bytes on Linux file systems).
+    """
+    if not isinstance(run_name, str) or not RUN_NAME_PATTERN.fullmatch(run_name):
+        raise ConfigError(
+            f"run name {run_name!r} is not a single directory name; fix: use letters, digits, '-', '_' or '.', "
+            f"starting with a letter or digit"
+        )
+    parent = nearest_existing(Path(output_dir).absolute())
+    try:
+        name_max = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    if len(run_name.encode()) > name_max:
+        raise ConfigError(
+            f"run name is {len(run_name.encode())} bytes, longer than the {name_max} the file system of "
+            f"'{parent}' allows; fix: use a shorter run_name"
+        )
+    return run_name
+
+
+def run_dir_for(output_dir: str | Path, run_name: str) -> RunDir:
+    """The checked :class:`RunDir` of ``run_name`` under ``output_dir`` (creates nothing).
+
+    Raises:
+      ConfigError: see :func:`check_output_dir` and :func:`check_run_name`.
+    """
+    return RunDir(check_output_dir(output_dir) / check_run_name(run_name, output_dir))

@@ -1,0 +1,91 @@
+"""What the stages of a run hand each other: small, typed, JSON-able (pydantic) values.
+
+Prefect passes them between tasks as they are, and :mod:`ensemble_core.runs.report`
+writes them into ``report.json`` (whose keys the README documents). Arrays never travel
+here: they stay in the run directory's files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object (``model_dump(mode="json")``)."""
+        return self.model_dump(mode="json")
+
+
+class TrainingTiming(_Result):
+    """Wall-clock figures of one stretch of training (seconds; steady state)."""
+
+    compile_seconds: float  # lowering + compiling the step (0 when no step ran)
+    train_seconds: float  # all steps, checkpoint callbacks excluded
+    steps: int  # optimizer steps run by this call
+    stopped_at: dict | None = None  # the DataPosition where a stop request ended it
+    train_member_images_per_s: float | None = None  # steps * batch * E / train_seconds
+
+
+class TrainingSummary(_Result):
+    """What training did (:func:`ensemble_core.runs.training.train`).
+
+    ``history``: one record per epoch (``epoch``, ``train_loss``/``train_accuracy``: lists
+    of E_trained floats, ``diverged_members``). ``stretches``: one record per stretch of
+    training (the first run and each resume; see the README's resume policy).
+    """
+
+    checkpoint_dir: str
+    checkpoint_step: int | None
+    history: list[dict]
+    timing: TrainingTiming
+    mesh: dict[str, int]  # {"ensemble": axis size, "data": axis size}
+    members_trained: int  # E plus padding members
+    strategy: str
+    backend: str
+    devices: int
+    resumed_from: int | None  # the epoch of the checkpoint this call resumed from
+    stretches: list[dict]
+    diverged_members: list[int]
+
+
+class EvaluatorResult(_Result):
+    """One evaluator's figures (:mod:`ensemble_core.evaluators`): ``metrics`` is a JSON
+    object of that evaluator's own shape; ``plots`` names the PNGs it drew, relative to
+    the run directory."""
+
+    name: str
+    metrics: dict[str, Any]
+    plots: dict[str, str] = {}
+
+
+class Evaluation(_Result):
+    """Every evaluator's result, by name; ``results["test"]`` is always there."""
+
+    results: dict[str, EvaluatorResult]
+
+    @property
+    def test(self) -> dict[str, Any]:
+        """The test split's figures: ``ensemble``, ``members``, ``member_mean``,
+        ``diversity``, ``diverged_members``, ``eval_member_images_per_s``."""
+        return self.results["test"].metrics
+
+    @property
+    def ensemble(self) -> dict[str, float]:
+        """The ensemble's test ``accuracy``, ``nll``, ``brier``, ``ece``: what promotion compares."""
+        return self.test["ensemble"]
+
+
+class PromotionDecision(_Result):
+    """Champion/challenger (:func:`ensemble_core.runs.champion.promote`)."""
+
+    promoted: bool
+    reason: str
+    metric: str
+    challenger: dict[str, float]
+    champion: dict[str, float] | None  # the champion's ensemble metrics; None when there was none
+    champion_run: str | None
+    history: list[dict]  # every run's row of history.jsonl, oldest first

@@ -1,0 +1,87 @@
+"""The resume policy: which config changes a run's checkpoints allow.
+
+What may differ between a run's checkpoint and the config that resumes it: how many
+epochs in all (more, never fewer than are done), where the data files are, the device
+layout, checkpoint and evaluation settings, the divergence policy and promotion. Every
+other key changes what the saved steps mean (the model, the data, the seed, E, the
+optimizer and its learning rate, the batch), so resuming under it is refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ensemble_core.config import PipelineConfig
+from ensemble_core.errors import IncompatibleRunError
+
+RESUMABLE_KEYS = (
+    "train.epochs",
+    "train.on_divergence",
+    "data.data_dir",
+    "data.manual_dir",
+    "mesh.*",
+    "checkpoint.*",
+    "eval.*",
+    "promotion.*",
+)
+
+
+def flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (tuples become lists, as in JSON)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def resumable(key: str) -> bool:
+    """Whether the dotted config ``key`` may change when a run resumes."""
+    return any(key == k or (k.endswith(".*") and key.startswith(k[:-1])) for k in RESUMABLE_KEYS)
+
+
+def resumable_settings(cfg: PipelineConfig) -> dict[str, Any]:
+    """The values of every resumable key in ``cfg`` (what a stretch of training records)."""
+    return {k: v for k, v in flat(cfg.model_dump(mode="json")).items() if resumable(k)}
+
+
+def config_changes(saved_config: dict, cfg: PipelineConfig) -> dict[str, tuple[Any, Any]]:
+    """``{dotted key: (saved value, new value)}`` for every key that differs (a saved
+    config is read with today's defaults for keys it predates)."""
+    old = flat(PipelineConfig.model_validate(saved_config).model_dump(mode="json"))
+    new = flat(cfg.model_dump(mode="json"))
+    return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
+
+
+def check_resumable(saved: dict, cfg: PipelineConfig, run_dir: Path, planned_members: int) -> None:
+    """Refuse to resume ``run_dir`` (checkpoint metadata ``saved``) under ``cfg`` unless
+    only :data:`RESUMABLE_KEYS` differ, ``train.epochs`` is not below the epochs done and
+    the mesh trains the same number of members (``planned_members``, padding included).
+
+    Raises:
+      IncompatibleRunError: naming every key that may not change, old and new values.
+    """
+    changes = config_changes(saved["config"], cfg)
+    refused = {k: v for k, v in changes.items() if not resumable(k)}
+    if refused:
+        listed = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in refused.items())
+        raise IncompatibleRunError(
+            f"run '{run_dir}' was trained with another config ({listed}); resuming may change only "
+            f"{', '.join(RESUMABLE_KEYS)}; fix: use a new run_name, or the run's original values"
+        )
+    done = int(saved.get("epoch", 0))
+    if cfg.train.epochs < done:
+        raise IncompatibleRunError(
+            f"run '{run_dir}' has already trained {done} epochs; train.epochs={cfg.train.epochs} would "
+            f"report a model trained longer than the config says; "
+            f"fix: set train.epochs >= {done}, or use a new run_name"
+        )
+    members = saved.get("members_trained")
+    if members is not None and members != planned_members:
+        raise IncompatibleRunError(
+            f"run '{run_dir}' trained {members} members (padding included) and this mesh asks for "
+            f"{planned_members}; fix: use the run's mesh/ensemble.pad values or a new run_name"
+        )

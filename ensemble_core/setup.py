@@ -1,0 +1,133 @@
+"""What every caller of training or prediction builds from a config, built in one place.
+
+:func:`build` turns a :class:`~ensemble_core.config.PipelineConfig` and the dataset's
+class count into an :class:`EnsembleSetup`: the mesh plan and mesh, the Flax model (by
+``model.name``, :mod:`ensemble_core.models`), the optax optimizer, the member strategy,
+and from those the member keys, the initial state, the train step and the predict
+function. The run layer, the benchmarks and the tests all start here, so "which mesh,
+which model, which keys" is decided once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+import optax
+from jax.sharding import Mesh
+
+from ensemble_core.config import PipelineConfig
+from ensemble_core.mesh import MeshPlan, make_mesh, plan_mesh
+from ensemble_core.models import build_model
+from ensemble_core.predict import make_predict
+from ensemble_core.rngs import member_keys
+from ensemble_core.train import (
+    EnsembleState,
+    default_strategy,
+    init_ensemble,
+    make_optimizer,
+    make_train_step,
+    state_shardings,
+)
+
+
+def plan(cfg: PipelineConfig, num_devices: int | None = None) -> MeshPlan:
+    """The mesh for ``cfg`` on ``num_devices`` (default: every device JAX sees).
+
+    Raises:
+      MeshError: the layout cannot hold E members and the batch (before any compute).
+    """
+    return plan_mesh(
+        cfg.ensemble.size,
+        jax.device_count() if num_devices is None else num_devices,
+        data=cfg.mesh.data,
+        ensemble=cfg.mesh.ensemble,
+        pad=cfg.ensemble.pad,
+        batch_size=cfg.train.batch_size,
+    )
+
+
+def resolve_strategy(cfg: PipelineConfig) -> str:
+    """``mesh.member_strategy``, with 'auto' resolved for the current backend
+    (:func:`ensemble_core.train.default_strategy`)."""
+    if cfg.mesh.member_strategy != "auto":
+        return cfg.mesh.member_strategy
+    return default_strategy(jax.default_backend())
+
+
+@dataclasses.dataclass(frozen=True)
+class EnsembleSetup:
+    """Everything built from a config that training and prediction share.
+
+    Attributes:
+      config: the config it was built from.
+      plan: the mesh plan (``padded_members`` members are trained).
+      mesh: the ``('ensemble', 'data')`` device mesh.
+      model: the Flax module of one member (``num_classes`` logits).
+      optimizer: the optax transformation of one member (learning rate in its state).
+      strategy: 'vmap' or 'unroll' (how members on one device are mapped).
+    """
+
+    config: PipelineConfig
+    plan: MeshPlan
+    mesh: Mesh
+    model: nn.Module
+    optimizer: optax.GradientTransformation
+    strategy: str
+
+    def member_keys(self) -> dict[str, jax.Array]:
+        """Typed keys ``{"init": [E_padded], "data": [E_padded]}`` from ``(seed, i)``
+        (:func:`ensemble_core.rngs.member_keys`)."""
+        return member_keys(self.config.seed, self.plan.padded_members)
+
+    def init_state(self, init_keys: jax.Array, image_shape: tuple[int, ...]) -> EnsembleState:
+        """Member i initialised from ``init_keys[i]``; leaves ``[E_padded, ...]`` sharded
+        over ``'ensemble'`` (:func:`ensemble_core.train.init_ensemble`)."""
+        return init_ensemble(self.model, self.optimizer, init_keys, tuple(image_shape), self.mesh)
+
+    def abstract_state(self, image_shape: tuple[int, ...]) -> EnsembleState:
+        """The state's shapes, dtypes and shardings (``jax.ShapeDtypeStruct`` leaves),
+        computed without allocating: the target a checkpoint is restored onto."""
+        keys = self.member_keys()["init"]
+        abstract = jax.eval_shape(lambda: self.init_state(keys, image_shape))
+        shardings = state_shardings(abstract, self.mesh)
+        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+
+    def train_step(self, donate: bool | None = None) -> Callable:
+        """The jitted step (:func:`ensemble_core.train.make_train_step`)."""
+        return make_train_step(self.model, self.optimizer, self.mesh, self.strategy, donate=donate)
+
+    def predict_fn(self) -> Callable:
+        """The jitted ``predict(params, images) -> member_probs``
+        (:func:`ensemble_core.predict.make_predict`)."""
+        return make_predict(self.model, self.mesh, self.strategy)
+
+
+def build(
+    cfg: PipelineConfig,
+    num_classes: int,
+    *,
+    strategy: str | None = None,
+    num_devices: int | None = None,
+) -> EnsembleSetup:
+    """The :class:`EnsembleSetup` of ``cfg`` for a dataset of ``num_classes`` classes.
+
+    Args:
+      strategy: overrides ``mesh.member_strategy`` (benchmarks compare both).
+      num_devices: use the first ``num_devices`` devices (default: all).
+
+    Raises:
+      MeshError: see :func:`plan`. ConfigError: an unknown model or optimizer.
+    """
+    mesh_plan = plan(cfg, num_devices)
+    devices = None if num_devices is None else jax.devices()[:num_devices]
+    return EnsembleSetup(
+        config=cfg,
+        plan=mesh_plan,
+        mesh=make_mesh(mesh_plan, devices),
+        model=build_model(cfg.model, num_classes),
+        optimizer=make_optimizer(cfg.train),
+        strategy=strategy or resolve_strategy(cfg),
+    )

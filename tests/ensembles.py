@@ -1,0 +1,49 @@
+"""Small test ensembles built the way the project builds them (:mod:`ensemble_core.setup`)."""
+
+from __future__ import annotations
+
+import jax
+
+from ensemble_core import setup
+from ensemble_core.config import PipelineConfig
+from ensemble_core.mesh import replicated
+from ensemble_core.train import fit
+
+BATCH = 32
+
+
+def small_setup(
+    model: str,
+    members: int,
+    strategy: str = "vmap",
+    *,
+    devices: int = 8,
+    ensemble: int | None = None,
+    data: int = 1,
+    pad: bool = False,
+    hidden: tuple[int, ...] = (32,),
+    lr: float = 0.1,
+    batch_size: int = BATCH,
+) -> setup.EnsembleSetup:
+    """The setup (mesh, model, optimizer, member keys) of a small ensemble of ``members``
+    on the first ``devices`` devices, 10 classes."""
+    cfg = PipelineConfig.model_validate(
+        {
+            "model": {"name": model, "hidden_sizes": list(hidden)},
+            "ensemble": {"size": members, "pad": pad},
+            "train": {"batch_size": batch_size, "learning_rate": lr},
+            "mesh": {"ensemble": ensemble, "data": data, "member_strategy": strategy},
+        }
+    )
+    return setup.build(cfg, 10, num_devices=devices)
+
+
+def train_small(built: setup.EnsembleSetup, images, labels, epochs: int = 1, state=None):
+    """``fit`` from the members' initial state (or ``state``) on the replicated arrays."""
+    keys = built.member_keys()
+    if state is None:
+        state = built.init_state(keys["init"], images.shape[1:])
+    imgs = jax.device_put(images, replicated(built.mesh))
+    labs = jax.device_put(labels, replicated(built.mesh))
+    batch = built.config.train.batch_size
+    return fit(state, built.train_step(), imgs, labs, keys["data"], built.mesh, epochs=epochs, batch_size=batch)
