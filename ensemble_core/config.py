@@ -215,7 +215,6 @@ class EvalConfig(_Section):
     ece_bins: int = Field(15, ge=2, le=1000, description="Equal-width bins for ECE (2..1000).")
     evaluators: tuple[Literal[EVALUATOR_NAMES], ...] = Field(  # type: ignore[valid-type]
         ("test",),
-        min_length=1,
         description="Evaluators run after training, by module name in ensemble_core/evaluators/; 'test' (the "
         "test split: accuracy, NLL, Brier, ECE, diversity) is required: the champion is judged on it.",
     )

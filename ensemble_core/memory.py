@@ -58,7 +58,7 @@ def estimate(
     """Lower bound of the training memory per device for ``cfg`` on ``plan``.
 
     Args:
-      plan: the mesh (:func:`ensemble_core.pipeline.plan`).
+      plan: the mesh (:func:`ensemble_core.setup.plan`).
       strategy: ``mesh.member_strategy`` resolved (``unroll`` or ``vmap``).
       num_classes, image_shape ``(H, W, C)``, num_train: the dataset's (after
         ``data.max_train_examples``).

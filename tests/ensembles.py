@@ -47,3 +47,22 @@ def train_small(built: setup.EnsembleSetup, images, labels, epochs: int = 1, sta
     labs = jax.device_put(labels, replicated(built.mesh))
     batch = built.config.train.batch_size
     return fit(state, built.train_step(), imgs, labs, keys["data"], built.mesh, epochs=epochs, batch_size=batch)
+
+
+def tiny_config(tfds_dir: str, *overrides: str):
+    """A run config that trains in seconds: 2 MLP members (16 hidden units), 1 epoch on
+    256 training and 100 test digits of the session's mnist5k; ``overrides`` (dotted
+    ``key=value``, as after ``--set``) are applied after these."""
+    from ensemble_core.config import load_config
+
+    base = [
+        f"data.data_dir={tfds_dir}",
+        "data.max_train_examples=256",
+        "data.max_test_examples=100",
+        "model.name=mlp",
+        "model.hidden_sizes=[16]",
+        "ensemble.size=2",
+        "train.batch_size=32",
+        "train.epochs=1",
+    ]
+    return load_config(None, [*base, *overrides])

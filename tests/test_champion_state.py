@@ -1,4 +1,4 @@
-"""Damaged champion/history state never blocks a later run (ensemble_core.champion).
+"""Damaged champion/history state never blocks a later run (ensemble_core.runs.champion).
 
 Real files under tmp_path; what is read back is checked with the json module directly.
 """
@@ -17,7 +17,7 @@ import pytest
 from ensemble_core.runs import champion
 from ensemble_core.runs.layout import OutputDir
 
-LOGGER = "ensemble_core.champion"
+LOGGER = "ensemble_core.runs.champion"
 METRICS = {"accuracy": 0.91, "nll": 0.31, "brier": 0.12, "ece": 0.02}
 
 

@@ -7,26 +7,14 @@ import numpy as np
 import pytest
 
 from ensemble_core import runs, setup
-from ensemble_core.config import load_config
 from ensemble_core.errors import IncompatibleRunError
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer
+from tests.ensembles import tiny_config
 
 
 def _cfg(tfds_dir, *extra):
-    return load_config(
-        None,
-        [
-            f"data.data_dir={tfds_dir}",
-            "data.max_train_examples=256",
-            "data.max_test_examples=100",
-            "model.name=mlp",
-            "model.hidden_sizes=[32]",
-            "ensemble.size=4",
-            "train.batch_size=32",
-            "train.epochs=3",
-            "checkpoint.keep=2",
-            *extra,
-        ],
+    return tiny_config(
+        tfds_dir, "model.hidden_sizes=[32]", "ensemble.size=4", "train.epochs=3", "checkpoint.keep=2", *extra
     )
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+pytestmark = pytest.mark.slow  # a real Prefect stack: server, worker, scheduler
+
 ROOT = Path(__file__).resolve().parents[1]
 ZOMBIE_AFTER_S = 50  # the stack's heartbeat timeout (heartbeats every 30 s)
 TASKS = {"prepare_dataset", "split_rngs", "train_ensemble", "evaluate", "compare_with_champion", "report"}

@@ -10,6 +10,8 @@ import pytest
 import scipy.stats
 from sklearn.metrics import accuracy_score, log_loss
 
+pytestmark = pytest.mark.slow  # the flow under Prefect, CLIs in subprocesses
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -73,6 +73,7 @@ def test_check_refuses_with_the_figures_and_accepts_what_fits():
     assert f"needs at least {need / memory.GIB:.1f} GiB" in msg and "fix:" in msg and "\n" not in msg
 
 
+@pytest.mark.slow  # the CLI in a subprocess
 def test_cli_refuses_an_ensemble_that_cannot_fit_before_compiling(tmp_path, tfds_dir):
     """1024 members of 73.6 M parameters: over 500 GiB of parameters and momentum, refused
     in seconds with the figure, exit 2, nothing written (it used to compile for minutes)."""

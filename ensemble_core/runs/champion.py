@@ -20,7 +20,7 @@ Files under an output directory:
   and rewritten, so that concurrent runs cannot lose each other's lines.
 
 Damaged state never stops a run: a damaged champion pointer is set aside with a warning
-(logger ``ensemble_core.champion``) and the run is judged as if there were no champion;
+(logger ``ensemble_core.runs.champion``) and the run is judged as if there were no champion;
 corrupt history lines are set aside with a warning and every intact line is kept. Only
 real I/O failures (a read-only or full disk, missing permissions) raise ``OSError``.
 """
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 HIGHER_IS_BETTER = {"accuracy": True, "nll": False, "brier": False, "ece": False}
 NO_CHAMPION = "this run will be judged as if there were no champion"
 
-log = logging.getLogger("ensemble_core.champion")
+log = logging.getLogger(__name__)  # ensemble_core.runs.champion
 
 
 def read_champion(output_dir: str | Path) -> dict | None:
@@ -86,7 +86,7 @@ def set_aside(output_dir: str | Path, name: str, reason: str, *, consequence: st
 
     The move is one ``os.replace`` (atomic; a file or a directory); the destination name
     is reserved first, so nothing already set aside is overwritten. One warning through
-    the ``ensemble_core.champion`` logger names the file, ``reason``, the new path and the
+    the ``ensemble_core.runs.champion`` logger names the file, ``reason``, the new path and the
     consequence (default for ``champion.json``: the run is judged as if there were no
     champion).
 

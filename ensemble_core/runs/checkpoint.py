@@ -22,6 +22,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 from ensemble_core.errors import CheckpointError, EnsembleError
+from ensemble_core.runs.layout import RunDir
 
 
 class EnsembleCheckpointer:
@@ -31,13 +32,13 @@ class EnsembleCheckpointer:
       directory: the ``checkpoints/`` directory (created if missing).
       keep: how many of the latest checkpoints to keep (orbax ``LatestN`` preservation
         policy, the successor of ``max_to_keep``).
-      quarantine_dir: where unreadable steps are moved (default: ``corrupt-checkpoints/``
-        beside ``directory``).
+      quarantine_dir: where unreadable steps are moved (default: the run directory's
+        ``corrupt-checkpoints/``, :class:`~ensemble_core.runs.layout.RunDir`).
     """
 
     def __init__(self, directory: str | Path, keep: int = 3, quarantine_dir: str | Path | None = None):
         self.directory = Path(directory).absolute()
-        self.quarantine_dir = Path(quarantine_dir or self.directory.parent / "corrupt-checkpoints").absolute()
+        self.quarantine_dir = Path(quarantine_dir or RunDir(self.directory.parent).corrupt_checkpoints).absolute()
         options = ocp.CheckpointManagerOptions(
             preservation_policy=pp.LatestN(n=keep),
             enable_async_checkpointing=True,

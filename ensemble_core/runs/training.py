@@ -27,8 +27,8 @@ from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.dataset import load
 from ensemble_core.runs.layout import RunDir
 from ensemble_core.runs.lock import run_lock
-from ensemble_core.runs.resume import check_resumable, config_changes, resumable_settings
 from ensemble_core.runs.results import TrainingSummary, TrainingTiming
+from ensemble_core.runs.resume import check_resumable, config_changes, resumable_settings
 from ensemble_core.setup import build
 from ensemble_core.train import DataPosition, data_position, fit
 
@@ -114,7 +114,7 @@ def train(
     where = {"ensemble": mesh_plan.ensemble, "data": mesh_plan.data}
     with (
         run_lock(run.path),
-        EnsembleCheckpointer(run.checkpoints, keep=cfg.checkpoint.keep, quarantine_dir=run.corrupt_checkpoints) as ckpt,
+        EnsembleCheckpointer(run.checkpoints, keep=cfg.checkpoint.keep) as ckpt,
         stop_signals() as term,
     ):
         changed: dict[str, list] = {}
