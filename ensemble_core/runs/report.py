@@ -13,6 +13,7 @@ from ensemble_core.runs.layout import RunDir, atomic_write_json, atomic_write_te
 from ensemble_core.runs.results import Evaluation, PromotionDecision, TrainingSummary
 
 SCORE_KEYS = ("accuracy", "nll", "brier", "ece")
+TRAINING_CURVES = "training_curves.png"
 
 
 def build_report(
@@ -33,7 +34,9 @@ def build_report(
     train_summary = training.to_json()
     test = evaluation.test
     timing = train_summary["timing"]
-    plots = {**evaluation.results["test"].plots, "training_curves": "plots/training_curves.png"}
+    run = RunDir(Path(run_dir))
+    curves = str((run.plots / TRAINING_CURVES).relative_to(run.path))
+    plots = {**evaluation.results["test"].plots, "training_curves": curves}
     others = {name: r.to_json() for name, r in evaluation.results.items() if name != "test"}
     report = {
         "run_name": run_name,
@@ -151,7 +154,7 @@ def plot_training_curves(report: dict, plots_dir: str | Path) -> Path:
             ax.plot(epochs, values[:, m], marker=".", label=f"member {m}")
         ax.set(xlabel="epoch", ylabel=label, title=f"{label} per member")
     axes[0].legend(fontsize=7, ncol=2)
-    return save(fig, Path(plots_dir) / "training_curves.png")
+    return save(fig, Path(plots_dir) / TRAINING_CURVES)
 
 
 def write_report(
