@@ -104,7 +104,7 @@ def _worker(args: argparse.Namespace) -> dict:
     )
     built = setup.build(cfg, 10)
     model, tx = built.model, built.optimizer
-    keys = rngs.member_keys(0, e)
+    keys = built.member_keys()
     order = np.stack([rngs.epoch_order(keys["data"], 0, len(train_x), BATCH)[: steps + 1]])[0]  # [S+1, E, B]
     out = {
         "model": args.model,

@@ -444,7 +444,7 @@ def _read_text(p: Path) -> str:
     Raises:
       ConfigError: missing, unreadable, a directory, too large, binary or not UTF-8.
     """
-    fix = "fix: pass a readable YAML text file (UTF-8, like configs/default.yaml) as config_path"
+    fix = "fix: pass a readable YAML text file (UTF-8, like configs/default.yaml) to config_path"
     try:
         with p.open("rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)
@@ -453,7 +453,7 @@ def _read_text(p: Path) -> str:
     except OSError as err:
         reason = err.strerror or type(err).__name__
         raise _error(
-            f"cannot read config file '{p}': {reason}; fix: pass an existing readable YAML file as config_path"
+            f"cannot read config file '{p}': {reason}; fix: pass an existing readable YAML file to config_path"
         ) from None
     except ValueError as err:  # e.g. a NUL byte in the path
         raise _error(f"cannot read config file '{p}': {err}; {fix}") from None

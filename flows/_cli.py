@@ -23,9 +23,13 @@ _PARAMETER = re.compile(r"\b(" + "|".join(_FLAGS) + r")\b")
 
 
 def in_flags(message: str) -> str:
-    """``message`` with the run parameters it names (``run_name``, ``output_dir``,
-    ``config_path``) written as the command line's flags."""
-    return _PARAMETER.sub(lambda m: _FLAGS[m.group(1)], message)
+    """``message`` with the run parameters its ``fix:`` part names (``run_name``,
+    ``output_dir``, ``config_path``) written as the command line's flags; what comes
+    before (paths, values the user gave) is left as it is."""
+    head, sep, fix = message.rpartition("fix:")
+    if not sep:
+        return message
+    return head + sep + _PARAMETER.sub(lambda m: _FLAGS[m.group(1)], fix)
 
 
 def report_error(err: EnsembleError) -> int:

@@ -23,6 +23,7 @@ import datetime as dt
 import sys
 
 from prefect import flow
+from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
 
 from ensemble_core import runs
@@ -83,10 +84,10 @@ def default_run_name() -> str:
     flow run, sortable by time, and the same when the retry-crashed-runs automation runs
     the flow run again (Prefect keeps its name and expected start), so the re-run resumes.
     Outside a flow run (the command line, before it starts one): ``YYYYmmdd-HHMMSS`` now."""
-    start = flow_run.get_scheduled_start_time()
-    stamp = (start or dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
-    name = flow_run.get_name()
-    return f"{stamp}-{name}" if name else stamp
+    if FlowRunContext.get() is None:
+        return dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    stamp = flow_run.get_scheduled_start_time().strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{flow_run.get_name()}"
 
 
 @flow(
@@ -176,13 +177,17 @@ def _main(args: argparse.Namespace, run_name: str) -> int:
         dataset = runs.preflight(config, args.output_dir, run_name)
     except EnsembleError as err:
         return report_error(err)
-    _PREFLIGHTED[(config.model_dump_json(), str(args.output_dir), run_name)] = dataset
-    return _outcome.run_cli(
-        train_ensemble,
-        **{name: getattr(config, name) for name in PipelineConfig.model_fields},
-        output_dir=args.output_dir,
-        run_name=run_name,
-    )
+    key = (config.model_dump_json(), str(args.output_dir), run_name)
+    _PREFLIGHTED[key] = dataset
+    try:
+        return _outcome.run_cli(
+            train_ensemble,
+            **{name: getattr(config, name) for name in PipelineConfig.model_fields},
+            output_dir=args.output_dir,
+            run_name=run_name,
+        )
+    finally:
+        _PREFLIGHTED.pop(key, None)  # used by the flow, or not at all (the server did not start)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,13 @@ def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
 
 
+def test_atomic_writes_get_the_permissions_open_gives(tmp_path):
+    plain = tmp_path / "plain"
+    plain.write_text("x")  # what open() gives under this process's umask
+    layout.atomic_write_text(tmp_path / "atomic", "x")
+    assert (tmp_path / "atomic").stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
+
+
 def test_atomic_savez_round_trips_arrays(tmp_path):
     probs = np.random.default_rng(0).dirichlet(np.ones(10), size=(3, 7)).astype(np.float32)
     layout.atomic_savez(tmp_path / "eval" / "x.npz", member_probs=probs, labels=np.arange(7, dtype=np.int32))
@@ -60,13 +67,13 @@ def test_resume_allows_more_epochs_and_other_devices_only(tmp_path):
 
 
 def test_core_names_parameters_and_the_cli_names_flags(tmp_path):
-    (tmp_path / "file").write_text("")
+    (tmp_path / "output_dir").write_text("")  # a path that contains a parameter's name
     with pytest.raises(ConfigError) as err:
-        layout.check_output_dir(tmp_path / "file")
-    assert "output_dir" in str(err.value) and "--" not in str(err.value)
-    assert in_flags(str(err.value)).endswith("fix: pass a directory as --output-dir")
-    assert in_flags("use a new run_name; data.data_dir and my_run_name_x stay") == (
-        "use a new --run-name; data.data_dir and my_run_name_x stay"
+        layout.check_output_dir(tmp_path / "output_dir")
+    assert str(err.value).endswith("fix: pass a directory to output_dir")
+    assert in_flags(str(err.value)) == str(err.value).replace("to output_dir", "to --output-dir")
+    assert in_flags("x; fix: use a new run_name; data.data_dir and my_run_name_x stay") == (
+        "x; fix: use a new --run-name; data.data_dir and my_run_name_x stay"
     )
 
 

@@ -340,7 +340,10 @@ def promote(
             try:
                 with EnsembleCheckpointer(RunDir(Path(current["run_dir"])).checkpoints) as ckpt:
                     meta = ckpt.read_meta()
-                champion_cfg = PipelineConfig.model_validate({**meta["config"], "data": data_key})
+                # the champion's figures on this run's test split only (what is compared)
+                saved = {**meta["config"], "data": data_key}
+                saved["eval"] = {**saved.get("eval", {}), "evaluators": ["test"]}
+                champion_cfg = PipelineConfig.model_validate(saved)
                 champion_metrics = evaluate(champion_cfg, dataset, current["run_dir"], write=False).ensemble
             except Exception as err:  # noqa: BLE001  (orbax/pydantic/JAX raise many types for a damaged run)
                 # The champion's run cannot be re-evaluated (checkpoints damaged or of an

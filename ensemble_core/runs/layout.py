@@ -122,7 +122,8 @@ class OutputDir:
 def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
     """Write ``path`` through ``write(file)`` on a synced temporary file in the same
     directory (``.<name>.<random>.tmp``), then ``os.replace``; the temporary file is
-    removed if anything fails. Creates the parent directory.
+    removed if anything fails. Creates the parent directory. The file gets the
+    permissions ``open()`` would give it (0666 less the umask).
 
     Raises:
       OSError: the directory cannot be written (read-only, full, missing permissions).
@@ -131,6 +132,7 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # as open() would create it (mkstemp makes 0600)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -142,6 +144,17 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# Read once, at import (os.umask can only be read by setting it, which would race with
+# threads creating files, e.g. orbax's checkpoint writers).
+_UMASK = _read_umask()
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -185,7 +198,7 @@ def check_output_dir(output_dir: str | Path) -> Path:
     out = Path(output_dir)
     if out.exists():
         if not out.is_dir():
-            raise ConfigError(f"output directory '{out}' is a file; fix: pass a directory as output_dir")
+            raise ConfigError(f"output directory '{out}' is a file; fix: pass a directory to output_dir")
         if not os.access(out, os.W_OK | os.X_OK):
             raise ConfigError(f"output directory '{out}' is not writable; fix: pass a writable output_dir")
         return out

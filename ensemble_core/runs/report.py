@@ -31,13 +31,13 @@ def build_report(
     under ``evaluations.<name>`` (``metrics`` and ``plots``). ``promotion`` is the
     champion/challenger decision (:func:`ensemble_core.runs.champion.promote`), stored
     without its history."""
-    train_summary = training.to_json()
+    train_summary = training.model_dump()  # python floats: NaN stays NaN in report.json
     test = evaluation.test
     timing = train_summary["timing"]
     run = RunDir(Path(run_dir))
     curves = str((run.plots / TRAINING_CURVES).relative_to(run.path))
     plots = {**evaluation.results["test"].plots, "training_curves": curves}
-    others = {name: r.to_json() for name, r in evaluation.results.items() if name != "test"}
+    others = {name: r.model_dump() for name, r in evaluation.results.items() if name != "test"}
     report = {
         "run_name": run_name,
         "config": config,
@@ -62,7 +62,7 @@ def build_report(
         "history": train_summary["history"],
         "plots": plots,
         "run_dir": str(run_dir),
-        "promotion": None if promotion is None else promotion.model_dump(mode="json", exclude={"history"}),
+        "promotion": None if promotion is None else promotion.model_dump(exclude={"history"}),
     }
     if others:
         report["evaluations"] = others

@@ -27,6 +27,7 @@ from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.dataset import load
 from ensemble_core.runs.layout import RunDir
 from ensemble_core.runs.lock import run_lock
+from ensemble_core.runs.preflight import check_against_dataset
 from ensemble_core.runs.results import TrainingSummary, TrainingTiming
 from ensemble_core.runs.resume import check_resumable, config_changes, resumable_settings
 from ensemble_core.setup import build
@@ -89,13 +90,15 @@ def train(
       The :class:`~ensemble_core.runs.results.TrainingSummary`.
 
     Raises:
-      ConfigError: ``keys`` are for another number of members.
+      ConfigError: ``keys`` are for another number of members, or the batch is larger
+        than the training split.
       IncompatibleRunError: the run directory holds checkpoints of another config.
       RunLockedError: another process trains in this run directory.
       PreemptedError: stopped by SIGTERM / SIGINT / ``should_stop`` (a checkpoint was saved).
       DivergenceError: a member diverged and ``train.on_divergence`` is ``fail``.
     """
     run = RunDir(Path(run_dir))
+    check_against_dataset(cfg, dataset)  # a batch larger than the split would train nothing
     setup = build(cfg, dataset.num_classes, strategy=strategy)
     mesh_plan = setup.plan
     member_key = keys_from_layout(keys)
