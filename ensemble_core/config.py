@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ensemble_core.errors import ConfigError
 
@@ -214,9 +214,10 @@ class EvalConfig(_Section):
     )
     ece_bins: int = Field(15, ge=2, le=1000, description="Equal-width bins for ECE (2..1000).")
     evaluators: tuple[Literal[EVALUATOR_NAMES], ...] = Field(  # type: ignore[valid-type]
-        ("test",),
-        description="Evaluators run after training, by module name in ensemble_core/evaluators/; 'test' (the "
-        "test split: accuracy, NLL, Brier, ECE, diversity) is required: the champion is judged on it.",
+        ("test", "rotation", "translation", "corruptions", "letters", "fashion_mnist"),
+        description="Evaluators run after training, by module name in ensemble_core/evaluators/: 'test' (the "
+        "test split: accuracy, NLL, Brier, ECE, diversity; required), 'rotation', 'translation', 'corruptions' "
+        "(MNIST-C) under dataset shift, 'letters' and 'fashion_mnist' out of distribution.",
     )
 
     @field_validator("evaluators")
@@ -229,14 +230,63 @@ class EvalConfig(_Section):
         return names
 
 
+#: Figures promotion can compare, and whether higher is better.
+FIGURE_HIGHER_IS_BETTER = {
+    "accuracy": True,
+    "auroc": True,
+    "aupr": True,
+    "nll": False,
+    "brier": False,
+    "ece": False,
+    "fpr_at_95_tpr": False,
+    "aurc": False,
+    "confident_ood_fraction": False,
+}
+#: The ensemble test metrics ``promotion.metric`` may name without a path.
+TEST_METRICS = ("nll", "brier", "ece", "accuracy")
+
+
+def figure_direction(metric: str) -> bool:
+    """Whether higher is better for ``promotion.metric`` (the last segment of the dotted
+    path that names a known figure decides, e.g. ``letters.ensemble.entropy.auroc``).
+
+    Raises:
+      ValueError: not a test metric, no evaluator name first, or no known figure in the path.
+    """
+    if metric in TEST_METRICS:
+        return FIGURE_HIGHER_IS_BETTER[metric]
+    parts = metric.split(".")
+    if len(parts) < 2 or parts[0] not in EVALUATOR_NAMES or not all(parts):
+        raise ValueError(
+            f"'{metric}' is neither a test metric {TEST_METRICS} nor a dotted path <evaluator>.<figure path> "
+            f"with an evaluator of {EVALUATOR_NAMES}"
+        )
+    for part in reversed(parts):
+        if part in FIGURE_HIGHER_IS_BETTER:
+            return FIGURE_HIGHER_IS_BETTER[part]
+    raise ValueError(f"'{metric}' names none of the figures {tuple(FIGURE_HIGHER_IS_BETTER)}")
+
+
 class PromotionConfig(_Section):
     """Champion/challenger: when a new ensemble replaces the current champion."""
 
-    metric: Literal["nll", "brier", "ece", "accuracy"] = Field(
+    metric: str = Field(
         "nll",
-        description="Ensemble test metric compared with the champion's on the same test split "
-        "(accuracy: higher is better; the others: lower is better).",
+        min_length=1,
+        max_length=200,
+        description="The figure compared with the champion's on this run's data: an ensemble test metric "
+        "(nll, brier, ece, accuracy) or a dotted path into report.json's evaluations.<name>.metrics, e.g. "
+        "rotation.mean.ensemble.nll (mean NLL over rotations) or letters.ensemble.mutual_information.auroc; "
+        "accuracy, AUROC and AUPR: higher is better; NLL, Brier, ECE, FPR@95%TPR, AURC and the confident-OOD "
+        "fraction: lower is better.",
     )
+
+    @field_validator("metric")
+    @classmethod
+    def _a_known_figure(cls, metric: str) -> str:
+        figure_direction(metric)  # raises ValueError for an unknown figure
+        return metric
+
     enabled: bool = Field(True, description="Compare with (and maybe replace) the champion after evaluation.")
 
 
@@ -260,6 +310,16 @@ class PipelineConfig(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
+
+    @model_validator(mode="after")
+    def _promotion_figure_is_evaluated(self) -> PipelineConfig:
+        evaluator = self.promotion.metric.split(".")[0]
+        if self.promotion.metric not in TEST_METRICS and evaluator not in self.eval.evaluators:
+            raise ValueError(
+                f"promotion.metric={self.promotion.metric} needs the evaluator '{evaluator}', which is not in "
+                f"eval.evaluators {list(self.eval.evaluators)}; add it there"
+            )
+        return self
 
 
 # MARK: messages

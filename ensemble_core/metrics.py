@@ -137,3 +137,214 @@ def reliability_curve(probs: np.ndarray, labels: np.ndarray, num_bins: int = 15)
         out["confidence"].append(float(conf[mask].mean()) if mask.any() else None)
         out["accuracy"].append(float(correct[mask].mean()) if mask.any() else None)
     return out
+
+
+# --- Out-of-distribution detection, selective prediction and dataset shift -------------
+
+
+def _check_member_probs(member_probs: np.ndarray) -> np.ndarray:
+    p = np.asarray(member_probs, np.float64)
+    if p.ndim != 3:
+        raise ValueError(f"member_probs must be [E, N, C]; got shape {p.shape}")
+    if p.shape[0] == 0:
+        raise ValueError("member_probs has no members (E = 0)")
+    return p
+
+
+def _check_probs(probs: np.ndarray, labels: np.ndarray | None = None) -> np.ndarray:
+    p = np.asarray(probs, np.float64)
+    if p.ndim != 2:
+        raise ValueError(f"probs must be [N, C]; got shape {p.shape}")
+    if p.shape[0] == 0:
+        raise ValueError("probs has no examples (N = 0)")
+    if labels is not None and np.shape(labels) != (p.shape[0],):
+        raise ValueError(f"labels must be [N] = [{p.shape[0]}]; got shape {np.shape(labels)}")
+    return p
+
+
+def ood_scores(member_probs: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-example out-of-distribution scores from member probabilities ``[E, N, C]``.
+
+    Every score is oriented so that HIGHER means "more likely out-of-distribution":
+
+    - ``"max_prob"``: ``1 - max_c mean_e p_ec``, the maximum softmax probability baseline
+      of Hendrycks & Gimpel 2017 ("A Baseline for Detecting Misclassified and
+      Out-of-Distribution Examples in Neural Networks"), negated; in ``[0, 1 - 1/C]``.
+    - ``"entropy"``: entropy of the ensemble prediction (``predictive_entropy``, nats).
+    - ``"mutual_information"``: ``mutual_information`` (nats); exactly the BALD epistemic
+      term, so 0 everywhere for a single member (E = 1) and possibly ~-1e-16 from rounding.
+
+    Returns:
+      ``{"max_prob", "entropy", "mutual_information"}``, each float64 ``[N]``.
+    """
+    p = _check_member_probs(member_probs)
+    return {
+        "max_prob": 1.0 - ensemble_probs(p).max(-1),
+        "entropy": predictive_entropy(p),
+        "mutual_information": mutual_information(p),
+    }
+
+
+def detection(score: np.ndarray, is_ood: np.ndarray) -> dict[str, float]:
+    """Threshold-free OOD detection metrics of a score where higher means "more OOD".
+
+    OOD examples are the positive class; an example is flagged OOD at threshold t when
+    ``score >= t``. Computed by sorting (no scikit-learn); equal scores are one threshold.
+
+    - ``"auroc"``: area under the ROC curve = the Mann-Whitney statistic
+      ``P(s_ood > s_id) + 0.5 * P(s_ood == s_id)`` (ties counted half); as scikit-learn's
+      ``roc_auc_score``.
+    - ``"aupr"``: average precision with OOD positive,
+      ``sum_k (R_k - R_{k-1}) * P_k`` over distinct thresholds in descending order (the
+      step-wise definition of scikit-learn's ``average_precision_score``, not the
+      trapezoidal area). Its chance level is the OOD fraction.
+    - ``"fpr_at_95_tpr"``: the fraction of in-distribution examples with
+      ``score >= t*``, where ``t*`` is the largest threshold flagging at least 95% of the
+      OOD examples (Hendrycks & Gimpel 2017), i.e. the smallest FPR among the thresholds
+      of scikit-learn's ``roc_curve`` with TPR >= 0.95. The 95% test is done exactly in
+      integers (``100 * TP >= 95 * #OOD``).
+
+    Args:
+      score: float ``[N]``, finite or +-inf (NaN is rejected).
+      is_ood: bool ``[N]`` (or 0/1 integers), True for out-of-distribution examples.
+
+    Raises:
+      ValueError: on mismatched shapes, NaN scores, non-0/1 labels, or when either class
+        (OOD or in-distribution) is absent, since the metrics are then undefined.
+    """
+    s = np.asarray(score, np.float64)
+    y = np.asarray(is_ood)
+    if s.ndim != 1 or y.shape != s.shape:
+        raise ValueError(f"score and is_ood must both be [N]; got shapes {s.shape} and {y.shape}")
+    if np.isnan(s).any():
+        raise ValueError("score contains NaN")
+    if y.dtype != bool:
+        if not np.isin(y, (0, 1)).all():
+            raise ValueError("is_ood must be boolean (or 0/1)")
+        y = y.astype(bool)
+    n_pos = int(y.sum())
+    n_neg = int(y.size - n_pos)
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError(
+            f"detection needs both OOD (positive) and in-distribution examples; got "
+            f"{n_pos} OOD and {n_neg} in-distribution"
+        )
+
+    order = np.argsort(-s, kind="stable")  # descending score
+    s_sorted, y_sorted = s[order], y[order]
+    # Last index of each group of equal scores = one threshold (descending).
+    last = np.r_[np.flatnonzero(np.diff(s_sorted) != 0), s.size - 1]
+    tps = np.cumsum(y_sorted)[last]  # OOD flagged at each threshold (int)
+    fps = (last + 1) - tps  # in-distribution flagged at each threshold
+
+    # AUROC: per group, each positive beats every negative with a strictly lower score.
+    # Descending order: for group g, negatives strictly below = n_neg - fps[g]; ties half.
+    pos_g = np.diff(np.r_[0, tps])
+    neg_g = np.diff(np.r_[0, fps])
+    wins = np.sum(pos_g * (n_neg - fps)) + 0.5 * np.sum(pos_g * neg_g)
+    auroc = float(wins / (n_pos * n_neg))
+
+    precision = tps / (tps + fps)
+    recall = tps / n_pos
+    aupr = float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+
+    k = int(np.argmax(100 * tps >= 95 * n_pos))  # first (largest) threshold with TPR >= .95
+    fpr95 = float(fps[k] / n_neg)
+    return {"auroc": auroc, "aupr": aupr, "fpr_at_95_tpr": fpr95}
+
+
+def confident_fraction(probs: np.ndarray, tau: float = 0.9) -> float:
+    """Fraction of examples whose top-label confidence ``max_c p_c`` is ``>= tau``.
+
+    On in-distribution data the rate of confident predictions; on OOD inputs (where no
+    label is right) the rate of confidently wrong predictions (Ovadia et al. 2019).
+    """
+    p = _check_probs(probs)
+    return float(np.mean(p.max(-1) >= tau))
+
+
+def risk_coverage(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Risk-coverage curve of selective classification by confidence (Geifman & El-Yaniv
+    2017, "Selective Classification for Deep Neural Networks").
+
+    Examples are sorted by top-label confidence ``max_c p_c``, descending, with a STABLE
+    sort: among equal confidences the example that comes first in the input is accepted
+    first. (Ties change the curve only inside a tie group, never at its end.)
+
+    Returns:
+      ``(coverage, risk)``, both float64 ``[N]``: ``coverage[k-1] = k/N`` and
+      ``risk[k-1]`` = error rate (1 - accuracy) of the k most confident examples.
+    """
+    p = _check_probs(probs, labels)
+    n = p.shape[0]
+    order = np.argsort(-p.max(-1), kind="stable")
+    errors = (np.argmax(p, -1) != np.asarray(labels)).astype(np.float64)[order]
+    k = np.arange(1, n + 1, dtype=np.float64)
+    return k / n, np.cumsum(errors) / k
+
+
+def aurc(probs: np.ndarray, labels: np.ndarray) -> float:
+    """Area under the risk-coverage curve, ``mean_{k=1..N} risk(k/N)`` (Geifman et al.
+    2019 "Bias-Reduced Uncertainty Estimation for Deep Neural Classifiers"); lower is better,
+    0 for a classifier with no errors. Tie order as in ``risk_coverage``.
+    """
+    return float(np.mean(risk_coverage(probs, labels)[1]))
+
+
+def accuracy_above(probs: np.ndarray, labels: np.ndarray, tau: float) -> dict:
+    """Accuracy on the examples with top-label confidence ``>= tau`` and the fraction of
+    examples they are (the accuracy-vs-confidence view of Ovadia et al. 2019, Fig. 2).
+
+    Returns:
+      ``{"accuracy": float | None, "fraction": float}``; accuracy is None when no example
+      reaches ``tau``.
+    """
+    p = _check_probs(probs, labels)
+    keep = p.max(-1) >= tau
+    correct = np.argmax(p, -1) == np.asarray(labels)
+    return {
+        "accuracy": float(correct[keep].mean()) if keep.any() else None,
+        "fraction": float(keep.mean()),
+    }
+
+
+def shift_scores(
+    member_probs: np.ndarray, labels: np.ndarray, num_bins: int = 15, healthy: np.ndarray | None = None
+) -> dict:
+    """Ensemble, mean-member and best-member ``scores`` on one (e.g. shifted) test set.
+
+    Compares the ensemble to its members under dataset shift (Ovadia et al. 2019, "Can
+    You Trust Your Model's Uncertainty?").
+
+    Args:
+      member_probs: float ``[E, N, C]``.
+      labels: int ``[N]``.
+      healthy: bool ``[E]``; only healthy members are used (default: all), as in
+        ``evaluate_all``.
+
+    Returns:
+      ``{"ensemble": scores, "member_mean": scores, "best_member": scores,
+      "best_member_index": int}`` where ``ensemble`` scores the mean prediction of the
+      healthy members, ``member_mean`` is the mean of the healthy members' scores, and
+      ``best_member`` the scores of the healthy member with the lowest NLL on these
+      examples (the first such member on a tie); ``best_member_index`` indexes all E
+      members.
+
+    Raises:
+      ValueError: when no member is healthy or ``healthy`` is not ``[E]``.
+    """
+    p = _check_member_probs(member_probs)
+    healthy = np.ones(len(p), bool) if healthy is None else np.asarray(healthy, bool)
+    if healthy.shape != (len(p),):
+        raise ValueError(f"healthy must be [E] = [{len(p)}]; got shape {healthy.shape}")
+    idx = np.flatnonzero(healthy)
+    if idx.size == 0:
+        raise ValueError("shift_scores needs at least one healthy member")
+    kept = [scores(p[i], labels, num_bins) for i in idx]
+    best = int(np.argmin([m["nll"] for m in kept]))
+    return {
+        "ensemble": scores(ensemble_probs(p[idx]), labels, num_bins),
+        "member_mean": {k: float(np.mean([m[k] for m in kept])) for k in ("accuracy", "nll", "brier", "ece")},
+        "best_member": kept[best],
+        "best_member_index": int(idx[best]),
+    }

@@ -16,6 +16,12 @@ REPORT_KEY = "ensemble-report"
 MEMBERS_KEY = "ensemble-members"
 
 
+def evaluation_key(name: str) -> str:
+    """The table artifact key of evaluator ``name``: ``ensemble-eval-<name>`` (dashes:
+    Prefect keys take lowercase letters, digits and dashes)."""
+    return "ensemble-eval-" + name.replace("_", "-")
+
+
 @task(name="report", **TRANSIENT_RETRIES)
 def publish_report(
     run_name: str,
@@ -35,6 +41,12 @@ def publish_report(
     create_table_artifact(
         table=report_lib.member_table(rep), key=MEMBERS_KEY, description="Per-member vs ensemble test metrics"
     )
+    for name, rows in report_lib.evaluator_tables(rep).items():
+        create_table_artifact(
+            table=rows,
+            key=evaluation_key(name),
+            description=f"Evaluator {name}: ensemble vs members (report.json -> evaluations.{name})",
+        )
     path = runs.RunDir(Path(run_dir)).report_json
     get_run_logger().info("report written to %s", path)
     return str(path)

@@ -51,8 +51,8 @@ def train_small(built: setup.EnsembleSetup, images, labels, epochs: int = 1, sta
 
 def tiny_config(tfds_dir: str, *overrides: str):
     """A run config that trains in seconds: 2 MLP members (16 hidden units), 1 epoch on
-    256 training and 100 test digits of the session's mnist5k; ``overrides`` (dotted
-    ``key=value``, as after ``--set``) are applied after these."""
+    256 training and 100 test digits of the session's mnist5k, the test evaluator only;
+    ``overrides`` (dotted ``key=value``, as after ``--set``) are applied after these."""
     from ensemble_core.config import load_config
 
     base = [
@@ -64,5 +64,6 @@ def tiny_config(tfds_dir: str, *overrides: str):
         "ensemble.size=2",
         "train.batch_size=32",
         "train.epochs=1",
+        "eval.evaluators=[test]",
     ]
     return load_config(None, [*base, *overrides])

@@ -202,7 +202,7 @@ def test_decision_after_a_damaged_champion_promotes(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         current = champion.read_champion(out)
     challenger = {"accuracy": 0.5, "nll": 2.0, "brier": 0.6, "ece": 0.3}
-    assert champion.decide(challenger, current, "nll") == (True, "no champion yet")
+    assert current is None and champion.decide(challenger["nll"], current, "nll") == (True, "no champion yet")
 
     run = _run_dir(tmp_path, "new")
     champion.write_champion(out, _record(run, metrics=challenger))

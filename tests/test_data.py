@@ -53,7 +53,7 @@ def test_catalog_dataset_offline_without_tensorflow(tmp_path):
     if importlib.util.find_spec("tensorflow") is not None:
         pytest.skip("TensorFlow installed: this checks the error when it is missing")
     with pytest.raises(DataError, match="needs TensorFlow"):
-        data.prepare("mnist", str(tmp_path))
+        data.prepare("cifar10", str(tmp_path))
 
 
 def test_bad_labels_and_nan_images_are_refused():

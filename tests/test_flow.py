@@ -134,15 +134,18 @@ def test_artifacts_and_task_runs(finished_run):
     async def read():
         async with get_client() as client:
             arts = await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["ensemble-report", "ensemble-members"]))
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[*KEYS, "ensemble-eval-rotation"]))
             )
             runs = await client.read_task_runs()
             return arts, runs
 
+    KEYS = ["ensemble-report", "ensemble-members", "ensemble-eval-letters"]  # noqa: N806
     arts, runs = asyncio.run(read())
-    assert {a.key for a in arts} == {"ensemble-report", "ensemble-members"}
+    assert {a.key for a in arts} == {*KEYS, "ensemble-eval-rotation"}
     report_md = next(a for a in arts if a.key == "ensemble-report").data
-    assert "Ensemble report: tiny" in report_md
+    assert "Ensemble report: tiny" in report_md and "**Rotation**" in report_md and "**OOD: letters**" in report_md
+    rotation = json.loads(next(a for a in arts if a.key == "ensemble-eval-rotation").data)
+    assert [row["level"] for row in rotation] == list(range(0, 181, 15))
     names = {r.name.rsplit("-", 1)[0] for r in runs if r.state and r.state.is_completed()}
     assert {"prepare_dataset", "split_rngs", "train_ensemble", "evaluate", "report"} <= names
 
@@ -249,7 +252,7 @@ def test_cli_refuses_bad_input_before_any_compute(tmp_path, tfds_dir, capsys, fi
     args = {
         "batch_larger_than_split": ["--set", "train.batch_size=5000", "--set", "data.max_train_examples=null"],
         "unknown_dataset": ["--set", "data.name=no_such_set"],
-        "catalog_offline": ["--set", "data.name=mnist", "--set", f"data.data_dir={tmp_path / 'tfds'}"],
+        "catalog_offline": ["--set", "data.name=cifar10", "--set", f"data.data_dir={tmp_path / 'tfds'}"],
         "output_not_writable": ["--output-dir", str(ROOT / "README.md" / "runs")],
         "run_name_path": ["--run-name", "../escape"],
         "non_yaml": _bad_yaml(tmp_path),

@@ -79,3 +79,184 @@ def test_evaluate_all_structure():
         assert m["nll"] == pytest.approx(log_loss(labels, p, labels=range(4)))
     assert out["member_mean"]["accuracy"] == pytest.approx(np.mean([m["accuracy"] for m in out["members"]]))
     assert set(out["diversity"]) == {"disagreement", "predictive_entropy", "mutual_information"}
+
+
+# --- OOD detection, selective prediction, shift ----------------------------------------
+
+from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve  # noqa: E402
+
+
+def _fpr95_sklearn(score, is_ood):
+    fpr, tpr, _ = roc_curve(is_ood, score, drop_intermediate=False)
+    return fpr[tpr >= 0.95].min()
+
+
+def _softmax(x):
+    z = np.exp(x - x.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
+
+
+def test_ood_scores_orientation_and_values():
+    rng = np.random.default_rng(2)
+    member_probs = _softmax(rng.normal(size=(4, 30, 5)) * 2)
+    out = metrics.ood_scores(member_probs)
+    assert set(out) == {"max_prob", "entropy", "mutual_information"}
+    ens = member_probs.mean(0)
+    np.testing.assert_allclose(out["max_prob"], 1 - ens.max(-1))
+    np.testing.assert_allclose(out["entropy"], scipy.stats.entropy(ens, axis=-1))
+    np.testing.assert_allclose(out["mutual_information"], metrics.mutual_information(member_probs))
+    for v in out.values():
+        assert v.shape == (30,)
+    # A confident (one-hot) example scores lower than a uniform one under every score.
+    conf = np.stack([np.eye(3)[[0, 0]], np.full((2, 3), 1 / 3)], axis=1)  # [E=2, N=2, C=3]
+    conf[1, 1] = [0.9, 0.05, 0.05]  # members disagree on the second example
+    s = metrics.ood_scores(conf)
+    assert s["max_prob"][0] < s["max_prob"][1]
+    assert s["entropy"][0] < s["entropy"][1]
+    assert s["mutual_information"][0] == pytest.approx(0) and s["mutual_information"][1] > 0
+    single = metrics.ood_scores(member_probs[:1])
+    np.testing.assert_allclose(single["mutual_information"], 0, atol=1e-12)
+    with pytest.raises(ValueError):
+        metrics.ood_scores(ens)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_detection_against_sklearn_with_ties(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(20, 200))
+    is_ood = rng.random(n) < rng.uniform(0.1, 0.9)
+    is_ood[:2] = [True, False]
+    # Coarse scores, so many ties within and across classes; OOD shifted up.
+    score = np.round(rng.normal(size=n) + is_ood * rng.uniform(0, 2), 1)
+    out = metrics.detection(score, is_ood)
+    assert out["auroc"] == pytest.approx(roc_auc_score(is_ood, score), abs=1e-12)
+    assert out["aupr"] == pytest.approx(average_precision_score(is_ood, score), abs=1e-12)
+    assert out["fpr_at_95_tpr"] == pytest.approx(_fpr95_sklearn(score, is_ood), abs=1e-12)
+    # Integer labels and a shuffled order give the same result.
+    perm = rng.permutation(n)
+    assert metrics.detection(score[perm], is_ood[perm].astype(int)) == pytest.approx(out)
+
+
+def test_detection_all_tied_and_mann_whitney():
+    is_ood = np.array([1, 0, 1, 0, 0], bool)
+    out = metrics.detection(np.zeros(5), is_ood)
+    assert out == pytest.approx({"auroc": 0.5, "aupr": 0.4, "fpr_at_95_tpr": 1.0})
+    rng = np.random.default_rng(7)
+    score = rng.integers(0, 5, 60).astype(float)
+    y = rng.random(60) < 0.4
+    u = scipy.stats.mannwhitneyu(score[y], score[~y]).statistic
+    assert metrics.detection(score, y)["auroc"] == pytest.approx(u / (y.sum() * (~y).sum()))
+
+
+def test_detection_perfectly_separated():
+    is_ood = np.array([0, 1, 0, 1, 1, 0, 0, 1], bool)
+    score = np.where(is_ood, 2.0, 1.0) + np.arange(8) * 0.01
+    out = metrics.detection(score, is_ood)
+    assert out == pytest.approx({"auroc": 1.0, "aupr": 1.0, "fpr_at_95_tpr": 0.0})
+    assert roc_auc_score(is_ood, score) == 1.0 and average_precision_score(is_ood, score) == 1.0
+    assert _fpr95_sklearn(score, is_ood) == 0.0
+    # Reversed orientation: the worst case.
+    rev = metrics.detection(-score, is_ood)
+    assert rev["auroc"] == 0.0 and rev["fpr_at_95_tpr"] == 1.0
+    assert rev["aupr"] == pytest.approx(average_precision_score(is_ood, -score))
+
+
+def test_detection_fpr95_threshold_boundary():
+    # 20 OOD: 19 flagged is exactly 95% TPR, so the threshold stops before the last OOD.
+    ood = np.r_[np.arange(1.0, 20.0) + 10, -100.0]
+    ind = np.array([0.5, 5.0, 15.0, 50.0])
+    score = np.r_[ood, ind]
+    is_ood = np.r_[np.ones(20, bool), np.zeros(4, bool)]
+    out = metrics.detection(score, is_ood)
+    assert out["fpr_at_95_tpr"] == pytest.approx(2 / 4)  # 15 and 50 are >= 11
+    assert out["fpr_at_95_tpr"] == pytest.approx(_fpr95_sklearn(score, is_ood))
+
+
+@pytest.mark.parametrize("bad", [np.zeros(4, bool), np.ones(4, bool)])
+def test_detection_one_class_absent_raises(bad):
+    with pytest.raises(ValueError, match="both OOD"):
+        metrics.detection(np.arange(4.0), bad)
+    with pytest.raises(ValueError):
+        metrics.detection(np.arange(3.0), np.array([1, 0, 1, 0], bool))
+    with pytest.raises(ValueError):
+        metrics.detection(np.array([0.0, np.nan]), np.array([1, 0], bool))
+
+
+def test_confident_fraction_and_accuracy_above():
+    probs = np.array([[0.95, 0.05], [0.9, 0.1], [0.6, 0.4], [0.2, 0.8], [0.02, 0.98]])
+    labels = np.array([0, 1, 0, 1, 0])
+    assert metrics.confident_fraction(probs) == pytest.approx(3 / 5)  # .95, .9 (>=), .98
+    assert metrics.confident_fraction(probs, tau=0.99) == 0.0
+    out = metrics.accuracy_above(probs, labels, 0.9)
+    assert out == pytest.approx({"accuracy": 1 / 3, "fraction": 3 / 5})
+    assert metrics.accuracy_above(probs, labels, 0.0) == pytest.approx(
+        {"accuracy": metrics.accuracy(probs, labels), "fraction": 1.0}
+    )
+    assert metrics.accuracy_above(probs, labels, 0.99) == {"accuracy": None, "fraction": 0.0}
+
+
+def _risk_coverage_loop(probs, labels):
+    n = len(labels)
+    conf = [max(p) for p in probs]
+    # Stable descending order: higher confidence first, then lower input index.
+    order = sorted(range(n), key=lambda i: (-conf[i], i))
+    cov, risk = [], []
+    for k in range(1, n + 1):
+        chosen = order[:k]
+        errs = sum(int(np.argmax(probs[i]) != labels[i]) for i in chosen)
+        cov.append(k / n)
+        risk.append(errs / k)
+    return np.array(cov), np.array(risk)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_risk_coverage_against_loop(seed):
+    rng = np.random.default_rng(seed)
+    n, c = 80, 4
+    probs = rng.dirichlet(np.ones(c) * 0.5, size=n)
+    probs[::7] = probs[3]  # ties in confidence
+    labels = rng.integers(0, c, n)
+    cov, risk = metrics.risk_coverage(probs, labels)
+    ref_cov, ref_risk = _risk_coverage_loop(probs, labels)
+    np.testing.assert_allclose(cov, ref_cov)
+    np.testing.assert_allclose(risk, ref_risk)
+    assert risk[-1] == pytest.approx(1 - metrics.accuracy(probs, labels))
+    assert metrics.aurc(probs, labels) == pytest.approx(ref_risk.mean())
+
+
+def test_aurc_perfect_and_ordering():
+    rng = np.random.default_rng(5)
+    probs = rng.dirichlet(np.ones(3), size=40)
+    assert metrics.aurc(probs, probs.argmax(-1)) == 0.0
+    # Errors only on the least confident example vs only on the most confident one.
+    probs = np.array([[0.9, 0.1], [0.8, 0.2], [0.6, 0.4]])
+    assert metrics.aurc(probs, np.array([0, 0, 1])) == pytest.approx((0 + 0 + 1 / 3) / 3)
+    assert metrics.aurc(probs, np.array([1, 0, 0])) == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
+
+
+def test_shift_scores_best_member_and_healthy():
+    rng = np.random.default_rng(3)
+    e, n, c = 5, 60, 4
+    member_probs = _softmax(rng.normal(size=(e, n, c)) * rng.uniform(0.5, 3, size=(e, 1, 1)))
+    labels = rng.integers(0, c, n)
+    nlls = [log_loss(labels, p, labels=range(c)) for p in member_probs]
+    out = metrics.shift_scores(member_probs, labels, num_bins=10)
+    assert set(out) == {"ensemble", "member_mean", "best_member", "best_member_index"}
+    assert out["best_member_index"] == int(np.argmin(nlls))
+    assert out["best_member"] == pytest.approx(metrics.scores(member_probs[np.argmin(nlls)], labels, 10))
+    assert out["best_member"]["nll"] == pytest.approx(min(nlls))
+    full = metrics.evaluate_all(member_probs, labels, 10)
+    assert out["ensemble"] == pytest.approx(full["ensemble"])
+    assert out["member_mean"] == pytest.approx(full["member_mean"])
+
+    # Exclude the best member: the next best healthy one is chosen, indexed among all E.
+    healthy = np.ones(e, bool)
+    healthy[np.argmin(nlls)] = False
+    out_h = metrics.shift_scores(member_probs, labels, num_bins=10, healthy=healthy)
+    masked = np.where(healthy, nlls, np.inf)
+    assert out_h["best_member_index"] == int(np.argmin(masked))
+    full_h = metrics.evaluate_all(member_probs, labels, 10, healthy=healthy)
+    assert out_h["ensemble"] == pytest.approx(full_h["ensemble"])
+    assert out_h["member_mean"] == pytest.approx(full_h["member_mean"])
+    with pytest.raises(ValueError, match="healthy"):
+        metrics.shift_scores(member_probs, labels, healthy=np.zeros(e, bool))

@@ -9,7 +9,9 @@ An evaluator scores the trained members on data it chooses. The module
   of its own shape) and the arrays to keep;
 - ``plot(metrics: dict, arrays: dict, plots_dir: Path, config) -> dict[str, Path]`` (optional):
   draws its PNGs into ``plots_dir`` and returns them by name;
-- ``markdown(metrics: dict) -> list[str]`` (optional): its section of ``report.md``.
+- ``markdown(metrics: dict) -> list[str]`` (optional): its section of ``report.md``;
+- ``table(metrics: dict) -> list[dict]`` (optional): the rows of its Prefect table
+  artifact (key ``ensemble-eval-<name>``).
 
 The run layer (:mod:`ensemble_core.runs.evaluation`) writes the arrays to
 ``<run>/predictions.npz`` for ``test`` and ``<run>/eval/<name>.npz`` for the others, and
@@ -31,7 +33,7 @@ from ensemble_core.config import EVALUATOR_NAMES, PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import ConfigError
 
-__all__ = ["EVALUATOR_NAMES", "EvalContext", "EvaluatorOutput", "get"]
+__all__ = ["EVALUATOR_NAMES", "EvalContext", "EvaluatorOutput", "get", "skipped"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +50,10 @@ class EvalContext:
         every member, and the steady-state throughput.
       load: ``load(split) -> (images uint8 [N, H, W, C], labels int32 [N])`` of the
         training dataset ('train' or 'test', capped as the config says).
+      cached: ``cached(key, build) -> arrays``: the arrays ``build()`` returns (a dict of
+        numpy arrays, e.g. a transformed test set), computed once and kept beside the
+        prepared dataset under ``key`` (the run layer decides where; a key must name
+        everything the arrays depend on).
     """
 
     config: PipelineConfig
@@ -55,15 +61,28 @@ class EvalContext:
     healthy: np.ndarray
     predict: Callable[[np.ndarray], tuple[np.ndarray, float]]
     load: Callable[[str], tuple[np.ndarray, np.ndarray]]
+    cached: Callable[[str, Callable[[], dict[str, np.ndarray]]], dict[str, np.ndarray]]
 
 
 @dataclasses.dataclass(frozen=True)
 class EvaluatorOutput:
     """An evaluator's result: ``metrics`` (JSON-able) and ``arrays`` (numpy arrays to keep
-    in the run directory; see the module docstring)."""
+    in the run directory; see the module docstring). An evaluator that cannot run here
+    (its data is not installed) returns :func:`skipped`."""
 
     metrics: dict[str, Any]
     arrays: dict[str, np.ndarray]
+
+    @property
+    def skipped(self) -> str | None:
+        """Why the evaluator did not run (None when it ran)."""
+        return self.metrics.get("skipped")
+
+
+def skipped(reason: str) -> EvaluatorOutput:
+    """The output of an evaluator that did not run: ``{"skipped": reason}``, no arrays;
+    the run goes on, the reason is logged once and shown in the report."""
+    return EvaluatorOutput(metrics={"skipped": reason}, arrays={})
 
 
 def get(name: str) -> ModuleType:

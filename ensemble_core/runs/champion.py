@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ensemble_core.config import PipelineConfig
+from ensemble_core.config import TEST_METRICS, PipelineConfig, figure_direction
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.layout import CHAMPION_FILE, HISTORY_FILE, OutputDir, RunDir, atomic_write_bytes
 from ensemble_core.runs.results import Evaluation, PromotionDecision
@@ -112,21 +112,21 @@ def set_aside(output_dir: str | Path, name: str, reason: str, *, consequence: st
     return dest
 
 
-def decide(challenger: dict, champion: dict | None, metric: str) -> tuple[bool, str]:
+def decide(challenger: float, champion: float | None, metric: str) -> tuple[bool, str]:
     """Promote the challenger if it is not worse than the champion on ``metric``.
 
     Args:
-      challenger, champion: ensemble metric dicts measured on the same test split
+      challenger, champion: the figure ``metric`` of each, measured on the same data
         (``champion`` None: there is no champion, the challenger is promoted).
-      metric: one of ``accuracy``, ``nll``, ``brier``, ``ece``.
+      metric: ``promotion.metric`` (its direction: :func:`ensemble_core.config.figure_direction`).
 
     Returns:
       (promoted, a one-line reason).
     """
     if champion is None:
         return True, "no champion yet"
-    new, old = challenger[metric], champion[metric]
-    better_or_equal = new >= old if HIGHER_IS_BETTER[metric] else new <= old
+    new, old = challenger, champion
+    better_or_equal = new >= old if figure_direction(metric) else new <= old
     relation = "not worse than" if better_or_equal else "worse than"
     return better_or_equal, f"challenger {metric} {new:.4f} is {relation} champion {metric} {old:.4f}"
 
@@ -331,20 +331,27 @@ def promote(
 
     metric = cfg.promotion.metric
     data_key = cfg.data.model_dump(mode="json")
+    try:
+        challenger_value = figure_value(evaluation, metric)
+    except LookupError as err:
+        return _not_promoted(cfg, run_name, evaluation, output_dir, f"{metric} is not available: {err}")
     current = read_champion(output_dir)
-    champion_metrics = None
+    champion_metrics, champion_value = None, None
     if current is not None:
-        if current["data"] == data_key:
-            champion_metrics = current["metrics"]
+        figures = {**current["metrics"], **(current.get("figures") or {})}
+        if current["data"] == data_key and metric in figures:
+            champion_metrics, champion_value = current["metrics"], figures[metric]
         else:
             try:
                 with EnsembleCheckpointer(RunDir(Path(current["run_dir"])).checkpoints) as ckpt:
                     meta = ckpt.read_meta()
-                # the champion's figures on this run's test split only (what is compared)
-                saved = {**meta["config"], "data": data_key}
-                saved["eval"] = {**saved.get("eval", {}), "evaluators": ["test"]}
+                # the champion on this run's data, with only the evaluators the comparison needs
+                needed = ["test"] + ([metric.split(".")[0]] if metric not in TEST_METRICS else [])
+                saved = {**meta["config"], "data": data_key, "promotion": cfg.promotion.model_dump(mode="json")}
+                saved["eval"] = {**saved.get("eval", {}), "evaluators": list(dict.fromkeys(needed))}
                 champion_cfg = PipelineConfig.model_validate(saved)
-                champion_metrics = evaluate(champion_cfg, dataset, current["run_dir"], write=False).ensemble
+                champion_eval = evaluate(champion_cfg, dataset, current["run_dir"], write=False)
+                champion_metrics, champion_value = champion_eval.ensemble, figure_value(champion_eval, metric)
             except Exception as err:  # noqa: BLE001  (orbax/pydantic/JAX raise many types for a damaged run)
                 # The champion's run cannot be re-evaluated (checkpoints damaged or of an
                 # older format): set the pointer aside, as a damaged pointer is.
@@ -355,8 +362,8 @@ def promote(
                     f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})",
                     consequence=NO_CHAMPION,
                 )
-                current, champion_metrics = None, None
-    promoted, reason = decide(evaluation.ensemble, champion_metrics, metric)
+                current, champion_metrics, champion_value = None, None, None
+    promoted, reason = decide(challenger_value, champion_value, metric)
     if promoted:
         write_champion(
             output_dir,
@@ -365,8 +372,61 @@ def promote(
                 "run_dir": str(Path(run_dir).absolute()),
                 "data": data_key,
                 "metrics": evaluation.ensemble,
+                "figures": {metric: challenger_value},
             },
         )
+    figures = (challenger_value, champion_value)
+    return _decision(promoted, reason, metric, run_name, evaluation, output_dir, champion_metrics, current, figures)
+
+
+def figure_value(evaluation: Evaluation, metric: str) -> float:
+    """The figure ``promotion.metric`` names: an ensemble test metric, or the value at the
+    dotted path ``<evaluator>.<key>...`` of that evaluator's metrics (a digit indexes a list).
+
+    Raises:
+      LookupError: the evaluator did not run (or was skipped), or the path does not lead to
+        a finite number.
+    """
+    if metric in TEST_METRICS:
+        return float(evaluation.ensemble[metric])
+    name, *path = metric.split(".")
+    if name not in evaluation.results:
+        raise LookupError(f"the evaluator '{name}' did not run")
+    node = evaluation.results[name].metrics
+    if node.get("skipped"):
+        raise LookupError(f"the evaluator '{name}' was skipped ({node['skipped']})")
+    for part in path:
+        try:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        except (KeyError, IndexError, ValueError, TypeError):
+            raise LookupError(f"evaluations.{name}.metrics has no '{'.'.join(path)}'") from None
+    if isinstance(node, bool) or not isinstance(node, int | float) or not math.isfinite(node):
+        raise LookupError(f"evaluations.{name}.metrics.{'.'.join(path)} is {node!r}, not a finite number")
+    return float(node)
+
+
+def _not_promoted(
+    cfg: PipelineConfig, run_name: str, evaluation: Evaluation, output_dir: str | Path, reason: str
+) -> PromotionDecision:
+    log.warning("not promoted: %s", reason)
+    champion = read_champion(output_dir)
+    champion_metrics = champion["metrics"] if champion else None
+    metric = cfg.promotion.metric
+    return _decision(False, reason, metric, run_name, evaluation, output_dir, champion_metrics, champion, (None, None))
+
+
+def _decision(
+    promoted: bool,
+    reason: str,
+    metric: str,
+    run_name: str,
+    evaluation: Evaluation,
+    output_dir: str | Path,
+    champion_metrics: dict | None,
+    current: dict | None,
+    figures: tuple[float | None, float | None],
+) -> PromotionDecision:
+    """Append this run's history row and return the decision."""
     history = append_history(
         output_dir,
         {
@@ -383,5 +443,7 @@ def promote(
         challenger=evaluation.ensemble,
         champion=champion_metrics,
         champion_run=current["run_name"] if current else None,
+        challenger_figure=figures[0],
+        champion_figure=figures[1],
         history=history,
     )

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import time
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,8 @@ from ensemble_core.runs.layout import RunDir, atomic_savez
 from ensemble_core.runs.results import Evaluation, EvaluatorResult
 from ensemble_core.setup import EnsembleSetup, build
 from ensemble_core.train import EnsembleState
+
+log = logging.getLogger(__name__)
 
 
 def restore(
@@ -89,19 +94,51 @@ def evaluate(
         healthy=healthy,
         predict=lambda images: predict_member_probs(cfg, state, setup, images),
         load=lambda split: load(cfg, dataset, split),
+        cached=lambda key, build: cached_arrays(dataset, key, build),
     )
     results = {}
     for name in cfg.eval.evaluators:
         module = evaluators.get(name)
         out = module.evaluate(ctx)
         plots: dict[str, str] = {}
-        if write:
+        if out.skipped:
+            log.warning("evaluator %s skipped: %s", name, out.skipped)
+        elif write:
             atomic_savez(run.evaluator_arrays(name), **out.arrays)
             if hasattr(module, "plot"):
                 drawn = module.plot(out.metrics, out.arrays, run.plots, cfg)
                 plots = {key: str(path.relative_to(run.path)) for key, path in drawn.items()}
         results[name] = EvaluatorResult(name=name, metrics=out.metrics, plots=plots)
     return Evaluation(results=results)
+
+
+def derived_dir(dataset: DatasetInfo) -> Path:
+    """Where arrays derived from a prepared dataset are cached (transformed test sets,
+    rendered OOD sets): ``<TFDS data dir>/ensemble-derived/<dataset>/<version>/``."""
+    variant = Path(dataset.data_dir)  # <root>/<name>/<version>
+    return variant.parents[1] / "ensemble-derived" / variant.parent.name / variant.name
+
+
+def cached_arrays(dataset: DatasetInfo, key: str, build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """``build()``'s arrays, read from ``derived_dir(dataset)/<key>.npz`` when present
+    (written atomically the first time). A cache file that cannot be read is rebuilt.
+
+    Raises:
+      ValueError: ``key`` is not a plain file name.
+    """
+    if not key or "/" in key or key.startswith("."):
+        raise ValueError(f"cache key {key!r} is not a plain file name")
+    path = derived_dir(dataset) / f"{key}.npz"
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        log.warning("cached %s is unreadable (%s); building it again", path, err)
+    arrays = build()
+    atomic_savez(path, **arrays)
+    return arrays
 
 
 def check_image_values(images: np.ndarray) -> None:

@@ -83,6 +83,17 @@ def member_table(report: dict) -> list[dict]:
     return rows
 
 
+def evaluator_tables(report: dict) -> dict[str, list[dict]]:
+    """One table (a list of rows) per evaluator in ``evaluations`` that ran and defines
+    ``table(metrics)`` (:mod:`ensemble_core.evaluators`)."""
+    tables = {}
+    for name, section in (report.get("evaluations") or {}).items():
+        module = evaluators.get(name)
+        if not section["metrics"].get("skipped") and hasattr(module, "table"):
+            tables[name] = module.table(section["metrics"])
+    return tables
+
+
 def render_markdown(report: dict, plots: bool = True) -> str:
     """``report.md``: headline, per-member table, diversity, timing (and the plots)."""
     ens, mean, div, t = report["ensemble"], report["member_mean"], report["diversity"], report["timing"]
@@ -134,8 +145,13 @@ def render_markdown(report: dict, plots: bool = True) -> str:
             ]
     for name, section in (report.get("evaluations") or {}).items():
         module = evaluators.get(name)
+        if section["metrics"].get("skipped"):
+            lines += [f"**{name}**: skipped ({section['metrics']['skipped']}).", ""]
+            continue
         if hasattr(module, "markdown"):
             lines += [*module.markdown(section["metrics"]), ""]
+        if plots and section.get("plots"):
+            lines += [" ".join(f"![{key.replace('_', ' ')}]({path})" for key, path in section["plots"].items()), ""]
     if plots:
         lines += [" ".join(f"![{key.replace('_', ' ')}]({path})" for key, path in report["plots"].items()), ""]
     else:

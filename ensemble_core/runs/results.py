@@ -88,4 +88,6 @@ class PromotionDecision(_Result):
     challenger: dict[str, float]
     champion: dict[str, float] | None  # the champion's ensemble metrics; None when there was none
     champion_run: str | None
+    challenger_figure: float | None = None  # promotion.metric of this run (None: not available)
+    champion_figure: float | None = None  # promotion.metric of the champion on this run's data
     history: list[dict]  # every run's row of history.jsonl, oldest first

@@ -1,0 +1,139 @@
+"""What every shift evaluator shares: a test split transformed at several levels, scored
+level by level for the ensemble, the mean member and the best member (Ovadia et al. 2019,
+"Can you trust your model's uncertainty? Evaluating predictive uncertainty under dataset
+shift"), plus the plot of each figure against the level and a report section."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ensemble_core import metrics as metrics_lib
+from ensemble_core.evaluators import EvalContext, EvaluatorOutput
+from ensemble_core.plotting import plt, save
+
+FIGURES = ("accuracy", "nll", "brier", "ece")
+WHO = ("ensemble", "member_mean", "best_member")
+#: Bump when a transform changes, so cached shifted sets are built again.
+CACHE_VERSION = 1
+
+
+def shifted_test_set(
+    ctx: EvalContext, name: str, levels: Sequence[float], transform: Callable[[np.ndarray, float], np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The test split transformed at every level, cached: images uint8 ``[L*N, H, W, C]``
+    (level-major), labels int32 ``[L*N]`` and level float32 ``[L*N]``."""
+    images, labels = ctx.load("test")
+    key = f"{name}-v{CACHE_VERSION}-n{len(images)}-" + "_".join(f"{x:g}" for x in levels)
+
+    def build() -> dict[str, np.ndarray]:
+        return {"images": np.concatenate([transform(images, level) for level in levels])}
+
+    shifted = ctx.cached(key, build)["images"]
+    level = np.repeat(np.asarray(levels, np.float32), len(images))
+    return shifted, np.tile(labels.astype(np.int32), len(levels)), level
+
+
+def score_levels(
+    ctx: EvalContext, probs: np.ndarray, labels: np.ndarray, level: np.ndarray, levels: Sequence[float]
+) -> list[dict]:
+    """Per level: ``{"level", "ensemble", "member_mean", "best_member", "best_member_index",
+    "aurc"}`` (accuracy, NLL, Brier, ECE of each; the ensemble's AURC, Geifman & El-Yaniv
+    2017)."""
+    bins = ctx.config.eval.ece_bins
+    out = []
+    healthy = ctx.healthy
+    for value in levels:
+        at = level == np.float32(value)
+        s = metrics_lib.shift_scores(probs[:, at], labels[at], bins, healthy=healthy)
+        ens = metrics_lib.ensemble_probs(probs[healthy][:, at])
+        out.append({"level": float(value), **s, "aurc": metrics_lib.aurc(ens, labels[at])})
+    return out
+
+
+def summary(per_level: list[dict]) -> dict:
+    """The mean of every figure over the levels, for ``ensemble``, ``member_mean`` and
+    ``best_member`` (the best member per level), and ``ensemble_beats_best_member``: at
+    how many levels the ensemble's NLL / Brier is below the best member's."""
+    mean = {who: {f: float(np.mean([r[who][f] for r in per_level])) for f in FIGURES} for who in WHO}
+    wins = {f: int(sum(r["ensemble"][f] < r["best_member"][f] for r in per_level)) for f in ("nll", "brier", "ece")}
+    return {"mean": mean, "ensemble_beats_best_member": {**wins, "of_levels": len(per_level)}}
+
+
+def evaluate_shift(
+    ctx: EvalContext,
+    name: str,
+    unit: str,
+    levels: Sequence[float],
+    transform: Callable[[np.ndarray, float], np.ndarray],
+) -> EvaluatorOutput:
+    """Score the members on the test split under ``transform`` at each level.
+
+    Returns:
+      metrics ``{"unit", "levels": [per level], "mean", "ensemble_beats_best_member"}``;
+      arrays ``member_probs`` float32 ``[E, L*N, C]``, ``labels`` int32 ``[L*N]``,
+      ``level`` float32 ``[L*N]``, ``healthy`` bool ``[E]``.
+    """
+    images, labels, level = shifted_test_set(ctx, name, levels, transform)
+    probs, _ = ctx.predict(images)
+    per_level = score_levels(ctx, probs, labels, level, levels)
+    metrics = {"unit": unit, "levels": per_level, **summary(per_level)}
+    return EvaluatorOutput(
+        metrics=metrics,
+        arrays={"member_probs": probs, "labels": labels, "level": level, "healthy": ctx.healthy},
+    )
+
+
+def plot_levels(metrics: dict, plots_dir: Path, name: str, xlabel: str, ticks: Sequence[str] | None = None) -> Path:
+    """``<name>.png``: accuracy, NLL, Brier and ECE against the level, for the ensemble, the
+    mean member and the best member."""
+    rows = metrics["levels"]
+    xs = np.arange(len(rows)) if ticks is not None else [r["level"] for r in rows]
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+    styles = {"ensemble": ("tab:red", "-"), "member_mean": ("tab:gray", "--"), "best_member": ("tab:blue", ":")}
+    for ax, figure in zip(axes, FIGURES, strict=True):
+        for who, (color, style) in styles.items():
+            ax.plot(xs, [r[who][figure] for r in rows], style, marker=".", color=color, label=who.replace("_", " "))
+        ax.set(xlabel=xlabel, title=f"{figure} under {name}")
+        if ticks is not None:
+            ax.set_xticks(xs, ticks, rotation=90, fontsize=7)
+    axes[0].legend(fontsize=8)
+    return save(fig, plots_dir / f"{name}.png")
+
+
+def markdown(metrics: dict, title: str, unit: str) -> list[str]:
+    """A report.md section: the table of levels (ensemble vs best member) and the means."""
+    lines = [
+        f"**{title}** (ensemble vs best member vs mean member; {unit}):",
+        "",
+        "| level | accuracy | NLL | Brier | ECE | best member NLL | best member Brier | best member ECE |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in metrics["levels"]:
+        e, b = r["ensemble"], r["best_member"]
+        label = r.get("name", f"{r['level']:g}")
+        lines.append(
+            f"| {label} | {e['accuracy']:.4f} | {e['nll']:.4f} | {e['brier']:.4f} | {e['ece']:.4f} | "
+            f"{b['nll']:.4f} | {b['brier']:.4f} | {b['ece']:.4f} |"
+        )
+    wins = metrics["ensemble_beats_best_member"]
+    lines += [
+        "",
+        f"Ensemble below the best member at {wins['nll']}/{wins['of_levels']} levels in NLL, "
+        f"{wins['brier']}/{wins['of_levels']} in Brier, {wins['ece']}/{wins['of_levels']} in ECE.",
+    ]
+    return lines
+
+
+def table(metrics: dict) -> list[dict]:
+    """One row per level: the ensemble's and the best member's figures (rounded)."""
+    rows = []
+    for r in metrics["levels"]:
+        row = {"level": r.get("name", r["level"])}
+        row.update({f"ensemble {f}": round(r["ensemble"][f], 4) for f in FIGURES})
+        row.update({f"best member {f}": round(r["best_member"][f], 4) for f in FIGURES})
+        row.update({f"member mean {f}": round(r["member_mean"][f], 4) for f in FIGURES})
+        rows.append(row)
+    return rows

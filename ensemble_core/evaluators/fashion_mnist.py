@@ -1,0 +1,50 @@
+"""Out-of-distribution: Fashion-MNIST test images (Xiao et al. 2017), real photographs of
+clothing, for an ensemble trained on digits. Read through the project's IDX builder
+(:func:`ensemble_core.data.prepare` of ``fashion_mnist``) from the files Debian's
+``dataset-fashion-mnist`` installs; when they are absent the evaluator is skipped with
+one line saying how to get them, and the run goes on. As many Fashion-MNIST images as
+test images (the first ones: balanced). Skipped for a 28x28x1 mismatch or when the run
+trains on Fashion-MNIST itself.
+
+Arrays (``eval/fashion_mnist.npz``): as :mod:`ensemble_core.evaluators.letters`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ensemble_core import data as data_lib
+from ensemble_core.config import PipelineConfig
+from ensemble_core.evaluators import EvalContext, EvaluatorOutput, _ood, skipped
+
+NAME = "fashion_mnist"
+
+
+def evaluate(ctx: EvalContext) -> EvaluatorOutput:
+    """The test split vs Fashion-MNIST's test split; see :mod:`ensemble_core.evaluators._ood`."""
+    if ctx.config.data.name == NAME:
+        return skipped("the ensemble is trained on Fashion-MNIST: it is not out-of-distribution here")
+    if tuple(ctx.dataset.image_shape) != (28, 28, 1):
+        return skipped(f"Fashion-MNIST images are 28x28x1, the model takes {tuple(ctx.dataset.image_shape)}")
+    if data_lib.idx_files_available(NAME) is None:
+        where, fix = data_lib.IDX_SOURCES[NAME]
+        return skipped(f"the Fashion-MNIST files are not in {where}; fix: {fix}")
+    n = len(ctx.load("test")[0])
+    data_lib.prepare(NAME, ctx.dataset.tfds_data_dir)
+    images, _ = data_lib.load_split(NAME, "test", ctx.dataset.tfds_data_dir, n)
+    return _ood.evaluate_ood(ctx, images, "Fashion-MNIST test split (dataset-fashion-mnist)")
+
+
+def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig) -> dict[str, Path]:
+    """Entropy histograms and ROC curves (:func:`ensemble_core.evaluators._ood.plot_ood`)."""
+    return _ood.plot_ood(metrics, arrays, plots_dir, NAME)
+
+
+def markdown(metrics: dict) -> list[str]:
+    """The detection table."""
+    return _ood.markdown(metrics, "OOD: Fashion-MNIST")
+
+
+def table(metrics: dict) -> list[dict]:
+    """The Prefect table artifact's rows (:func:`ensemble_core.evaluators._ood.table`)."""
+    return _ood.table(metrics)

@@ -1,0 +1,45 @@
+"""Out-of-distribution: letters A-J rendered from the DejaVu fonts that ship with
+matplotlib, with seeded affine jitter (:func:`ensemble_core.shifts.letters`), a stand-in
+for notMNIST, the classic OOD set for MNIST. As many letters as test images (balanced).
+Only for 28x28 one-channel images.
+
+Arrays (``eval/letters.npz``): ``member_probs`` float32 ``[E, 2N, C]``, ``is_ood`` bool
+``[2N]`` (test images first), ``labels`` int32 (-1 for the letters), ``healthy`` bool ``[E]``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ensemble_core import shifts
+from ensemble_core.config import PipelineConfig
+from ensemble_core.evaluators import EvalContext, EvaluatorOutput, _ood, skipped
+
+SEED = 0
+CACHE_VERSION = 1
+
+
+def evaluate(ctx: EvalContext) -> EvaluatorOutput:
+    """The test split vs rendered letters; see :mod:`ensemble_core.evaluators._ood`."""
+    if tuple(ctx.dataset.image_shape) != (28, 28, 1):
+        return skipped(f"the letters are rendered at 28x28x1, not {tuple(ctx.dataset.image_shape)}")
+    n = len(ctx.load("test")[0])
+    per_letter = -(-n // 10)
+    key = f"letters-v{CACHE_VERSION}-{per_letter}-seed{SEED}"
+    images = ctx.cached(key, lambda: {"images": shifts.letters(per_letter, SEED)})["images"][:n]
+    return _ood.evaluate_ood(ctx, images, "letters A-J rendered from DejaVu fonts, seeded affine jitter")
+
+
+def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig) -> dict[str, Path]:
+    """Entropy histograms and ROC curves (:func:`ensemble_core.evaluators._ood.plot_ood`)."""
+    return _ood.plot_ood(metrics, arrays, plots_dir, "letters")
+
+
+def markdown(metrics: dict) -> list[str]:
+    """The detection table."""
+    return _ood.markdown(metrics, "OOD: letters")
+
+
+def table(metrics: dict) -> list[dict]:
+    """The Prefect table artifact's rows (:func:`ensemble_core.evaluators._ood.table`)."""
+    return _ood.table(metrics)

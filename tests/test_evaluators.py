@@ -1,0 +1,160 @@
+"""Shift and OOD evaluators: every figure in report.json recomputed from the .npz files
+with independent references (scikit-learn), skipping, caching, promotion on any figure."""
+
+import json
+
+import numpy as np
+import pytest
+from sklearn.metrics import accuracy_score, average_precision_score, log_loss, roc_auc_score
+
+from ensemble_core import data, runs
+from ensemble_core.config import load_config
+from ensemble_core.errors import ConfigError
+from ensemble_core.runs.evaluation import cached_arrays
+from tests.ensembles import tiny_config
+
+SHIFTS = ("rotation", "translation", "corruptions")
+ALL = ("test", *SHIFTS, "letters", "fashion_mnist")
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, tfds_dir):
+    """One tiny run with every evaluator (3 members, 120 test digits)."""
+    out = tmp_path_factory.mktemp("evaluators")
+    cfg = tiny_config(
+        tfds_dir,
+        "ensemble.size=3",
+        "train.epochs=2",
+        "data.max_test_examples=120",
+        f"eval.evaluators=[{','.join(ALL)}]",
+        "promotion.metric=letters.ensemble.mutual_information.auroc",
+    )
+    result = runs.run(cfg, out, "r")
+    return result, json.loads(result.run_dir.report_json.read_text())
+
+
+def _nll(probs, labels):
+    return log_loss(labels, probs, labels=np.arange(probs.shape[-1]))
+
+
+def _brier(probs, labels):
+    onehot = np.eye(probs.shape[-1])[labels]
+    return float(np.mean(np.sum((probs - onehot) ** 2, -1)))
+
+
+@pytest.mark.parametrize("name", SHIFTS)
+def test_shift_figures_are_recomputed_from_the_npz(finished, name):
+    result, report = finished
+    section = report["evaluations"][name]["metrics"]
+    with np.load(result.run_dir.eval_dir / f"{name}.npz") as f:
+        probs, labels, level = f["member_probs"], f["labels"], f["level"]
+    assert probs.dtype == np.float32 and probs.shape[0] == 3 and labels.shape == level.shape == probs.shape[1:2]
+    assert len(section["levels"]) * 120 == len(labels)
+    for row in section["levels"]:
+        at = level == np.float32(row["level"])
+        p, y = probs[:, at].astype(np.float64), labels[at]
+        ens = p.mean(0)
+        assert row["ensemble"]["accuracy"] == pytest.approx(accuracy_score(y, ens.argmax(-1)))
+        assert row["ensemble"]["nll"] == pytest.approx(_nll(ens, y), rel=1e-6)
+        assert row["ensemble"]["brier"] == pytest.approx(_brier(ens, y), rel=1e-6)
+        member_nll = [_nll(m, y) for m in p]
+        best = int(np.argmin(member_nll))
+        assert row["best_member_index"] == best
+        assert row["best_member"]["nll"] == pytest.approx(member_nll[best], rel=1e-6)
+        assert row["member_mean"]["nll"] == pytest.approx(np.mean(member_nll), rel=1e-6)
+    mean_nll = np.mean([r["ensemble"]["nll"] for r in section["levels"]])
+    assert section["mean"]["ensemble"]["nll"] == pytest.approx(mean_nll)
+    assert (result.run_dir.plots / f"{name}.png").stat().st_size > 10_000
+
+
+def test_rotation_levels_and_selective_prediction(finished):
+    result, report = finished
+    section = report["evaluations"]["rotation"]["metrics"]
+    assert [r["level"] for r in section["levels"]] == list(range(0, 181, 15))
+    with np.load(result.run_dir.eval_dir / "rotation.npz") as f:
+        at = f["level"] == 60
+        ens, labels = f["member_probs"][:, at].astype(np.float64).mean(0), f["labels"][at]
+    for row in section["selective_at_60"]["ensemble"]:
+        confident = ens.max(-1) >= row["tau"]
+        assert row["fraction"] == pytest.approx(confident.mean())
+        if confident.any():
+            assert row["accuracy"] == pytest.approx(accuracy_score(labels[confident], ens[confident].argmax(-1)))
+    # rotating by 0 degrees is the test split itself
+    with np.load(result.run_dir.predictions) as f:
+        test_probs = f["member_probs"]
+    with np.load(result.run_dir.eval_dir / "rotation.npz") as f:
+        np.testing.assert_allclose(f["member_probs"][:, f["level"] == 0], test_probs, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["letters", "fashion_mnist"])
+def test_ood_figures_are_recomputed_from_the_npz(finished, name):
+    result, report = finished
+    section = report["evaluations"][name]["metrics"]
+    if section.get("skipped"):
+        pytest.skip(f"{name} was skipped: {section['skipped']}")
+    with np.load(result.run_dir.eval_dir / f"{name}.npz") as f:
+        probs, is_ood, labels = f["member_probs"].astype(np.float64), f["is_ood"], f["labels"]
+    assert is_ood.sum() == (~is_ood).sum() == 120 and not is_ood[:120].any() and (labels[is_ood] == -1).all()
+    ens = probs.mean(0)
+    entropy = -np.sum(ens * np.log(np.maximum(ens, 1e-300)), -1)
+    member_entropy = -np.sum(probs * np.log(np.maximum(probs, 1e-300)), -1).mean(0)
+    scores = {"max_prob": 1 - ens.max(-1), "entropy": entropy, "mutual_information": entropy - member_entropy}
+    for score, value in scores.items():
+        got = section["ensemble"][score]
+        assert got["auroc"] == pytest.approx(roc_auc_score(is_ood, value), abs=1e-9)
+        assert got["aupr"] == pytest.approx(average_precision_score(is_ood, value), abs=1e-9)
+    member_auroc = [roc_auc_score(is_ood, 1 - m.max(-1)) for m in probs]
+    assert section["member_mean"]["max_prob"]["auroc"] == pytest.approx(np.mean(member_auroc))
+    assert section["confident_ood_fraction"]["ensemble"] == pytest.approx(np.mean(ens[is_ood].max(-1) >= 0.9))
+
+
+def test_fashion_mnist_is_skipped_with_one_line_when_its_files_are_absent(tmp_path, tfds_dir, monkeypatch, caplog):
+    monkeypatch.setattr(data, "idx_files_available", lambda *a, **k: None)
+    cfg = tiny_config(tfds_dir, "eval.evaluators=[test,fashion_mnist]", "promotion.enabled=false")
+    result = runs.run(cfg, tmp_path, "r")
+    report = json.loads(result.run_dir.report_json.read_text())
+    reason = report["evaluations"]["fashion_mnist"]["metrics"]["skipped"]
+    assert "apt-get install dataset-fashion-mnist" in reason
+    assert f"fashion_mnist**: skipped ({reason})" in result.run_dir.report_md.read_text()
+    assert not (result.run_dir.eval_dir / "fashion_mnist.npz").exists()
+    assert [r.message for r in caplog.records if "skipped" in r.message] == [
+        f"evaluator fashion_mnist skipped: {reason}"
+    ]
+
+
+def test_promotion_on_an_evaluator_figure(finished, tfds_dir):
+    result, report = finished
+    promo = report["promotion"]
+    figure = report["evaluations"]["letters"]["metrics"]["ensemble"]["mutual_information"]["auroc"]
+    assert promo["metric"] == "letters.ensemble.mutual_information.auroc"
+    assert promo["challenger_figure"] == pytest.approx(figure) and promo["promoted"]
+    champion = json.loads((result.run_dir.path.parent / "champion.json").read_text())
+    assert champion["figures"] == {promo["metric"]: pytest.approx(figure)}
+
+
+def test_promotion_metric_is_checked_before_any_compute(tfds_dir):
+    with pytest.raises(ConfigError, match="names none of the figures"):
+        load_config(None, ["eval.evaluators=[test,letters]", "promotion.metric=letters.ensemble.entropy"])
+    with pytest.raises(ConfigError, match="needs the evaluator 'rotation'"):
+        load_config(None, ["eval.evaluators=[test]", "promotion.metric=rotation.mean.ensemble.nll"])
+    with pytest.raises(ConfigError, match="neither a test metric"):
+        load_config(None, ["promotion.metric=auroc"])
+
+
+def test_derived_sets_are_built_once_and_rebuilt_when_damaged(tfds_dir, caplog):
+    info = data.prepare(data.EMBEDDED, tfds_dir)
+    calls = []
+
+    def build():
+        calls.append(1)
+        return {"images": np.arange(12, dtype=np.uint8).reshape(3, 2, 2, 1)}
+
+    key = f"test-cache-{np.random.default_rng().integers(1 << 30)}"
+    first = cached_arrays(info, key, build)
+    again = cached_arrays(info, key, build)
+    np.testing.assert_array_equal(first["images"], again["images"])
+    assert len(calls) == 1
+    path = runs.evaluation.derived_dir(info) / f"{key}.npz"
+    path.write_bytes(b"not a zip")
+    np.testing.assert_array_equal(cached_arrays(info, key, build)["images"], first["images"])
+    assert len(calls) == 2 and "unreadable" in caplog.text
