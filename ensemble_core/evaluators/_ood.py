@@ -21,6 +21,7 @@ from ensemble_core.evaluators import EvalContext, EvaluatorOutput
 from ensemble_core.plotting import plt, save
 
 CONFIDENT = 0.9
+EXAMPLES = 16  # OOD images kept for the plots
 MEMBER_SCORES = ("max_prob", "entropy")
 
 
@@ -31,7 +32,8 @@ def evaluate_ood(ctx: EvalContext, ood_images: np.ndarray, source: str) -> Evalu
       metrics ``{"source", "num_in", "num_ood", "ensemble": {score: detection},
       "member_mean": {score: detection}, "confident_ood_fraction": {"ensemble",
       "member_mean"}}``; arrays ``member_probs`` float32 ``[E, N+M, C]``, ``is_ood`` bool
-      ``[N+M]`` (test images first), ``labels`` int32 (-1 for OOD), ``healthy`` bool ``[E]``.
+      ``[N+M]`` (test images first), ``labels`` int32 (-1 for OOD), ``healthy`` bool ``[E]``,
+      ``examples`` uint8 ``[16, H, W, C]`` (OOD images spread over the set, for the plots).
     """
     images, labels = ctx.load("test")
     probs, _ = ctx.predict(np.concatenate([images, ood_images]))
@@ -58,7 +60,13 @@ def evaluate_ood(ctx: EvalContext, ood_images: np.ndarray, source: str) -> Evalu
     }
     return EvaluatorOutput(
         metrics=metrics,
-        arrays={"member_probs": probs, "is_ood": is_ood, "labels": all_labels, "healthy": ctx.healthy},
+        arrays={
+            "member_probs": probs,
+            "is_ood": is_ood,
+            "labels": all_labels,
+            "healthy": ctx.healthy,
+            "examples": ood_images[:: max(1, len(ood_images) // EXAMPLES)][:EXAMPLES],
+        },
     )
 
 
@@ -88,6 +96,14 @@ def plot_ood(metrics: dict, arrays: dict, plots_dir: Path, name: str) -> dict[st
     ax.set(xlabel="false positive rate (test flagged)", ylabel="true positive rate (OOD flagged)", title=f"ROC: {name}")
     ax.legend(fontsize=8)
     paths[f"{name}_roc"] = save(fig, plots_dir / f"{name}_roc.png")
+    examples = arrays["examples"]
+    fig, axes = plt.subplots(1, len(examples), figsize=(len(examples) * 0.8, 1.2), squeeze=False)
+    for ax, image in zip(axes[0], examples, strict=True):
+        ax.imshow(image[..., 0], cmap="gray", vmin=0, vmax=255)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(f"{name}: examples", fontsize=9)
+    paths[f"{name}_examples"] = save(fig, plots_dir / f"{name}_examples.png")
     return paths
 
 

@@ -16,6 +16,8 @@ from ensemble_core.plotting import plt, save
 
 FIGURES = ("accuracy", "nll", "brier", "ece")
 WHO = ("ensemble", "member_mean", "best_member")
+#: Example images per level kept for the plots.
+EXAMPLES = 8
 #: Bump when a transform changes, so cached shifted sets are built again.
 CACHE_VERSION = 1
 
@@ -74,15 +76,24 @@ def evaluate_shift(
     Returns:
       metrics ``{"unit", "levels": [per level], "mean", "ensemble_beats_best_member"}``;
       arrays ``member_probs`` float32 ``[E, L*N, C]``, ``labels`` int32 ``[L*N]``,
-      ``level`` float32 ``[L*N]``, ``healthy`` bool ``[E]``.
+      ``level`` float32 ``[L*N]``, ``healthy`` bool ``[E]``, ``examples`` uint8
+      ``[L, 8, H, W, C]`` (the first test images at every level, for the plots).
     """
     images, labels, level = shifted_test_set(ctx, name, levels, transform)
     probs, _ = ctx.predict(images)
     per_level = score_levels(ctx, probs, labels, level, levels)
     metrics = {"unit": unit, "levels": per_level, **summary(per_level)}
+    n = len(images) // len(levels)
+    examples = images.reshape(len(levels), n, *images.shape[1:])[:, :EXAMPLES]
     return EvaluatorOutput(
         metrics=metrics,
-        arrays={"member_probs": probs, "labels": labels, "level": level, "healthy": ctx.healthy},
+        arrays={
+            "member_probs": probs,
+            "labels": labels,
+            "level": level,
+            "healthy": ctx.healthy,
+            "examples": examples,
+        },
     )
 
 
@@ -101,6 +112,22 @@ def plot_levels(metrics: dict, plots_dir: Path, name: str, xlabel: str, ticks: S
             ax.set_xticks(xs, ticks, rotation=90, fontsize=7)
     axes[0].legend(fontsize=8)
     return save(fig, plots_dir / f"{name}.png")
+
+
+def plot_examples(metrics: dict, arrays: dict, plots_dir: Path, name: str) -> Path:
+    """``<name>_examples.png``: the first test images at every level (a row per level)."""
+    examples = arrays["examples"]
+    rows, cols = examples.shape[:2]
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * 0.9, rows * 0.9 + 0.4), squeeze=False)
+    for r, row in enumerate(metrics["levels"]):
+        for c in range(cols):
+            ax = axes[r][c]
+            ax.imshow(examples[r, c, ..., 0], cmap="gray", vmin=0, vmax=255)
+            ax.set_xticks([])
+            ax.set_yticks([])
+        axes[r][0].set_ylabel(str(row.get("name", f"{row['level']:g}")), rotation=0, ha="right", fontsize=7)
+    fig.suptitle(f"{name}: examples", fontsize=9)
+    return save(fig, plots_dir / f"{name}_examples.png")
 
 
 def markdown(metrics: dict, title: str, unit: str) -> list[str]:

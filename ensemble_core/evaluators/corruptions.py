@@ -37,7 +37,10 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
 def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig) -> dict[str, Path]:
     """``corruptions.png``: the figures for each corruption."""
     ticks = [r["name"] for r in metrics["levels"]]
-    return {"corruptions": _shift.plot_levels(metrics, plots_dir, "corruptions", "corruption", ticks=ticks)}
+    return {
+        "corruptions": _shift.plot_levels(metrics, plots_dir, "corruptions", "corruption", ticks=ticks),
+        "corruptions_examples": _shift.plot_examples(metrics, arrays, plots_dir, "corruptions"),
+    }
 
 
 def markdown(metrics: dict) -> list[str]:

@@ -40,6 +40,7 @@ def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig) -
     """``rotation.png`` (figures vs angle) and ``rotation_selective.png`` (accuracy vs
     confidence threshold and risk-coverage at 60 degrees)."""
     paths = {"rotation": _shift.plot_levels(metrics, plots_dir, "rotation", "rotation (degrees)")}
+    paths["rotation_examples"] = _shift.plot_examples(metrics, arrays, plots_dir, "rotation")
     at = arrays["level"] == np.float32(SELECTIVE_DEGREES)
     probs, labels = arrays["member_probs"][arrays["healthy"]][:, at], arrays["labels"][at]
     best = metrics["levels"][shifts.ROTATION_DEGREES.index(int(SELECTIVE_DEGREES))]["best_member_index"]

@@ -21,7 +21,10 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
 
 def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig) -> dict[str, Path]:
     """``translation.png``: the figures against the shift in pixels."""
-    return {"translation": _shift.plot_levels(metrics, plots_dir, "translation", "translation (pixels)")}
+    return {
+        "translation": _shift.plot_levels(metrics, plots_dir, "translation", "translation (pixels)"),
+        "translation_examples": _shift.plot_examples(metrics, arrays, plots_dir, "translation"),
+    }
 
 
 def markdown(metrics: dict) -> list[str]:
