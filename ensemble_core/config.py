@@ -276,7 +276,7 @@ class PromotionConfig(_Section):
         max_length=200,
         description="The figure compared with the champion's on this run's data: an ensemble test metric "
         "(nll, brier, ece, accuracy) or a dotted path into report.json's evaluations.<name>.metrics, e.g. "
-        "rotation.mean.ensemble.nll (mean NLL over rotations) or letters.ensemble.mutual_information.auroc; "
+        "rotation.mean.ensemble.nll (mean NLL over rotations) or letters.ensemble.auroc.mutual_information; "
         "accuracy, AUROC and AUPR: higher is better; NLL, Brier, ECE, FPR@95%TPR, AURC and the confident-OOD "
         "fraction: lower is better.",
     )

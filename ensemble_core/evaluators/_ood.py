@@ -21,6 +21,7 @@ from ensemble_core.evaluators import EvalContext, EvaluatorOutput
 from ensemble_core.plotting import plt, save
 
 CONFIDENT = 0.9
+FIGURES = ("auroc", "aupr", "fpr_at_95_tpr")
 EXAMPLES = 16  # OOD images kept for the plots
 MEMBER_SCORES = ("max_prob", "entropy")
 
@@ -29,9 +30,11 @@ def evaluate_ood(ctx: EvalContext, ood_images: np.ndarray, source: str) -> Evalu
     """Score the members on the test split followed by ``ood_images`` (uint8 ``[M, H, W, C]``).
 
     Returns:
-      metrics ``{"source", "num_in", "num_ood", "ensemble": {score: detection},
-      "member_mean": {score: detection}, "confident_ood_fraction": {"ensemble",
-      "member_mean"}}``; arrays ``member_probs`` float32 ``[E, N+M, C]``, ``is_ood`` bool
+      metrics ``{"source", "num_in", "num_ood", "ensemble": {figure: {score: value}},
+      "member_mean": {figure: {score: value}}, "confident_ood_fraction": {"ensemble",
+      "member_mean"}}`` (figures ``auroc``, ``aupr``, ``fpr_at_95_tpr``; scores
+      ``max_prob``, ``entropy``, ``mutual_information``, the last for the ensemble only);
+      arrays ``member_probs`` float32 ``[E, N+M, C]``, ``is_ood`` bool
       ``[N+M]`` (test images first), ``labels`` int32 (-1 for OOD), ``healthy`` bool ``[E]``,
       ``examples`` uint8 ``[16, H, W, C]`` (OOD images spread over the set, for the plots).
     """
@@ -54,8 +57,8 @@ def evaluate_ood(ctx: EvalContext, ood_images: np.ndarray, source: str) -> Evalu
         "source": source,
         "num_in": int(len(images)),
         "num_ood": int(len(ood_images)),
-        "ensemble": ens,
-        "member_mean": member_mean,
+        "ensemble": by_figure(ens),
+        "member_mean": by_figure(member_mean),
         "confident_ood_fraction": confident,
     }
     return EvaluatorOutput(
@@ -68,6 +71,13 @@ def evaluate_ood(ctx: EvalContext, ood_images: np.ndarray, source: str) -> Evalu
             "examples": ood_images[:: max(1, len(ood_images) // EXAMPLES)][:EXAMPLES],
         },
     )
+
+
+def by_figure(per_score: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """``{score: {figure: v}}`` -> ``{figure: {score: v}}`` (report.json's layout:
+    ``ensemble.auroc.mutual_information``)."""
+    figures = next(iter(per_score.values())).keys()
+    return {f: {score: d[f] for score, d in per_score.items()} for f in figures}
 
 
 def plot_ood(metrics: dict, arrays: dict, plots_dir: Path, name: str) -> dict[str, Path]:
@@ -115,10 +125,11 @@ def markdown(metrics: dict, title: str) -> list[str]:
         "| score | ensemble AUROC | AUPR | FPR@95%TPR | mean member AUROC | AUPR | FPR@95%TPR |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for score, d in metrics["ensemble"].items():
-        m = metrics["member_mean"].get(score)
-        member = " | ".join(f"{m[f]:.4f}" for f in ("auroc", "aupr", "fpr_at_95_tpr")) if m else "- | - | -"
-        lines.append(f"| {score} | {d['auroc']:.4f} | {d['aupr']:.4f} | {d['fpr_at_95_tpr']:.4f} | {member} |")
+    ens, mean = metrics["ensemble"], metrics["member_mean"]
+    for score in ens["auroc"]:
+        cells = [f"{ens[f][score]:.4f}" for f in FIGURES]
+        cells += [f"{mean[f][score]:.4f}" if score in mean[f] else "-" for f in FIGURES]
+        lines.append(f"| {score} | " + " | ".join(cells) + " |")
     c = metrics["confident_ood_fraction"]
     lines += [
         "",
@@ -131,9 +142,9 @@ def markdown(metrics: dict, title: str) -> list[str]:
 def table(metrics: dict) -> list[dict]:
     """One row per score: the ensemble's and the mean member's detection figures."""
     rows = []
-    for score, d in metrics["ensemble"].items():
-        m = metrics["member_mean"].get(score, {})
-        row = {"score": score, **{f"ensemble {k}": round(v, 4) for k, v in d.items()}}
-        row.update({f"member mean {k}": round(v, 4) for k, v in m.items()})
+    ens, mean = metrics["ensemble"], metrics["member_mean"]
+    for score in ens["auroc"]:
+        row = {"score": score, **{f"ensemble {f}": round(ens[f][score], 4) for f in FIGURES}}
+        row.update({f"member mean {f}": round(mean[f][score], 4) for f in FIGURES if score in mean[f]})
         rows.append(row)
     return rows
