@@ -31,6 +31,7 @@ BASE = [
     "train.epochs=4",
     "checkpoint.keep=2",
     "promotion.enabled=false",
+    "eval.evaluators=[test]",  # the shift/OOD evaluators are tested in test_evaluators.py
 ]
 
 
