@@ -49,7 +49,11 @@ class EvalContext:
         ``[N, H, W, C]`` (or float in [0, 1]) -> float32 ``[E, N, C]`` probabilities of
         every member, and the steady-state throughput.
       load: ``load(split) -> (images uint8 [N, H, W, C], labels int32 [N])`` of the
-        training dataset ('train' or 'test', capped as the config says).
+        training dataset ('train' or 'test', capped as the config says); read once per
+        evaluation, the arrays are shared (do not modify them).
+      predict_split: ``predict_split(split)``: ``predict`` of ``load(split)``'s images,
+        computed once per evaluation (every evaluator that compares with the test split
+        uses the same probabilities).
       cached: ``cached(key, build) -> arrays``: the arrays ``build()`` returns (a dict of
         numpy arrays, e.g. a transformed test set), computed once and kept beside the
         prepared dataset under ``key`` (the run layer decides where; a key must name
@@ -61,6 +65,7 @@ class EvalContext:
     healthy: np.ndarray
     predict: Callable[[np.ndarray], tuple[np.ndarray, float]]
     load: Callable[[str], tuple[np.ndarray, np.ndarray]]
+    predict_split: Callable[[str], tuple[np.ndarray, float]]
     cached: Callable[[str, Callable[[], dict[str, np.ndarray]]], dict[str, np.ndarray]]
 
 

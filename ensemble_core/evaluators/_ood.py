@@ -39,7 +39,8 @@ def evaluate_ood(ctx: EvalContext, ood_images: np.ndarray, source: str) -> Evalu
       ``examples`` uint8 ``[16, H, W, C]`` (OOD images spread over the set, for the plots).
     """
     images, labels = ctx.load("test")
-    probs, _ = ctx.predict(np.concatenate([images, ood_images]))
+    test_probs, _ = ctx.predict_split("test")
+    probs = np.concatenate([test_probs, ctx.predict(ood_images)[0]], axis=1)
     is_ood = np.concatenate([np.zeros(len(images), bool), np.ones(len(ood_images), bool)])
     all_labels = np.concatenate([labels.astype(np.int32), np.full(len(ood_images), -1, np.int32)])
     healthy = probs[ctx.healthy]

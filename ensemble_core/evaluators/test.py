@@ -26,8 +26,8 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
       ``member_mean``, ``diversity``, ``diverged_members``) plus
       ``eval_member_images_per_s``.
     """
-    images, labels = ctx.load("test")
-    probs, throughput = ctx.predict(images)
+    _, labels = ctx.load("test")
+    probs, throughput = ctx.predict_split("test")
     metrics = metrics_lib.evaluate_all(probs, labels, ctx.config.eval.ece_bins, healthy=ctx.healthy)
     metrics["eval_member_images_per_s"] = throughput
     arrays = {"member_probs": probs, "labels": labels.astype(np.int32), "healthy": ctx.healthy}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import zipfile
@@ -88,12 +89,19 @@ def evaluate(
             f"every member of '{run.path}' diverged, there is no ensemble to evaluate; fix: lower "
             f"train.learning_rate and train again"
         )
+
+    # Every evaluator starts from the test split: read it, and predict it, once per evaluation.
+    def predict(images: np.ndarray) -> tuple[np.ndarray, float]:
+        return predict_member_probs(cfg, state, setup, images)
+
+    load_split = functools.cache(lambda split: load(cfg, dataset, split))
     ctx = evaluators.EvalContext(
         config=cfg,
         dataset=dataset,
         healthy=healthy,
-        predict=lambda images: predict_member_probs(cfg, state, setup, images),
-        load=lambda split: load(cfg, dataset, split),
+        predict=predict,
+        load=load_split,
+        predict_split=functools.cache(lambda split: predict(load_split(split)[0])),
         cached=lambda key, build: cached_arrays(dataset, key, build),
     )
     results = {}
