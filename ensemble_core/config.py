@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ensemble_core import hyper
 from ensemble_core.errors import ConfigError
 
 # MARK: registries (names only: nothing is imported here)
@@ -99,6 +100,15 @@ class DataConfig(_Section):
         None, ge=1, description="Use only the first N training examples (None: all)."
     )
     max_test_examples: int | None = Field(None, ge=1, description="Use only the first N test examples (None: all).")
+    validation_fraction: float = Field(
+        0.1,
+        ge=0,
+        le=0.5,
+        description="Fraction of the training split held out as the validation split (stratified by label, "
+        "the same examples for every seed; data.max_train_examples applies first). Per-member validation, "
+        "early stopping, ensemble selection and temperature scaling use it, never the test split. "
+        "0: train on the whole split (no validation).",
+    )
 
 
 class ModelConfig(_Section):
@@ -127,14 +137,84 @@ class ModelConfig(_Section):
         return sizes
 
 
+class Distribution(_Section):
+    """A distribution one hyperparameter of ``ensemble.search`` is drawn from, per member."""
+
+    distribution: Literal[hyper.DISTRIBUTIONS] = Field(  # type: ignore[valid-type]
+        ..., description="log_uniform (low, high > 0), uniform (low, high) or choice (values)."
+    )
+    low: float | None = Field(None, description="log_uniform / uniform: the lower bound.")
+    high: float | None = Field(None, description="log_uniform / uniform: the upper bound.")
+    values: tuple[float | str, ...] | None = Field(None, min_length=1, description="choice: the values.")
+
+    @model_validator(mode="after")
+    def _complete(self) -> Distribution:
+        if self.distribution == "choice":
+            if self.values is None or self.low is not None or self.high is not None:
+                raise ValueError("a choice takes 'values' (a list) and no 'low'/'high'")
+            return self
+        if self.low is None or self.high is None or self.values is not None:
+            raise ValueError(f"{self.distribution} takes 'low' and 'high' and no 'values'")
+        if not self.low < self.high:
+            raise ValueError(f"low={self.low!r} must be below high={self.high!r}")
+        if self.distribution == "log_uniform" and self.low <= 0:
+            raise ValueError(f"log_uniform needs low > 0 (got {self.low!r})")
+        return self
+
+
+#: ``ensemble.search``: hyperparameter -> a :class:`Distribution` or one value per member.
+SearchSpace = dict[Literal[hyper.SEARCHABLE], Any]  # type: ignore[valid-type]
+
+
+def _search_entry(name: str, spec: Any) -> Distribution | tuple[float | str, ...]:
+    if isinstance(spec, Distribution):
+        return spec
+    if isinstance(spec, dict):
+        try:
+            return Distribution.model_validate(spec)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ValueError(
+                f"'{name}': {first['msg'].removeprefix('Value error, ')}{f' ({where})' if where else ''}"
+            ) from None
+    if isinstance(spec, list | tuple) and spec and all(isinstance(v, int | float | str) for v in spec):
+        return tuple(float(v) if isinstance(v, int | float) and not isinstance(v, bool) else v for v in spec)
+    raise ValueError(
+        f"'{name}' is {_show(spec)}; it must be a distribution ({{distribution: log_uniform, low: 1e-3, "
+        f"high: 1e-1}}, uniform likewise, or {{distribution: choice, values: [...]}}) or a list of one value "
+        f"per member"
+    )
+
+
 class EnsembleConfig(_Section):
-    """How many independently initialised members to train."""
+    """How many members to train, with which hyperparameters, and which of them form the ensemble."""
 
     size: int = Field(8, ge=1, le=4096, description="Number of ensemble members E.")
     pad: bool = Field(
         False,
         description="If E does not divide over an explicit mesh.ensemble axis, train "
         "extra members to fill it (they are dropped from evaluation).",
+    )
+    search: SearchSpace | None = Field(
+        None,
+        description="Per-member hyperparameters (hyper-deep ensembles, Wenzel et al. 2020): a mapping from "
+        f"{', '.join(hyper.SEARCHABLE)} to a distribution ({{distribution: log_uniform|uniform, low, high}} or "
+        "{distribution: choice, values: [...]}) or to a list of E values. Member i's values depend on "
+        "(seed, i) only. None: every member has the train section's values.",
+    )
+    @field_validator("search")
+    @classmethod
+    def _search_entries(cls, search: dict | None) -> dict | None:
+        return None if search is None else {name: _search_entry(name, spec) for name, spec in search.items()}
+
+    select_size: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="Greedy ensemble selection with replacement (Caruana et al. 2004) of this many members "
+        "from the trained pool, on validation NLL; evaluation, prediction and promotion use the selected "
+        "multiset. None: the ensemble is every healthy member.",
     )
 
 
@@ -154,7 +234,31 @@ class TrainConfig(_Section):
         "sgd", description="optax optimizer: sgd (with momentum), adam or adamw."
     )
     weight_decay: float = Field(
-        0.0, ge=0, le=FLOAT32_MAX, description="adamw weight decay: finite, >= 0 and a float32 number."
+        0.0,
+        ge=0,
+        le=FLOAT32_MAX,
+        description="Weight decay: decoupled for adamw, an L2 term added to the gradient (optax "
+        "add_decayed_weights) for sgd and adam; finite, >= 0 and a float32 number.",
+    )
+    label_smoothing: float = Field(
+        0.0, ge=0, lt=1, description="Label smoothing of the training loss (Szegedy et al. 2016), 0 <= a < 1."
+    )
+    schedule: Literal[hyper.SCHEDULES] = Field(  # type: ignore[valid-type]
+        "constant",
+        description="Learning-rate schedule over the whole training (optax): constant, cosine (decay to 0) "
+        "or warmup_cosine (linear warm-up from 0 over train.warmup_epochs, then cosine decay to 0).",
+    )
+    warmup_epochs: float = Field(
+        0.0, ge=0, le=MAX_EPOCHS, description="warmup_cosine only: epochs of linear warm-up (below train.epochs)."
+    )
+    patience: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_EPOCHS,
+        description="Early stopping: a member whose validation NLL has not improved for this many epochs "
+        "stops updating (masked, like a diverged member). None: every member trains every epoch. Either "
+        "way, with a validation split each member's parameters of its best epoch (by validation NLL) are "
+        "the ones evaluated.",
     )
     on_divergence: Literal["freeze", "fail"] = Field(
         "freeze",
@@ -213,6 +317,12 @@ class EvalConfig(_Section):
         250, ge=1, le=MAX_DIM, description="Test examples per device per forward pass (250 measured fastest on CPU)."
     )
     ece_bins: int = Field(15, ge=2, le=1000, description="Equal-width bins for ECE (2..1000).")
+    temperature_scaling: bool = Field(
+        False,
+        description="Fit one temperature for the ensemble on the validation NLL (Guo et al. 2017, applied to "
+        "the log of the ensemble's mean probabilities) and report the test and shift figures before and after; "
+        "predictions then carry the scaled probabilities.",
+    )
     evaluators: tuple[Literal[EVALUATOR_NAMES], ...] = Field(  # type: ignore[valid-type]
         ("test", "rotation", "translation", "corruptions", "letters", "fashion_mnist"),
         description="Evaluators run after training, by module name in ensemble_core/evaluators/: 'test' (the "
@@ -311,13 +421,67 @@ class PipelineConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
 
+    def member_hyperparameters(self, num_members: int | None = None) -> list[dict[str, Any]]:
+        """Every member's learning rate, weight decay, label smoothing, schedule and warm-up
+        (:func:`ensemble_core.hyper.member_hyperparameters`), for ``num_members`` members
+        (default: ``ensemble.size``; padding members count)."""
+        base = self.train.model_dump()
+        search = None
+        if self.ensemble.search is not None:
+            search = {k: v.model_dump() if isinstance(v, BaseModel) else v for k, v in self.ensemble.search.items()}
+        return hyper.member_hyperparameters(base, search, self.seed, num_members or self.ensemble.size)
+
+    @property
+    def has_validation(self) -> bool:
+        """Whether a validation split is held out (``data.validation_fraction > 0``)."""
+        return self.data.validation_fraction > 0
+
+    @model_validator(mode="after")
+    def _members_valid(self) -> PipelineConfig:
+        for name, spec in (self.ensemble.search or {}).items():
+            if isinstance(spec, tuple) and len(spec) != self.ensemble.size:
+                raise ValueError(
+                    f"ensemble.search.{name} lists {len(spec)} values for ensemble.size={self.ensemble.size} "
+                    f"members; fix: give one value per member, or a distribution"
+                )
+        if self.ensemble.search:
+            base = self.train.model_dump()
+            for i, hp in enumerate(self.member_hyperparameters()):
+                try:
+                    TrainConfig.model_validate({**base, **hp})
+                except ValidationError as err:
+                    first = err.errors()[0]
+                    key = ".".join(str(p) for p in first["loc"])
+                    raise ValueError(
+                        f"ensemble.search gives member {i} train.{key}={_show(first.get('input'))}: {first['msg']}; "
+                        f"fix: narrow the search space of {key}"
+                    ) from None
+        for i, hp in enumerate(self.member_hyperparameters()):
+            if hp["schedule"] == "warmup_cosine" and hp["warmup_epochs"] >= self.train.epochs:
+                raise ValueError(
+                    f"member {i} warms up for {hp['warmup_epochs']:g} epochs of train.epochs={self.train.epochs}; "
+                    f"fix: keep train.warmup_epochs below train.epochs"
+                )
+        needs = {
+            "ensemble.select_size": self.ensemble.select_size is not None,
+            "train.patience": self.train.patience is not None,
+            "eval.temperature_scaling": self.eval.temperature_scaling,
+        }
+        asked = [k for k, on in needs.items() if on]
+        if asked and not self.has_validation:
+            raise ValueError(
+                f"{', '.join(asked)} need(s) a validation split but data.validation_fraction=0; "
+                f"fix: set data.validation_fraction (e.g. 0.1) or drop {', '.join(asked)}"
+            )
+        return self
+
     @model_validator(mode="after")
     def _promotion_figure_is_evaluated(self) -> PipelineConfig:
         evaluator = self.promotion.metric.split(".")[0]
         if self.promotion.metric not in TEST_METRICS and evaluator not in self.eval.evaluators:
             raise ValueError(
                 f"promotion.metric={self.promotion.metric} needs the evaluator '{evaluator}', which is not in "
-                f"eval.evaluators {list(self.eval.evaluators)}; add it there"
+                f"eval.evaluators {list(self.eval.evaluators)}; fix: add it there"
             )
         return self
 
@@ -356,7 +520,9 @@ def _describe(err: ValidationError) -> str:
     parts = []
     for e in errors[:_MAX_ERRORS]:
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
-        if e["type"] == "extra_forbidden":
+        if not e["loc"] and e["type"] == "value_error":  # a check across sections: its message says it all
+            parts.append(e["msg"].removeprefix("Value error, "))
+        elif e["type"] == "extra_forbidden":
             parts.append(
                 f"unknown config key '{key}'; fix: remove it or check its spelling "
                 f"(known keys are listed in configs/default.yaml)"

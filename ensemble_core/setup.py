@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import flax.linen as nn
 import jax
+import numpy as np
 import optax
 from jax.sharding import Mesh
 
@@ -27,6 +28,7 @@ from ensemble_core.train import (
     EnsembleState,
     default_strategy,
     init_ensemble,
+    learning_rate_table,
     make_optimizer,
     make_train_step,
     state_shardings,
@@ -82,10 +84,45 @@ class EnsembleSetup:
         (:func:`ensemble_core.rngs.member_keys`)."""
         return member_keys(self.config.seed, self.plan.padded_members)
 
+    def hyperparameters(self) -> list[dict]:
+        """Every trained member's hyperparameters (``E_padded`` dicts,
+        :meth:`ensemble_core.config.PipelineConfig.member_hyperparameters`)."""
+        return self.config.member_hyperparameters(self.plan.padded_members)
+
     def init_state(self, init_keys: jax.Array, image_shape: tuple[int, ...]) -> EnsembleState:
-        """Member i initialised from ``init_keys[i]``; leaves ``[E_padded, ...]`` sharded
-        over ``'ensemble'`` (:func:`ensemble_core.train.init_ensemble`)."""
-        return init_ensemble(self.model, self.optimizer, init_keys, tuple(image_shape), self.mesh)
+        """Member i initialised from ``init_keys[i]`` with its hyperparameters; leaves
+        ``[E_padded, ...]`` sharded over ``'ensemble'``, with best-epoch tracking when the
+        config holds out a validation split (:func:`ensemble_core.train.init_ensemble`)."""
+        return init_ensemble(
+            self.model,
+            self.optimizer,
+            init_keys,
+            tuple(image_shape),
+            self.mesh,
+            hyperparameters=self.hyperparameters(),
+            track_best=self.config.has_validation,
+        )
+
+    def learning_rates(self, num_train: int) -> Callable[[int], np.ndarray]:
+        """``rates(epoch) -> float32 [steps, E_padded]`` for a training split of
+        ``num_train`` examples (:func:`ensemble_core.train.learning_rate_table`)."""
+        steps = num_train // self.config.train.batch_size
+        return learning_rate_table(self.hyperparameters(), steps, self.config.train.epochs)
+
+    def validation(self, images: np.ndarray, labels: np.ndarray) -> Callable:
+        """The ``end_of_epoch`` hook that validates every member on ``images``/``labels``
+        and tracks best epochs and early stopping (:func:`ensemble_core.validation.make_validation`)."""
+        from ensemble_core.validation import make_validation
+
+        return make_validation(
+            self.predict_fn(),
+            images,
+            labels,
+            self.mesh,
+            self.config.eval.batch_size,
+            patience=self.config.train.patience,
+            one_member_per_device=self.strategy == "unroll",
+        )
 
     def abstract_state(self, image_shape: tuple[int, ...]) -> EnsembleState:
         """The state's shapes, dtypes and shardings (``jax.ShapeDtypeStruct`` leaves),

@@ -24,7 +24,7 @@ import optax
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from jaxtyping import Array, Bool, Int, UInt8
+from jaxtyping import Array, Bool, Float, Int, UInt8
 
 from ensemble_core.config import TrainConfig
 from ensemble_core.data import to_float
@@ -36,31 +36,121 @@ STRATEGIES = ("vmap", "unroll")
 
 
 @flax.struct.dataclass
+class BestTracking:
+    """Each member's best epoch so far on the validation split, and early stopping.
+
+    Attributes:
+      params: every member's parameters at its best epoch (leaves ``[E, ...]``).
+      nll: float32 ``[E]``: the validation NLL (nats) of that epoch (inf before the first).
+      epoch: int32 ``[E]``: the best epoch, 1-based (0 before the first).
+      stopped_epoch: int32 ``[E]``: the epoch after which the member stopped updating
+        (``train.patience`` epochs without improvement), 0 while it trains.
+    """
+
+    params: Any
+    nll: Float[Array, " E"]
+    epoch: Int[Array, " E"]
+    stopped_epoch: Int[Array, " E"]
+
+
+@flax.struct.dataclass
 class EnsembleState:
-    """Every member's parameters and optimizer state, stacked on a leading axis ``E``."""
+    """Every member's parameters and optimizer state, stacked on a leading axis ``E``.
+
+    ``label_smoothing`` float32 ``[E]`` is each member's label smoothing (its learning
+    rate and weight decay live in ``opt_state.hyperparams``); ``best`` is None without a
+    validation split.
+    """
 
     step: Int[Array, ""]
     params: Any
     opt_state: Any
     healthy: Bool[Array, " E"]  # False once a member's loss or parameters went non-finite
+    label_smoothing: Float[Array, " E"]
+    best: BestTracking | None = None
+
+    @property
+    def active(self) -> Bool[Array, " E"]:
+        """Members still updating: not stopped early (diverged members are ``~healthy``)."""
+        if self.best is None:
+            return jnp.ones_like(self.healthy)
+        return self.best.stopped_epoch == 0
+
+    @property
+    def final_params(self) -> Any:
+        """The parameters evaluated: each member's best epoch's with a validation split,
+        else the latest."""
+        return self.params if self.best is None else self.best.params
 
 
 # MARK: building blocks
 
 
+def _sgd(learning_rate, weight_decay, momentum):
+    return optax.chain(optax.add_decayed_weights(weight_decay), optax.sgd(learning_rate, momentum=momentum))
+
+
+def _adam(learning_rate, weight_decay):
+    return optax.chain(optax.add_decayed_weights(weight_decay), optax.adam(learning_rate))
+
+
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
     """The optax optimizer named by ``cfg.optimizer`` (HOWTO default: SGD 0.1, momentum 0.9).
 
-    Wrapped in ``optax.inject_hyperparams``, so the learning rate lives in the optimizer
-    state: per member (leading axis E) once the state is stacked.
+    Weight decay is optax's ``add_decayed_weights`` before SGD or Adam (an L2 term in the
+    gradient) and AdamW's own decoupled decay (Loshchilov & Hutter 2019). Wrapped in
+    ``optax.inject_hyperparams`` (the optax way to change hyperparameters during
+    training), so learning rate and weight decay live in the optimizer state: per member
+    (leading axis E) once the state is stacked, set per member by :func:`init_ensemble`
+    and, for the learning rate, by every train step.
     """
     if cfg.optimizer == "sgd":
-        return optax.inject_hyperparams(optax.sgd)(learning_rate=cfg.learning_rate, momentum=cfg.momentum or None)
+        return optax.inject_hyperparams(_sgd)(
+            learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay, momentum=cfg.momentum or None
+        )
     if cfg.optimizer == "adam":
-        return optax.inject_hyperparams(optax.adam)(learning_rate=cfg.learning_rate)
+        return optax.inject_hyperparams(_adam)(learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "adamw":
         return optax.inject_hyperparams(optax.adamw)(learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay)
     raise ConfigError(f"unknown train.optimizer '{cfg.optimizer}'; fix: use sgd, adam or adamw")
+
+
+def learning_rate_schedule(hyperparameters: dict, steps_per_epoch: int, epochs: int) -> optax.Schedule:
+    """One member's optax learning-rate schedule over ``epochs * steps_per_epoch`` steps.
+
+    ``constant``: ``optax.constant_schedule``; ``cosine``: ``optax.cosine_decay_schedule``
+    to 0 at the last step; ``warmup_cosine``: ``optax.warmup_cosine_decay_schedule`` from 0,
+    peak ``learning_rate`` after ``round(warmup_epochs * steps_per_epoch)`` steps (at least
+    1, fewer than the total), then cosine decay to 0 (Loshchilov & Hutter 2017, SGDR).
+    """
+    lr, kind = hyperparameters["learning_rate"], hyperparameters["schedule"]
+    total = max(1, epochs * steps_per_epoch)
+    if kind == "constant":
+        return optax.constant_schedule(lr)
+    if kind == "cosine":
+        return optax.cosine_decay_schedule(lr, decay_steps=total)
+    if kind == "warmup_cosine":
+        warmup = min(max(1, round(hyperparameters["warmup_epochs"] * steps_per_epoch)), total - 1)
+        if warmup < 1:
+            return optax.cosine_decay_schedule(lr, decay_steps=total)
+        return optax.warmup_cosine_decay_schedule(0.0, lr, warmup_steps=warmup, decay_steps=total)
+    raise ConfigError(f"unknown train.schedule '{kind}'; fix: use constant, cosine or warmup_cosine")
+
+
+def learning_rate_table(
+    hyperparameters: list[dict], steps_per_epoch: int, epochs: int
+) -> Callable[[int], np.ndarray]:
+    """``rates(epoch) -> float32 [steps_per_epoch, E]``: every member's learning rate at
+    each step of ``epoch`` (0-based), from its :func:`learning_rate_schedule` evaluated on
+    the host at global steps ``epoch * steps_per_epoch + s``."""
+    schedules = [learning_rate_schedule(hp, steps_per_epoch, epochs) for hp in hyperparameters]
+
+    def rates(epoch: int) -> np.ndarray:
+        t = np.arange(epoch * steps_per_epoch, (epoch + 1) * steps_per_epoch)
+        cols = [np.broadcast_to(np.asarray(f(t), np.float32), t.shape) for f in schedules]
+        return np.stack(cols, axis=1)
+
+    return rates
 
 
 def default_strategy(backend: str) -> str:
@@ -97,58 +187,92 @@ def init_ensemble(
     init_keys: jax.Array,
     image_shape: tuple[int, ...],
     mesh: Mesh,
+    hyperparameters: list[dict] | None = None,
+    track_best: bool = False,
 ) -> EnsembleState:
     """Initialise E members, member i from ``init_keys[i]`` only.
 
     Args:
       init_keys: typed keys ``[E]`` (see :func:`ensemble_core.rngs.member_keys`).
       image_shape: ``(H, W, C)``.
+      hyperparameters: E dicts (:func:`ensemble_core.hyper.member_hyperparameters`):
+        member i's ``learning_rate`` and ``weight_decay`` go into its optimizer state,
+        its ``label_smoothing`` into the state; None keeps ``tx``'s values and no smoothing.
+      track_best: start a :class:`BestTracking` (there is a validation split).
 
     Returns:
       An :class:`EnsembleState` whose leaves are ``[E, ...]``, sharded over ``'ensemble'``.
     """
+    e = init_keys.shape[0]
+    if hyperparameters is not None and len(hyperparameters) != e:
+        raise ConfigError(f"{len(hyperparameters)} members' hyperparameters for {e} members")
+
+    def column(name: str) -> np.ndarray | None:
+        return None if hyperparameters is None else np.asarray([hp[name] for hp in hyperparameters], np.float32)
 
     def init_one(key):
         params = model.init(key, jnp.zeros((1, *image_shape), jnp.float32))["params"]
         return params, tx.init(params)
 
-    def init_all(keys):
+    def init_all(keys, per_member):
         params, opt_state = jax.vmap(init_one)(keys)
-        healthy = jnp.ones(keys.shape, jnp.bool_)
-        return EnsembleState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state, healthy=healthy)
+        for name in ("learning_rate", "weight_decay"):
+            if per_member.get(name) is not None and name in opt_state.hyperparams:
+                opt_state = opt_state._replace(hyperparams={**opt_state.hyperparams, name: per_member[name]})
+        smoothing = per_member.get("label_smoothing")
+        best = None
+        if track_best:
+            best = BestTracking(
+                params=params,
+                nll=jnp.full(keys.shape, jnp.inf, jnp.float32),
+                epoch=jnp.zeros(keys.shape, jnp.int32),
+                stopped_epoch=jnp.zeros(keys.shape, jnp.int32),
+            )
+        return EnsembleState(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=opt_state,
+            healthy=jnp.ones(keys.shape, jnp.bool_),
+            label_smoothing=jnp.zeros(keys.shape, jnp.float32) if smoothing is None else smoothing,
+            best=best,
+        )
 
-    ms = member_sharding(mesh)
-    shardings = EnsembleState(step=replicated(mesh), params=ms, opt_state=ms, healthy=ms)
-    return jax.jit(init_all, out_shardings=shardings)(init_keys)
+    per_member = {name: column(name) for name in ("learning_rate", "weight_decay", "label_smoothing")}
+    abstract = jax.eval_shape(init_all, init_keys, per_member)
+    return jax.jit(init_all, out_shardings=state_shardings(abstract, mesh))(init_keys, per_member)
 
 
 def state_shardings(state: EnsembleState, mesh: Mesh) -> EnsembleState:
     """The sharding of every leaf: step replicated, members over ``'ensemble'``."""
     ms = member_sharding(mesh)
-    return EnsembleState(
-        step=replicated(mesh),
-        params=jax.tree.map(lambda _: ms, state.params),
-        opt_state=jax.tree.map(lambda _: ms, state.opt_state),
-        healthy=ms,
-    )
+    return jax.tree.map(lambda _: ms, state).replace(step=replicated(mesh))
 
 
 # MARK: the step
 
 
-def cross_entropy(model: nn.Module, params: Any, images, labels) -> tuple[jax.Array, jax.Array]:
+def cross_entropy(
+    model: nn.Module, params: Any, images, labels, label_smoothing: float | jax.Array = 0.0
+) -> tuple[jax.Array, jax.Array]:
     """One member's softmax cross-entropy on a batch: the loss every member trains on.
 
     Args:
       params: one member's parameters (no member axis).
       images: uint8 ``[B, H, W, C]`` (scaled to [0, 1] here); labels: int ``[B]``.
+      label_smoothing: ``a`` in [0, 1): the target is ``(1 - a) * onehot + a / C``
+        (Szegedy et al. 2016; ``optax.smooth_labels``), written as
+        ``(1 - a) * CE + a * mean_c(-log p_c)``, so ``a = 0`` is exactly the plain loss.
 
     Returns:
       ``(losses, logits)``: float32 ``[B]`` per-example losses in nats
-      (``optax.losses.softmax_cross_entropy_with_integer_labels``) and float32 ``[B, C]``.
+      (``optax.losses.softmax_cross_entropy_with_integer_labels`` when ``a = 0``) and
+      float32 ``[B, C]`` logits.
     """
     logits = model.apply({"params": params}, to_float(images))
-    return optax.losses.softmax_cross_entropy_with_integer_labels(logits, labels), logits
+    losses = optax.losses.softmax_cross_entropy_with_integer_labels(logits, labels)
+    uniform = -jnp.mean(jax.nn.log_softmax(logits), axis=-1)
+    smoothed = losses + label_smoothing * (uniform - losses)
+    return jnp.where(label_smoothing > 0, smoothed, losses), logits
 
 
 def default_donate(platform: str) -> bool:
@@ -182,7 +306,7 @@ def make_train_step(
     strategy: str = "vmap",
     donate: bool | None = None,
 ) -> Callable:
-    """Build ``train_step(state, images, labels, indices) -> (state, metrics)``.
+    """Build ``train_step(state, images, labels, indices, learning_rates=None) -> (state, metrics)``.
 
     ``donate``: donate ``state`` to the step (None: :func:`default_donate` for the
     mesh's platform). A donated state must not be used after the call. The step is
@@ -194,17 +318,21 @@ def make_train_step(
       labels: int32 ``[N]``, replicated.
       indices: int32 ``[E, B]``: member e trains on ``images[indices[e]]``; sharded
         ``P('ensemble', 'data')``.
+      learning_rates: float32 ``[E]``: each member's learning rate for this step (from
+        :func:`learning_rate_table`), written into its optimizer state before the update;
+        None keeps the rates in the state.
 
     Returns:
       The new state and ``{"loss": float32 [E], "accuracy": float32 [E]}``: each member's
-      mean softmax cross-entropy (nats) and accuracy on its batch, before the update. A
-      member whose loss or updated parameters are not finite keeps its previous
-      parameters and optimizer state and is marked ``healthy=False`` for good.
+      mean training loss (nats, with its label smoothing) and accuracy on its batch,
+      before the update. A member whose loss or updated parameters are not finite keeps
+      its previous parameters and optimizer state and is marked ``healthy=False`` for
+      good; a member stopped early (``state.active`` False) keeps them too.
     """
 
     data_size = mesh.shape[DATA_AXIS]
 
-    def member_update(params, opt_state, healthy, images, labels):
+    def member_update(params, opt_state, healthy, active, smoothing, lr, images, labels):
         # Each data shard holds B / data examples; its share of the batch-mean loss is its
         # sum over the global batch size. Params are invariant over 'data', so under
         # shard_map's varying-manual-axes typing the gradient w.r.t. them is psum-ed over
@@ -213,12 +341,13 @@ def make_train_step(
         global_batch = labels.shape[0] * data_size
 
         def loss_fn(p):
-            losses, logits = cross_entropy(model, p, images, labels)
+            losses, logits = cross_entropy(model, p, images, labels, smoothing)
             return losses.sum() / global_batch, logits
 
         (share, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         correct = jnp.sum(jnp.argmax(logits, -1) == labels) / global_batch
         loss, accuracy = lax.psum((share, correct), DATA_AXIS)
+        opt_state = opt_state._replace(hyperparams={**opt_state.hyperparams, "learning_rate": lr})
         updates, new_opt_state = tx.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         # A member whose loss or new parameters are not finite is frozen from now on: its
@@ -226,29 +355,42 @@ def make_train_step(
         finite = jnp.isfinite(loss) & jnp.all(
             jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(new_params)])
         )
-        keep = healthy & finite
+        keep = healthy & active & finite
 
         def masked(new_tree, old_tree):
             return jax.tree.map(lambda n, o: jnp.where(keep, n, o), new_tree, old_tree)
 
-        return masked(new_params, params), masked(new_opt_state, opt_state), keep, loss, accuracy
+        still_healthy = healthy & (finite | ~active)  # a stopped member's step is not its own
+        return masked(new_params, params), masked(new_opt_state, opt_state), still_healthy, loss, accuracy
 
-    def local(params, opt_state, healthy, images, labels, indices):
-        return map_members(member_update, strategy)(params, opt_state, healthy, images[indices], labels[indices])
+    def local(params, opt_state, healthy, active, smoothing, lr, images, labels, indices):
+        return map_members(member_update, strategy)(
+            params, opt_state, healthy, active, smoothing, lr, images[indices], labels[indices]
+        )
 
     members = P(ENSEMBLE_AXIS)
     sharded = jax.shard_map(
         local,
         mesh=mesh,
-        in_specs=(members, members, members, P(), P(), P(ENSEMBLE_AXIS, DATA_AXIS)),
+        in_specs=(members,) * 6 + (P(), P(), P(ENSEMBLE_AXIS, DATA_AXIS)),
         out_specs=(members,) * 5,
     )
 
-    def train_step(state: EnsembleState, images, labels, indices):
+    def train_step(state: EnsembleState, images, labels, indices, learning_rates=None):
+        if learning_rates is None:
+            learning_rates = state.opt_state.hyperparams["learning_rate"]
         params, opt_state, healthy, loss, accuracy = sharded(
-            state.params, state.opt_state, state.healthy, images, labels, indices
+            state.params,
+            state.opt_state,
+            state.healthy,
+            state.active,
+            state.label_smoothing,
+            learning_rates,
+            images,
+            labels,
+            indices,
         )
-        new = EnsembleState(step=state.step + 1, params=params, opt_state=opt_state, healthy=healthy)
+        new = state.replace(step=state.step + 1, params=params, opt_state=opt_state, healthy=healthy)
         return new, {"loss": loss, "accuracy": accuracy}
 
     platform = mesh.devices.flat[0].platform
@@ -297,6 +439,8 @@ def fit(
     epochs: int,
     batch_size: int,
     start: DataPosition | None = None,
+    learning_rates: Callable[[int], np.ndarray] | None = None,
+    end_of_epoch: Callable[[int, EnsembleState], tuple[EnsembleState, dict]] | None = None,
     on_step: Callable[[int, int, int], None] | None = None,
     on_epoch_end: Callable[[int, EnsembleState, dict], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
@@ -312,6 +456,11 @@ def fit(
       data_keys: typed keys ``[E]``.
       start: the :class:`DataPosition` to resume from; its sums make the resumed epoch's
         means come out as if it had not been interrupted.
+      learning_rates: ``learning_rates(epoch) -> float32 [steps, E]`` (see
+        :func:`learning_rate_table`); None keeps the rates in the optimizer state.
+      end_of_epoch: ``end_of_epoch(epoch, state) -> (state, extra)`` after each epoch's
+        last step (e.g. :func:`ensemble_core.validation.make_validation`); ``extra`` is
+        merged into the epoch's record.
       on_step: ``on_step(epoch, step_in_epoch, steps_per_epoch)`` after each dispatched step.
       on_epoch_end: ``on_epoch_end(epoch, state, record)`` where record holds
         ``train_loss``/``train_accuracy`` lists of length E (epoch means).
@@ -325,6 +474,7 @@ def fit(
       the :class:`DataPosition` where it stopped).
     """
     idx_sharding = NamedSharding(mesh, P(ENSEMBLE_AXIS, DATA_AXIS))
+    lr_sharding = NamedSharding(mesh, P(ENSEMBLE_AXIS))
     n = int(images.shape[0])
     compiled = None
     timing: dict = {"compile_seconds": 0.0, "train_seconds": 0.0, "steps": 0, "stopped_at": None}
@@ -336,10 +486,17 @@ def fit(
         first_step = start_step if epoch == start_epoch else 0
         if first_step >= steps:
             continue
-        first = jax.device_put(order[first_step], idx_sharding)
+        rates = None if learning_rates is None else learning_rates(epoch)
+
+        def staged(s: int, order=order, rates=rates) -> tuple:
+            if rates is None:
+                return (jax.device_put(order[s], idx_sharding),)
+            return jax.device_put(order[s], idx_sharding), jax.device_put(rates[s], lr_sharding)
+
+        first = staged(first_step)
         if compiled is None:
             t0 = time.perf_counter()
-            compiled = train_step.lower(state, images, labels, first).compile()
+            compiled = train_step.lower(state, images, labels, *first).compile()
             timing["compile_seconds"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         resumed = start if epoch == start_epoch and first_step else None
@@ -349,8 +506,8 @@ def fit(
         for s in range(first_step, steps):
             cur = nxt
             if s + 1 < steps:  # stage the next indices while this step runs
-                nxt = jax.device_put(order[s + 1], idx_sharding)
-            state, metrics = compiled(state, images, labels, cur)
+                nxt = staged(s + 1)
+            state, metrics = compiled(state, images, labels, *cur)
             loss_sum = loss_sum + metrics["loss"]
             acc_sum = acc_sum + metrics["accuracy"]
             timing["steps"] += 1
@@ -366,6 +523,9 @@ def fit(
             "train_accuracy": (np.asarray(acc_sum) / steps).tolist(),
         }
         timing["train_seconds"] += time.perf_counter() - t0
+        if end_of_epoch is not None:
+            state, extra = end_of_epoch(epoch, state)
+            record.update(extra)
         if on_epoch_end is not None:
             on_epoch_end(epoch, state, record)
         if should_stop is not None and epoch + 1 < epochs and should_stop():

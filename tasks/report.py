@@ -14,6 +14,7 @@ from tasks import TRANSIENT_RETRIES
 
 REPORT_KEY = "ensemble-report"
 MEMBERS_KEY = "ensemble-members"
+POOL_KEY = "ensemble-pool"
 
 
 def evaluation_key(name: str) -> str:
@@ -41,6 +42,13 @@ def publish_report(
     create_table_artifact(
         table=report_lib.member_table(rep), key=MEMBERS_KEY, description="Per-member vs ensemble test metrics"
     )
+    if rep.get("pool"):
+        create_table_artifact(
+            table=report_lib.pool_table(rep),
+            key=POOL_KEY,
+            description="The trained pool: each member's hyperparameters, best and stop epoch, validation NLL, "
+            "and how many times the ensemble selected it",
+        )
     for name, rows in report_lib.evaluator_tables(rep).items():
         create_table_artifact(
             table=rows,

@@ -19,6 +19,7 @@ def train_member_alone(
     images: np.ndarray,
     labels: np.ndarray,
     order: np.ndarray,
+    label_smoothing: float = 0.0,
 ) -> Any:
     """One member trained by its own jitted single-model step (the seed tutorial's loop).
 
@@ -26,6 +27,8 @@ def train_member_alone(
       params: one member's params (no member axis).
       images: uint8 ``[N, H, W, C]``; labels int ``[N]``.
       order: int ``[S, B]`` indices, one row per step.
+      label_smoothing: smooth the one-hot targets with ``optax.smooth_labels`` (the
+        textbook form of the loss, not the project's rewriting of it).
 
     Returns:
       The member's params after ``S`` steps.
@@ -35,6 +38,9 @@ def train_member_alone(
     def step(params, opt_state, x, y):
         def loss_fn(p):  # written here, not taken from ensemble_core.train: an independent reference
             logits = model.apply({"params": p}, to_float(x))
+            if label_smoothing:
+                targets = optax.smooth_labels(jax.nn.one_hot(y, logits.shape[-1]), label_smoothing)
+                return optax.losses.softmax_cross_entropy(logits, targets).mean()
             return optax.losses.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
         grads = jax.grad(loss_fn)(params)

@@ -58,6 +58,9 @@ class EvalContext:
         numpy arrays, e.g. a transformed test set), computed once and kept beside the
         prepared dataset under ``key`` (the run layer decides where; a key must name
         everything the arrays depend on).
+      temperature: the ensemble's fitted temperature (``eval.temperature_scaling``), or
+        None; evaluators report their ensemble figures after scaling too
+        (:func:`ensemble_core.calibration.apply_temperature`).
     """
 
     config: PipelineConfig
@@ -67,6 +70,7 @@ class EvalContext:
     load: Callable[[str], tuple[np.ndarray, np.ndarray]]
     predict_split: Callable[[str], tuple[np.ndarray, float]]
     cached: Callable[[str, Callable[[], dict[str, np.ndarray]]], dict[str, np.ndarray]]
+    temperature: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,11 +11,14 @@ from pathlib import Path
 import numpy as np
 
 from ensemble_core import metrics as metrics_lib
+from ensemble_core.calibration import apply_temperature
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput
 from ensemble_core.plotting import plt, save
 
 FIGURES = ("accuracy", "nll", "brier", "ece")
 WHO = ("ensemble", "member_mean", "best_member")
+#: The ensemble's figures after temperature scaling (``eval.temperature_scaling``).
+SCALED = "ensemble_temperature_scaled"
 #: Example images per level kept for the plots.
 EXAMPLES = 8
 #: Bump when a transform changes, so cached shifted sets are built again.
@@ -43,7 +46,7 @@ def score_levels(
 ) -> list[dict]:
     """Per level: ``{"level", "ensemble", "member_mean", "best_member", "best_member_index",
     "aurc"}`` (accuracy, NLL, Brier, ECE of each; the ensemble's AURC, Geifman & El-Yaniv
-    2017)."""
+    2017), and ``ensemble_temperature_scaled`` when the context has a temperature."""
     bins = ctx.config.eval.ece_bins
     out = []
     healthy = ctx.healthy
@@ -51,7 +54,10 @@ def score_levels(
         at = level == np.float32(value)
         s = metrics_lib.shift_scores(probs[:, at], labels[at], bins, healthy=healthy)
         ens = metrics_lib.ensemble_probs(probs[healthy][:, at])
-        out.append({"level": float(value), **s, "aurc": metrics_lib.aurc(ens, labels[at])})
+        row = {"level": float(value), **s, "aurc": metrics_lib.aurc(ens, labels[at])}
+        if ctx.temperature is not None:
+            row[SCALED] = metrics_lib.scores(apply_temperature(ens, ctx.temperature), labels[at], bins)
+        out.append(row)
     return out
 
 
@@ -59,7 +65,8 @@ def summary(per_level: list[dict]) -> dict:
     """The mean of every figure over the levels, for ``ensemble``, ``member_mean`` and
     ``best_member`` (the best member per level), and ``ensemble_beats_best_member``: at
     how many levels the ensemble's NLL / Brier is below the best member's."""
-    mean = {who: {f: float(np.mean([r[who][f] for r in per_level])) for f in FIGURES} for who in WHO}
+    present = [who for who in (*WHO, SCALED) if who in per_level[0]]
+    mean = {who: {f: float(np.mean([r[who][f] for r in per_level])) for f in FIGURES} for who in present}
     wins = {f: int(sum(r["ensemble"][f] < r["best_member"][f] for r in per_level)) for f in ("nll", "brier", "ece")}
     return {"mean": mean, "ensemble_beats_best_member": {**wins, "of_levels": len(per_level)}}
 
@@ -151,6 +158,13 @@ def markdown(metrics: dict, title: str, unit: str) -> list[str]:
         f"Ensemble below the best member at {wins['nll']}/{wins['of_levels']} levels in NLL, "
         f"{wins['brier']}/{wins['of_levels']} in Brier, {wins['ece']}/{wins['of_levels']} in ECE.",
     ]
+    if SCALED in metrics["mean"]:
+        before, after = metrics["mean"]["ensemble"], metrics["mean"][SCALED]
+        lines += [
+            "",
+            f"Temperature scaling (mean over levels): NLL {before['nll']:.4f} -> {after['nll']:.4f}, "
+            f"Brier {before['brier']:.4f} -> {after['brier']:.4f}, ECE {before['ece']:.4f} -> {after['ece']:.4f}.",
+        ]
     return lines
 
 
@@ -162,5 +176,7 @@ def table(metrics: dict) -> list[dict]:
         row.update({f"ensemble {f}": round(r["ensemble"][f], 4) for f in FIGURES})
         row.update({f"best member {f}": round(r["best_member"][f], 4) for f in FIGURES})
         row.update({f"member mean {f}": round(r["member_mean"][f], 4) for f in FIGURES})
+        if SCALED in r:
+            row.update({f"ensemble scaled {f}": round(r[SCALED][f], 4) for f in FIGURES})
         rows.append(row)
     return rows

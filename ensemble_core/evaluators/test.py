@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble_core import metrics as metrics_lib
+from ensemble_core.calibration import apply_temperature
 from ensemble_core.config import PipelineConfig
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput
 from ensemble_core.plotting import plt, save
@@ -24,12 +25,17 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     Returns:
       metrics: :func:`ensemble_core.metrics.evaluate_all` (``ensemble``, ``members``,
       ``member_mean``, ``diversity``, ``diverged_members``) plus
-      ``eval_member_images_per_s``.
+      ``eval_member_images_per_s``; with a fitted temperature also ``temperature`` and
+      ``ensemble_temperature_scaled`` (accuracy, NLL, Brier, ECE after scaling).
     """
     _, labels = ctx.load("test")
     probs, throughput = ctx.predict_split("test")
     metrics = metrics_lib.evaluate_all(probs, labels, ctx.config.eval.ece_bins, healthy=ctx.healthy)
     metrics["eval_member_images_per_s"] = throughput
+    if ctx.temperature is not None:
+        scaled = apply_temperature(metrics_lib.ensemble_probs(probs[ctx.healthy]), ctx.temperature)
+        metrics["temperature"] = ctx.temperature
+        metrics["ensemble_temperature_scaled"] = metrics_lib.scores(scaled, labels, ctx.config.eval.ece_bins)
     arrays = {"member_probs": probs, "labels": labels.astype(np.int32), "healthy": ctx.healthy}
     return EvaluatorOutput(metrics=metrics, arrays=arrays)
 

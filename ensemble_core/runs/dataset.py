@@ -18,14 +18,43 @@ def prepare(data_cfg: DataConfig) -> DatasetInfo:
     return data_lib.prepare(data_cfg.name, data_cfg.data_dir, data_cfg.manual_dir)
 
 
-def num_train(cfg: PipelineConfig, dataset: DatasetInfo) -> int:
-    """Training examples used: the split's, capped by ``data.max_train_examples``."""
+SPLITS = ("train", "validation", "test")
+
+
+def _capped_train(cfg: PipelineConfig, dataset: DatasetInfo) -> int:
     limit = cfg.data.max_train_examples
     return dataset.num_train if limit is None else min(dataset.num_train, limit)
 
 
+def num_validation(cfg: PipelineConfig, dataset: DatasetInfo) -> int:
+    """Examples held out of the (capped) training split as the validation split."""
+    return data_lib.validation_size(_capped_train(cfg, dataset), cfg.data.validation_fraction)
+
+
+def num_train(cfg: PipelineConfig, dataset: DatasetInfo) -> int:
+    """Training examples the members train on: the split's, capped by
+    ``data.max_train_examples``, less the validation split."""
+    return _capped_train(cfg, dataset) - num_validation(cfg, dataset)
+
+
 def load(cfg: PipelineConfig, dataset: DatasetInfo, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """Images uint8 ``[N, H, W, C]`` and labels int32 ``[N]`` of ``split`` ('train' or
-    'test'), capped by ``data.max_train_examples`` / ``data.max_test_examples``."""
-    limit = cfg.data.max_train_examples if split == "train" else cfg.data.max_test_examples
-    return data_lib.load_split(cfg.data.name, split, dataset.tfds_data_dir, limit)
+    """Images uint8 ``[N, H, W, C]`` and labels int32 ``[N]`` of ``split``.
+
+    ``'train'`` and ``'validation'`` are the dataset's training split, capped by
+    ``data.max_train_examples``, carved by :func:`ensemble_core.data.validation_split`
+    with ``data.validation_fraction``; ``'test'`` is the test split capped by
+    ``data.max_test_examples``.
+
+    Raises:
+      ValueError: an unknown split. DataError: see :func:`ensemble_core.data.load_split`.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split '{split}'; fix: use one of {SPLITS}")
+    if split == "test":
+        return data_lib.load_split(cfg.data.name, "test", dataset.tfds_data_dir, cfg.data.max_test_examples)
+    images, labels = data_lib.load_split(cfg.data.name, "train", dataset.tfds_data_dir, cfg.data.max_train_examples)
+    if not cfg.has_validation:
+        return (images, labels) if split == "train" else (images[:0], labels[:0])
+    train_idx, val_idx = data_lib.validation_split(labels, cfg.data.validation_fraction)
+    idx = train_idx if split == "train" else val_idx
+    return images[idx], labels[idx]

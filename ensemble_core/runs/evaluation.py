@@ -2,25 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import logging
 import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import jax
 import numpy as np
 
 from ensemble_core import evaluators
 from ensemble_core import metrics as metrics_lib
+from ensemble_core.calibration import apply_temperature, fit_temperature, temperature_nll
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import DataError, DivergenceError
+from ensemble_core.mesh import member_sharding
 from ensemble_core.predict import member_probs
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.dataset import load
-from ensemble_core.runs.layout import RunDir, atomic_savez
+from ensemble_core.runs.layout import RunDir, atomic_savez, atomic_write_json
 from ensemble_core.runs.results import Evaluation, EvaluatorResult
+from ensemble_core.selection import greedy_selection
 from ensemble_core.setup import EnsembleSetup, build
 from ensemble_core.train import EnsembleState
 
@@ -47,20 +54,143 @@ def restore(
     return state, setup
 
 
+@dataclasses.dataclass(frozen=True)
+class Members:
+    """The members an evaluation scores: the ensemble as configured.
+
+    Without ``ensemble.select_size`` these are the E trained members (padding dropped,
+    diverged ones marked in ``healthy``); with it, the greedy selection's multiset, one
+    row per pick (a member picked twice has two equal rows, so the mean over rows is
+    the selection's weighted ensemble).
+
+    Attributes:
+      params: the parameters of the distinct members that are predicted (leaves
+        ``[U, ...]`` on ``setup``'s mesh; each member's best epoch with a validation split).
+      setup: the :class:`~ensemble_core.setup.EnsembleSetup` they live on.
+      rows: pool index of every evaluated row, int ``[K]``.
+      healthy: bool ``[K]``.
+      expand: int ``[K]``: row k is ``params`` member ``expand[k]``.
+    """
+
+    params: Any
+    setup: EnsembleSetup
+    rows: np.ndarray
+    healthy: np.ndarray
+    expand: np.ndarray
+
+    def predict(self, cfg: PipelineConfig, images: np.ndarray) -> tuple[np.ndarray, float]:
+        """Probabilities float32 ``[K, N, C]`` of every row on ``images`` and the
+        steady-state throughput in member-images/s (the program is compiled first)."""
+        predict = self.setup.predict_fn()
+        one = self.setup.strategy == "unroll"
+        batch = cfg.eval.batch_size
+        member_probs(predict, self.params, images[:batch], self.setup.mesh, batch, one_member_per_device=one)
+        t0 = time.perf_counter()
+        probs = member_probs(predict, self.params, images, self.setup.mesh, batch, one_member_per_device=one)
+        seconds = time.perf_counter() - t0
+        distinct = int(self.expand.max()) + 1
+        throughput = distinct * probs.shape[1] / seconds
+        return probs[self.expand], throughput
+
+
+def all_members(cfg: PipelineConfig, state: EnsembleState, setup: EnsembleSetup) -> Members:
+    """Every trained member (padding dropped at prediction), evaluated at its final parameters."""
+    e = cfg.ensemble.size
+    return Members(
+        params=state.final_params,
+        setup=setup,
+        rows=np.arange(e),
+        healthy=np.asarray(state.healthy)[:e],
+        expand=np.arange(e),
+    )
+
+
+def selected_members(
+    cfg: PipelineConfig, state: EnsembleState, setup: EnsembleSetup, rows, num_classes: int
+) -> Members:
+    """The members ``rows`` (pool indices, repeats allowed): the distinct ones are moved
+    onto a mesh of their own (:func:`ensemble_core.setup.build` for that many members)."""
+    rows = np.asarray(rows, np.int64)
+    distinct, expand = np.unique(rows, return_inverse=True)
+    sub_cfg = cfg.model_copy(
+        update={
+            "ensemble": cfg.ensemble.model_copy(
+                update={"size": len(distinct), "pad": False, "search": None, "select_size": None}
+            ),
+            "mesh": cfg.mesh.model_copy(update={"ensemble": None}),
+        }
+    )
+    sub = build(sub_cfg, num_classes, strategy=setup.strategy)
+    sharding = member_sharding(sub.mesh)
+    params = jax.tree.map(lambda x: jax.device_put(np.asarray(x)[distinct], sharding), state.final_params)
+    return Members(params=params, setup=sub, rows=rows, healthy=np.ones(len(rows), bool), expand=expand)
+
+
 def predict_member_probs(
     cfg: PipelineConfig, state: EnsembleState, setup: EnsembleSetup, images: np.ndarray
 ) -> tuple[np.ndarray, float]:
-    """Member probabilities float32 ``[E, N, C]`` (padding members dropped) and the
-    steady-state throughput in member-images/s (the program is compiled first)."""
-    predict = setup.predict_fn()
-    one = setup.strategy == "unroll"
-    batch = cfg.eval.batch_size
-    member_probs(predict, state.params, images[:batch], setup.mesh, batch, one_member_per_device=one)
-    t0 = time.perf_counter()
-    probs = member_probs(predict, state.params, images, setup.mesh, batch, one_member_per_device=one)
-    seconds = time.perf_counter() - t0
-    probs = probs[: cfg.ensemble.size]
-    return probs, probs.shape[0] * probs.shape[1] / seconds
+    """Every trained member's probabilities float32 ``[E, N, C]`` (padding dropped, final
+    parameters) and the steady-state throughput in member-images/s."""
+    probs, throughput = Members(
+        params=state.final_params,
+        setup=setup,
+        rows=np.arange(cfg.ensemble.size),
+        healthy=np.ones(cfg.ensemble.size, bool),
+        expand=np.arange(cfg.ensemble.size),
+    ).predict(cfg, images)
+    return probs, throughput
+
+
+def choose_members(
+    cfg: PipelineConfig, dataset: DatasetInfo, state: EnsembleState, setup: EnsembleSetup, run: RunDir, write: bool
+) -> tuple[Members, dict | None]:
+    """The members to evaluate and, with a validation split, what was decided on it.
+
+    With a validation split every trained member predicts it (``eval/validation.npz``:
+    ``member_probs`` float32 ``[E, N_val, C]``, ``labels``, ``healthy``); with
+    ``ensemble.select_size`` the greedy selection (:func:`ensemble_core.selection.greedy_selection`)
+    picks the members among the healthy ones; with ``eval.temperature_scaling`` one
+    temperature is fitted to the chosen ensemble's validation NLL
+    (:func:`ensemble_core.calibration.fit_temperature`).
+
+    Returns:
+      The :class:`Members`, and None (no validation split) or the ``selection`` record:
+      ``members`` (pool indices per pick, or every healthy member), ``multiplicities``,
+      ``validation_nll`` (the ensemble's after each greedy pick; one value without
+      selection), ``member_validation_nll`` (every trained member's), ``temperature``
+      (None when not fitted), ``validation_nll_temperature_scaled``, ``validation_examples``.
+    """
+    members = all_members(cfg, state, setup)
+    if not cfg.has_validation:
+        return members, None
+    images, labels = load(cfg, dataset, "validation")
+    probs, _ = members.predict(cfg, images)
+    if write:
+        atomic_savez(run.evaluator_arrays("validation"), member_probs=probs, labels=labels, healthy=members.healthy)
+    member_nll = [metrics_lib.nll(p, labels) for p in probs]
+    if cfg.ensemble.select_size is not None:
+        picked = greedy_selection(probs, labels, cfg.ensemble.select_size, eligible=members.healthy)
+        chosen, steps = picked.members, picked.validation_nll
+        members = selected_members(cfg, state, setup, chosen, dataset.num_classes)
+    else:
+        chosen = np.flatnonzero(members.healthy).tolist()
+        steps = [metrics_lib.nll(metrics_lib.ensemble_probs(probs[chosen]), labels)]
+    ensemble = metrics_lib.ensemble_probs(probs[chosen])
+    temperature = fit_temperature(ensemble, labels) if cfg.eval.temperature_scaling else None
+    record = {
+        "members": [int(m) for m in chosen],
+        "multiplicities": {str(m): int(n) for m, n in zip(*np.unique(chosen, return_counts=True), strict=True)},
+        "validation_nll": [float(v) for v in steps],
+        "member_validation_nll": [float(v) for v in member_nll],
+        "temperature": temperature,
+        "validation_nll_temperature_scaled": (
+            None if temperature is None else temperature_nll(ensemble, labels, temperature)
+        ),
+        "validation_examples": len(labels),
+    }
+    if write:
+        atomic_write_json(run.selection_json, {"members": record["members"], "temperature": temperature})
+    return members, record
 
 
 def evaluate(
@@ -71,7 +201,8 @@ def evaluate(
     strategy: str | None = None,
     write: bool = True,
 ) -> Evaluation:
-    """Restore the latest checkpoint and run every evaluator of ``eval.evaluators``.
+    """Restore the latest checkpoint, choose the members (:func:`choose_members`) and run
+    every evaluator of ``eval.evaluators`` on them.
 
     With ``write`` (default), each evaluator's arrays are written atomically
     (``predictions.npz`` for ``test``, ``eval/<name>.npz`` for the others; see
@@ -83,16 +214,17 @@ def evaluate(
     """
     run = RunDir(Path(run_dir))
     state, setup = restore(cfg, run.path, dataset.num_classes, dataset.image_shape, strategy=strategy)
-    healthy = np.asarray(state.healthy)[: cfg.ensemble.size]
-    if not healthy.any():
+    if not np.asarray(state.healthy)[: cfg.ensemble.size].any():
         raise DivergenceError(
             f"every member of '{run.path}' diverged, there is no ensemble to evaluate; fix: lower "
             f"train.learning_rate and train again"
         )
+    members, selection = choose_members(cfg, dataset, state, setup, run, write)
+    healthy = members.healthy
 
     # Every evaluator starts from the test split: read it, and predict it, once per evaluation.
     def predict(images: np.ndarray) -> tuple[np.ndarray, float]:
-        return predict_member_probs(cfg, state, setup, images)
+        return members.predict(cfg, images)
 
     load_split = functools.cache(lambda split: load(cfg, dataset, split))
     ctx = evaluators.EvalContext(
@@ -103,6 +235,7 @@ def evaluate(
         load=load_split,
         predict_split=functools.cache(lambda split: predict(load_split(split)[0])),
         cached=lambda key, build: cached_arrays(dataset, key, build),
+        temperature=None if selection is None else selection["temperature"],
     )
     results = {}
     for name in cfg.eval.evaluators:
@@ -117,7 +250,7 @@ def evaluate(
                 drawn = module.plot(out.metrics, out.arrays, run.plots, cfg)
                 plots = {key: str(path.relative_to(run.path)) for key, path in drawn.items()}
         results[name] = EvaluatorResult(name=name, metrics=out.metrics, plots=plots)
-    return Evaluation(results=results)
+    return Evaluation(results=results, selection=selection)
 
 
 def derived_dir(dataset: DatasetInfo) -> Path:
@@ -201,9 +334,12 @@ def predict_images(run_dir: str | Path, images: np.ndarray, *, batch_size: int |
       batch_size: overrides the run's ``eval.batch_size``.
 
     Returns:
-      ``ensemble_probs`` float32 ``[N, C]``, ``predictive_entropy`` and
-      ``mutual_information`` float32 ``[N]`` (nats), ``member_probs`` float32 ``[E, N, C]``,
-      ``predicted_class`` int32 ``[N]``.
+      ``ensemble_probs`` float32 ``[N, C]`` (temperature-scaled when the run fitted a
+      temperature), ``predictive_entropy`` (of ``ensemble_probs``) and
+      ``mutual_information`` float32 ``[N]`` (nats), ``member_probs`` float32 ``[K, N, C]``
+      of the ensemble's healthy members (the selection's picks, one row each, when the
+      run selects), ``predicted_class`` int32 ``[N]``, ``members`` int32 ``[K]`` (pool
+      index of each row) and ``temperature`` (float32 scalar, NaN when not fitted).
 
     Raises:
       DataError: images of the wrong shape, or values :func:`check_image_values` refuses.
@@ -225,11 +361,31 @@ def predict_images(run_dir: str | Path, images: np.ndarray, *, batch_size: int |
             f"images have shape {tuple(images.shape)} but the model takes [N, {dims}]; fix: reshape them to [N, {dims}]"
         )
     state, setup = restore(cfg, run.path, meta["dataset"]["num_classes"], shape)
-    probs, _ = predict_member_probs(cfg, state, setup, images)
+    chosen = read_selection(run)
+    if chosen is not None and cfg.ensemble.select_size is not None:
+        members = selected_members(cfg, state, setup, chosen["members"], meta["dataset"]["num_classes"])
+    else:
+        members = all_members(cfg, state, setup)
+    probs, _ = members.predict(cfg, images)
+    probs = probs[members.healthy]
+    ensemble = metrics_lib.ensemble_probs(probs)
+    temperature = None if chosen is None else chosen.get("temperature")
+    if temperature is not None:
+        ensemble = apply_temperature(ensemble, temperature)
     return {
-        "ensemble_probs": metrics_lib.ensemble_probs(probs).astype(np.float32),
-        "predictive_entropy": metrics_lib.predictive_entropy(probs).astype(np.float32),
+        "ensemble_probs": ensemble.astype(np.float32),
+        "predictive_entropy": metrics_lib.entropy(ensemble).astype(np.float32),
         "mutual_information": metrics_lib.mutual_information(probs).astype(np.float32),
         "member_probs": probs,
-        "predicted_class": np.argmax(probs.mean(0), -1).astype(np.int32),
+        "predicted_class": np.argmax(ensemble, -1).astype(np.int32),
+        "members": members.rows[members.healthy].astype(np.int32),
+        "temperature": np.float32(np.nan if temperature is None else temperature),
     }
+
+
+def read_selection(run: RunDir) -> dict | None:
+    """The run's ``selection.json`` (``members``, ``temperature``), or None when absent."""
+    try:
+        return json.loads(run.selection_json.read_text())
+    except FileNotFoundError:
+        return None

@@ -74,6 +74,11 @@ class RunDir:
         return self.predictions if name == "test" else self.eval_dir / f"{name}.npz"
 
     @property
+    def selection_json(self) -> Path:
+        """The members evaluation chose and the fitted temperature (what prediction uses)."""
+        return self.path / "selection.json"
+
+    @property
     def report_json(self) -> Path:
         return self.path / "report.json"
 

@@ -9,7 +9,7 @@ from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import ConfigError
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer
-from ensemble_core.runs.dataset import num_train, prepare
+from ensemble_core.runs.dataset import num_train, num_validation, prepare
 from ensemble_core.runs.layout import run_dir_for
 from ensemble_core.runs.lock import ensure_unlocked
 from ensemble_core.runs.resume import check_resumable
@@ -20,12 +20,19 @@ def check_against_dataset(cfg: PipelineConfig, dataset: DatasetInfo) -> None:
     """Config checks that need the dataset's size.
 
     Raises:
-      ConfigError: the batch is larger than the training split.
+      ConfigError: the batch is larger than the training split (validation split held
+        out), or the validation split would be empty.
     """
     n = num_train(cfg, dataset)
+    if cfg.has_validation and num_validation(cfg, dataset) == 0:
+        raise ConfigError(
+            f"data.validation_fraction={cfg.data.validation_fraction} of the {n} training examples holds out "
+            f"none; fix: raise data.validation_fraction or use more training examples"
+        )
     if cfg.train.batch_size > n:
         raise ConfigError(
-            f"train.batch_size={cfg.train.batch_size} is larger than the {n} training examples; "
+            f"train.batch_size={cfg.train.batch_size} is larger than the {n} training examples "
+            f"(validation split held out); "
             f"fix: set train.batch_size <= {n}"
         )
 

@@ -63,20 +63,117 @@ def build_report(
         "plots": plots,
         "run_dir": str(run_dir),
         "promotion": None if promotion is None else promotion.model_dump(exclude={"history"}),
+        "selection": evaluation.selection,
+        "pool": pool(training, evaluation),
     }
+    if "temperature" in test:
+        report["temperature"] = test["temperature"]
+        report["ensemble_temperature_scaled"] = test["ensemble_temperature_scaled"]
     if others:
         report["evaluations"] = others
     return report
+
+
+def pool(training: TrainingSummary, evaluation: Evaluation) -> list[dict]:
+    """Every trained member: ``member``, ``hyperparameters``, ``best_epoch``,
+    ``stopped_epoch``, ``healthy``, ``validation_nll`` (its best epoch's parameters on the
+    validation split, as evaluation saw them; None without one) and ``selected`` (how many
+    times the ensemble holds it)."""
+    selection = evaluation.selection or {}
+    nll = selection.get("member_validation_nll") or []
+    counts = {int(k): v for k, v in (selection.get("multiplicities") or {}).items()}
+    rows = []
+    for m in training.members:
+        i = m["member"]
+        picked = counts.get(i, 0) if selection else int(m["healthy"])
+        rows.append(
+            {
+                "member": i,
+                "hyperparameters": m["hyperparameters"],
+                "best_epoch": m["best_epoch"],
+                "stopped_epoch": m["stopped_epoch"],
+                "healthy": m["healthy"],
+                "validation_nll": nll[i] if i < len(nll) else None,
+                "selected": picked,
+            }
+        )
+    return rows
+
+
+def pool_table(report: dict) -> list[dict]:
+    """The pool as table rows (member, its hyperparameters, best/stop epoch, validation
+    NLL, times selected) for the Prefect table artifact."""
+    rows = []
+    for m in report.get("pool") or []:
+        hp = m["hyperparameters"]
+        row = {"member": m["member"]}
+        row.update({k: round(v, 6) if isinstance(v, float) else v for k, v in hp.items()})
+        row.update(
+            best_epoch=m["best_epoch"],
+            stopped_epoch=m["stopped_epoch"],
+            validation_nll=None if m["validation_nll"] is None else round(m["validation_nll"], 4),
+            selected=m["selected"],
+        )
+        rows.append(row)
+    return rows
 
 
 def _fmt(x: float) -> str:
     return f"{x:.4f}"
 
 
+def _selection_lines(report: dict) -> list[str]:
+    sel, rows = report.get("selection"), report.get("pool") or []
+    if not sel:
+        return []
+    searched = sorted(k for k in (report["config"]["ensemble"].get("search") or {}))
+    lines = []
+    if report["config"]["ensemble"].get("select_size"):
+        picks = ", ".join(f"{m} x{n}" if n > 1 else f"{m}" for m, n in sel["multiplicities"].items())
+        steps = " -> ".join(_fmt(v) for v in sel["validation_nll"])
+        lines += [
+            f"**Greedy ensemble selection** (Caruana et al. 2004) of {len(sel['members'])} from a pool of "
+            f"{len(rows)} on {sel['validation_examples']} validation examples: members {picks}; "
+            f"validation NLL as members are added: {steps}.",
+            "",
+        ]
+    if sel.get("temperature") is not None:
+        t = report.get("ensemble_temperature_scaled") or {}
+        ens = report["ensemble"]
+        lines += [
+            f"**Temperature scaling** (Guo et al. 2017): T = {sel['temperature']:.4f} fitted on validation NLL "
+            f"({_fmt(sel['validation_nll'][-1])} -> {_fmt(sel['validation_nll_temperature_scaled'])}); test NLL "
+            f"{_fmt(ens['nll'])} -> {_fmt(t['nll'])}, ECE {_fmt(ens['ece'])} -> {_fmt(t['ece'])}, Brier "
+            f"{_fmt(ens['brier'])} -> {_fmt(t['brier'])}.",
+            "",
+        ]
+    lines += [
+        "| member | "
+        + " | ".join(searched)
+        + (" | " if searched else "")
+        + "best epoch | stopped | validation NLL | selected |",
+        "| --- | " + "--- | " * len(searched) + "--- | --- | --- | --- |",
+    ]
+    for m in rows:
+        hp = m["hyperparameters"]
+        values = [f"{hp[k]:.4g}" if isinstance(hp[k], float) else str(hp[k]) for k in searched]
+        nll = "" if m["validation_nll"] is None else _fmt(m["validation_nll"])
+        lines.append(
+            f"| {m['member']} | "
+            + "".join(f"{v} | " for v in values)
+            + f"{m['best_epoch'] or ''} | {m['stopped_epoch'] or ''} | {nll} | {m['selected'] or ''} |"
+        )
+    return [*lines, ""]
+
+
 def member_table(report: dict) -> list[dict]:
     """One row per member plus the member mean and the ensemble (for tables/artifacts)."""
+    sel = report.get("selection") or {}
+    ids = sel.get("members") if report["config"]["ensemble"].get("select_size") else None
+    ids = ids or list(range(len(report["members"])))
     rows = [
-        {"model": f"member {i}", **{k: round(m[k], 4) for k in SCORE_KEYS}} for i, m in enumerate(report["members"])
+        {"model": f"member {i}", **{k: round(m[k], 4) for k in SCORE_KEYS}}
+        for i, m in zip(ids, report["members"], strict=True)
     ]
     rows.append({"model": "member mean", **{k: round(report["member_mean"][k], 4) for k in SCORE_KEYS}})
     rows.append({"model": "ensemble", **{k: round(report["ensemble"][k], 4) for k in SCORE_KEYS}})
@@ -128,6 +225,7 @@ def render_markdown(report: dict, plots: bool = True) -> str:
         "",
         f"Checkpoint: `{report['checkpoint']['dir']}` step {report['checkpoint']['step']}.",
         "",
+        *_selection_lines(report),
     ]
     promo = report.get("promotion")
     if promo:
@@ -160,16 +258,30 @@ def render_markdown(report: dict, plots: bool = True) -> str:
 
 
 def plot_training_curves(report: dict, plots_dir: str | Path) -> Path:
-    """``training_curves.png``: every member's training loss and accuracy per epoch."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    """``training_curves.png``: every member's training loss and accuracy per epoch and,
+    with a validation split, its validation NLL per epoch (its best epoch circled, its
+    stop marked with a cross)."""
     hist = report["history"]
+    validated = bool(hist) and all("validation_nll" in r for r in hist)
+    panels = [("train_loss", "train loss (nats)"), ("train_accuracy", "train accuracy")]
+    if validated:
+        panels.append(("validation_nll", "validation NLL (nats)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
     epochs = [r["epoch"] for r in hist]
-    for ax, key, label in ((axes[0], "train_loss", "train loss (nats)"), (axes[1], "train_accuracy", "train accuracy")):
+    members = report["config"]["ensemble"]["size"]
+    for ax, (key, label) in zip(axes, panels, strict=True):
         values = np.asarray([r[key] for r in hist])  # [epochs, E_trained]
-        for m in range(len(report["members"])):
-            ax.plot(epochs, values[:, m], marker=".", label=f"member {m}")
+        for m in range(members):
+            (line,) = ax.plot(epochs, values[:, m], marker=".", label=f"member {m}")
+            if key == "validation_nll" and m < len(report.get("pool") or []):
+                row = report["pool"][m]
+                for epoch, marker in ((row["best_epoch"], "o"), (row["stopped_epoch"], "x")):
+                    if epoch and epoch in epochs:
+                        at = epochs.index(epoch)
+                        ax.plot([epoch], [values[at, m]], marker, color=line.get_color(), fillstyle="none")
         ax.set(xlabel="epoch", ylabel=label, title=f"{label} per member")
-    axes[0].legend(fontsize=7, ncol=2)
+    if members <= 16:
+        axes[0].legend(fontsize=7, ncol=2)
     return save(fig, Path(plots_dir) / TRAINING_CURVES)
 
 

@@ -34,7 +34,8 @@ class TrainingSummary(_Result):
     """What training did (:func:`ensemble_core.runs.training.train`).
 
     ``history``: one record per epoch (``epoch``, ``train_loss``/``train_accuracy``: lists
-    of E_trained floats, ``diverged_members``). ``stretches``: one record per stretch of
+    of E_trained floats, ``diverged_members``, and with a validation split
+    ``validation_nll``). ``stretches``: one record per stretch of
     training (the first run and each resume; see the README's resume policy).
     """
 
@@ -50,6 +51,7 @@ class TrainingSummary(_Result):
     resumed_from: int | None  # the epoch of the checkpoint this call resumed from
     stretches: list[dict]
     diverged_members: list[int]
+    members: list[dict] = []  # per member: hyperparameters, best_epoch, stopped_epoch (training.member_records)
 
 
 class EvaluatorResult(_Result):
@@ -66,6 +68,7 @@ class Evaluation(_Result):
     """Every evaluator's result, by name; ``results["test"]`` is always there."""
 
     results: dict[str, EvaluatorResult]
+    selection: dict[str, Any] | None = None  # the validation split's decisions (evaluation.choose_members)
 
     @property
     def test(self) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 What may differ between a run's checkpoint and the config that resumes it: how many
 epochs in all (more, never fewer than are done), where the data files are, the device
-layout, checkpoint and evaluation settings, the divergence policy and promotion. Every
+layout, checkpoint and evaluation settings, the divergence policy, ensemble selection and
+promotion (but not the epochs of a run whose learning rate decays over them). Every
 other key changes what the saved steps mean (the model, the data, the seed, E, the
 optimizer and its learning rate, the batch), so resuming under it is refused.
 """
@@ -18,6 +19,7 @@ from ensemble_core.errors import IncompatibleRunError
 RESUMABLE_KEYS = (
     "train.epochs",
     "train.on_divergence",
+    "ensemble.select_size",
     "data.data_dir",
     "data.manual_dir",
     "mesh.*",
@@ -71,6 +73,15 @@ def check_resumable(saved: dict, cfg: PipelineConfig, run_dir: Path, planned_mem
         raise IncompatibleRunError(
             f"run '{run_dir}' was trained with another config ({listed}); resuming may change only "
             f"{', '.join(RESUMABLE_KEYS)}; fix: use a new run_name, or the run's original values"
+        )
+    epochs_changed = "train.epochs" in changes
+    decaying = sorted({hp["schedule"] for hp in cfg.member_hyperparameters()} - {"constant"})
+    if epochs_changed and decaying:
+        old, new = changes["train.epochs"]
+        raise IncompatibleRunError(
+            f"run '{run_dir}' decays its learning rate ({', '.join(decaying)} schedule) over train.epochs={old}; "
+            f"train.epochs={new} would change the schedule of the steps already taken; "
+            f"fix: keep train.epochs={old}, or use a new run_name"
         )
     done = int(saved.get("epoch", 0))
     if cfg.train.epochs < done:

@@ -108,6 +108,9 @@ def train(
             f"fix: split_keys with num_members={mesh_plan.padded_members}"
         )
     images, labels = load(cfg, dataset, "train")
+    validate = None
+    if cfg.has_validation:
+        validate = setup.validation(*load(cfg, dataset, "validation"))
 
     state = setup.init_state(member_key["init"], dataset.image_shape)
     history: list[dict] = []
@@ -205,6 +208,8 @@ def train(
             epochs=cfg.train.epochs,
             batch_size=cfg.train.batch_size,
             start=position,
+            learning_rates=setup.learning_rates(len(images)),
+            end_of_epoch=validate,
             on_step=on_step,
             on_epoch_end=on_epoch_end,
             should_stop=lambda: term.is_set() or (should_stop is not None and should_stop()),
@@ -237,4 +242,27 @@ def train(
         resumed_from=resumed_from,
         stretches=stretches,
         diverged_members=np.flatnonzero(~np.asarray(state.healthy)[: cfg.ensemble.size]).tolist(),
+        members=member_records(state, setup.hyperparameters()[: cfg.ensemble.size]),
     )
+
+
+def member_records(state, hyperparameters: list[dict]) -> list[dict]:
+    """Per member: ``member`` (index), ``hyperparameters``, ``best_epoch`` (1-based, by
+    validation NLL; None without a validation split), ``best_validation_nll`` (nats),
+    ``stopped_epoch`` (early stopping; None when it trained to the end) and ``healthy``."""
+    healthy = np.asarray(state.healthy)
+    best = state.best
+    rows = []
+    for i, hp in enumerate(hyperparameters):
+        row = {"member": i, "hyperparameters": hp, "healthy": bool(healthy[i])}
+        if best is None:
+            row.update(best_epoch=None, best_validation_nll=None, stopped_epoch=None)
+        else:
+            epoch, stopped = int(np.asarray(best.epoch)[i]), int(np.asarray(best.stopped_epoch)[i])
+            row.update(
+                best_epoch=epoch or None,
+                best_validation_nll=float(np.asarray(best.nll)[i]) if epoch else None,
+                stopped_epoch=stopped or None,
+            )
+        rows.append(row)
+    return rows
