@@ -203,6 +203,7 @@ class EnsembleConfig(_Section):
         "{distribution: choice, values: [...]}) or to a list of E values. Member i's values depend on "
         "(seed, i) only. None: every member has the train section's values.",
     )
+
     @field_validator("search")
     @classmethod
     def _search_entries(cls, search: dict | None) -> dict | None:
@@ -219,7 +220,7 @@ class EnsembleConfig(_Section):
 
 
 class TrainConfig(_Section):
-    """Optimisation settings, shared by every member."""
+    """Optimisation settings: every member's, except those ``ensemble.search`` varies per member."""
 
     epochs: int = Field(10, ge=1, le=MAX_EPOCHS, description="Passes over the training split.")
     batch_size: int = Field(128, ge=1, le=MAX_DIM, description="Examples per member per step.")

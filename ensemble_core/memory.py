@@ -62,12 +62,16 @@ def estimate(
       strategy: ``mesh.member_strategy`` resolved (``unroll`` or ``vmap``).
       num_classes, image_shape ``(H, W, C)``, num_train: the dataset's (after
         ``data.max_train_examples``).
+
+    With a validation split the state holds a second copy of every member's parameters
+    (its best epoch's), counted with the optimizer slots.
     """
     model = build_model(cfg.model, num_classes)
     x = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
     params = jax.eval_shape(lambda x: model.init(jax.random.key(0), x)["params"], x)
     count = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))
     slots = OPTIMIZER_SLOTS.get(cfg.train.optimizer, 1 if cfg.train.momentum else 0)
+    slots += 1 if cfg.has_validation else 0  # each member's best-epoch parameters (train.BestTracking)
     m = plan.members_per_device
     per_device_batch = max(1, cfg.train.batch_size // plan.data)
     batch = jax.ShapeDtypeStruct((per_device_batch, *image_shape), jnp.float32)

@@ -137,9 +137,7 @@ def learning_rate_schedule(hyperparameters: dict, steps_per_epoch: int, epochs: 
     raise ConfigError(f"unknown train.schedule '{kind}'; fix: use constant, cosine or warmup_cosine")
 
 
-def learning_rate_table(
-    hyperparameters: list[dict], steps_per_epoch: int, epochs: int
-) -> Callable[[int], np.ndarray]:
+def learning_rate_table(hyperparameters: list[dict], steps_per_epoch: int, epochs: int) -> Callable[[int], np.ndarray]:
     """``rates(epoch) -> float32 [steps_per_epoch, E]``: every member's learning rate at
     each step of ``epoch`` (0-based), from its :func:`learning_rate_schedule` evaluated on
     the host at global steps ``epoch * steps_per_epoch + s``."""

@@ -120,7 +120,7 @@ def test_report_keys(finished_run):
         "train_member_images_per_s",
         "eval_member_images_per_s",
     }
-    assert r["timing"]["train_member_images_per_s"] > 0 and r["checkpoint"]["step"] == 16
+    assert r["timing"]["train_member_images_per_s"] > 0 and r["checkpoint"]["step"] == 14  # 461 // 64 per epoch
     assert len(r["history"]) == 2 and len(r["history"][0]["train_loss"]) == 4
     assert "| ensemble |" in (run_dir / "report.md").read_text()
 
@@ -139,13 +139,16 @@ def test_artifacts_and_task_runs(finished_run):
             runs = await client.read_task_runs()
             return arts, runs
 
-    KEYS = ["ensemble-report", "ensemble-members", "ensemble-eval-letters"]  # noqa: N806
+    KEYS = ["ensemble-report", "ensemble-members", "ensemble-eval-letters", "ensemble-pool"]  # noqa: N806
     arts, runs = asyncio.run(read())
     assert {a.key for a in arts} == {*KEYS, "ensemble-eval-rotation"}
     report_md = next(a for a in arts if a.key == "ensemble-report").data
     assert "Ensemble report: tiny" in report_md and "**Rotation**" in report_md and "**OOD: letters**" in report_md
     rotation = json.loads(next(a for a in arts if a.key == "ensemble-eval-rotation").data)
     assert [row["level"] for row in rotation] == list(range(0, 181, 15))
+    pool = json.loads(next(a for a in arts if a.key == "ensemble-pool").data)
+    assert [row["member"] for row in pool] == [0, 1, 2, 3] and all(row["selected"] == 1 for row in pool)
+    assert all(row["learning_rate"] == 0.1 for row in pool)  # no search: the train section's value
     names = {r.name.rsplit("-", 1)[0] for r in runs if r.state and r.state.is_completed()}
     assert {"prepare_dataset", "split_rngs", "train_ensemble", "evaluate", "report"} <= names
 

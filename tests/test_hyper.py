@@ -116,7 +116,9 @@ def test_per_member_hyperparameters_equal_each_member_trained_alone(mnist_train,
         # or smoothing moves most weights by far more.
         atol = 2e-5 if optimizer == "sgd" else 1e-4
         other = jax.tree.leaves(unstacked(state.params, (m + 1) % 4))
-        for got, want, far in zip(jax.tree.leaves(unstacked(state.params, m)), jax.tree.leaves(alone), other, strict=True):
+        for got, want, far in zip(
+            jax.tree.leaves(unstacked(state.params, m)), jax.tree.leaves(alone), other, strict=True
+        ):
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=atol, rtol=1e-5)
             assert np.median(np.abs(np.asarray(got) - np.asarray(want))) < 1e-5
             assert np.mean(np.abs(np.asarray(want) - np.asarray(far)) > atol) > 0.5  # another member: far off
@@ -297,3 +299,66 @@ def test_bad_search_or_selection_settings_are_one_line_errors(overrides, match):
     with pytest.raises(ConfigError, match=match) as err:
         _config(*overrides)
     assert "\n" not in str(err.value) and "fix:" in str(err.value)
+
+
+# MARK: selection and temperature scaling in a run
+
+
+def test_selected_calibrated_run_evaluates_predicts_and_reports_the_selection(tmp_path, tfds_dir):
+    from scipy import optimize, special
+    from sklearn.metrics import log_loss
+
+    from ensemble_core.runs.evaluation import restore
+
+    cfg = tiny_config(
+        tfds_dir,
+        "ensemble.size=4",
+        "train.epochs=2",
+        "data.validation_fraction=0.25",
+        "ensemble.select_size=5",
+        "eval.temperature_scaling=true",
+        SEARCH,
+    )
+    result = runs.run(cfg, tmp_path, "hyper")
+    run = result.run_dir
+    report = __import__("json").loads(run.report_json.read_text())
+    sel = report["selection"]
+    assert len(sel["members"]) == 5 and sum(sel["multiplicities"].values()) == 5
+    assert [m["member"] for m in report["pool"]] == [0, 1, 2, 3]
+    assert sum(m["selected"] for m in report["pool"]) == 5
+    assert all(m["hyperparameters"]["label_smoothing"] > 0 and m["best_epoch"] in (1, 2) for m in report["pool"])
+    assert all(len(h["validation_nll"]) == 4 for h in report["history"])
+
+    with np.load(run.eval_dir / "validation.npz") as f:
+        val_probs, val_labels = f["member_probs"], f["labels"]
+    assert val_probs.shape == (4, 64, 10) and val_probs.dtype == np.float32
+    chosen = val_probs[sel["members"]].mean(0)
+    assert sel["validation_nll"][-1] == pytest.approx(log_loss(val_labels, chosen, labels=range(10)), abs=1e-6)
+
+    def oracle_nll(probs, labels, t):
+        logp = special.log_softmax(np.log(np.maximum(probs, 1e-300)) / t, axis=-1)
+        return -np.mean(logp[np.arange(len(labels)), labels])
+
+    ref = optimize.minimize_scalar(lambda t: oracle_nll(chosen, val_labels, t), bounds=(0.05, 20), method="bounded")
+    assert sel["temperature"] == pytest.approx(ref.x, rel=1e-3)
+
+    # the evaluated rows are the selected members' best-epoch networks, applied one by one
+    dataset = runs.prepare(cfg.data)
+    state, built = restore(cfg, run.path, dataset.num_classes, dataset.image_shape)
+    with np.load(run.predictions) as f:
+        rows, labels = f["member_probs"], f["labels"]
+    test_x, _ = data.load_split(cfg.data.name, "test", dataset.tfds_data_dir, 100)
+    for k, m in enumerate(sel["members"]):
+        params = unstacked(state.best.params, m)
+        probs = jax.nn.softmax(built.model.apply({"params": params}, test_x / np.float32(255)))
+        np.testing.assert_allclose(rows[k], np.asarray(probs), atol=1e-5)
+    mean = rows.mean(0)
+    assert report["ensemble"]["nll"] == pytest.approx(log_loss(labels, mean, labels=range(10)), abs=1e-5)
+    scaled = report["ensemble_temperature_scaled"]
+    assert scaled["nll"] == pytest.approx(oracle_nll(mean, labels, sel["temperature"]), abs=1e-5)
+
+    out = runs.predict_images(run.path, test_x)
+    want = special.softmax(np.log(np.maximum(mean, 1e-300)) / sel["temperature"], axis=-1)
+    np.testing.assert_allclose(out["ensemble_probs"], want, atol=1e-5)
+    assert out["members"].tolist() == sel["members"]
+    assert "Greedy ensemble selection" in run.report_md.read_text()

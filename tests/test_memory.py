@@ -27,6 +27,7 @@ def _cfg(*extra):
         (["model.name=cnn", "train.optimizer=sgd"], 1),
         (["model.name=mlp", "model.hidden_sizes=[64, 32]", "train.optimizer=adam"], 2),
         (["model.name=mlp", "model.hidden_sizes=[16]", "train.optimizer=sgd", "train.momentum=0"], 0),
+        (["model.name=mlp", "model.hidden_sizes=[16]", "data.validation_fraction=0"], 1),
     ],
 )
 def test_persistent_state_matches_what_init_allocates(extra, slots):
@@ -40,14 +41,15 @@ def test_persistent_state_matches_what_init_allocates(extra, slots):
     device = jax.devices()[0]
     on_device = sum(
         shard.data.nbytes
-        for leaf in jax.tree.leaves((state.params, state.opt_state))
+        for leaf in jax.tree.leaves((state.params, state.opt_state, state.best))
         for shard in leaf.addressable_shards
         if shard.device == device and leaf.ndim > 0
     )
     params = sum(math.prod(p.shape[1:]) for p in jax.tree.leaves(state.params))
     assert est.params_per_member == params
     persistent = est.state_bytes - est.params_per_member * 4  # less one member's gradients
-    assert persistent == est.members_per_device * params * 4 * (1 + slots)
+    best = 1 if cfg.has_validation else 0  # each member's best-epoch parameters
+    assert persistent == est.members_per_device * params * 4 * (1 + slots + best)
     # the real arrays: the estimate plus a few scalars per member (learning rate, counts)
     assert persistent <= on_device <= persistent + 64 * est.members_per_device
 

@@ -126,21 +126,6 @@ def selected_members(
     return Members(params=params, setup=sub, rows=rows, healthy=np.ones(len(rows), bool), expand=expand)
 
 
-def predict_member_probs(
-    cfg: PipelineConfig, state: EnsembleState, setup: EnsembleSetup, images: np.ndarray
-) -> tuple[np.ndarray, float]:
-    """Every trained member's probabilities float32 ``[E, N, C]`` (padding dropped, final
-    parameters) and the steady-state throughput in member-images/s."""
-    probs, throughput = Members(
-        params=state.final_params,
-        setup=setup,
-        rows=np.arange(cfg.ensemble.size),
-        healthy=np.ones(cfg.ensemble.size, bool),
-        expand=np.arange(cfg.ensemble.size),
-    ).predict(cfg, images)
-    return probs, throughput
-
-
 def choose_members(
     cfg: PipelineConfig, dataset: DatasetInfo, state: EnsembleState, setup: EnsembleSetup, run: RunDir, write: bool
 ) -> tuple[Members, dict | None]:
