@@ -1,4 +1,5 @@
-"""Prefect task: one seed -> per-member keys (init, data order); wraps
+"""Prefect task: one seed -> per-member keys (init, data order), and the per-member
+hyperparameters of ``ensemble.search`` in the task's logs; wraps
 :func:`ensemble_core.runs.split_keys`."""
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ def split_rngs(config: PipelineConfig, num_members: int) -> dict[str, list[list[
         num_members,
         list(layout),
     )
+    searched = sorted(config.ensemble.search or {})
+    hyperparameters = config.member_hyperparameters(num_members)
+    if searched:
+        logger.info("ensemble.search varies %s per member, drawn from (seed, i)", ", ".join(searched))
     for i in range(num_members):
         logger.debug("member %d: %s", i, {p: v[i] for p, v in layout.items()})
+        if searched:
+            logger.info("member %d: %s", i, {k: hyperparameters[i][k] for k in searched})
     return layout
