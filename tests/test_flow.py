@@ -54,7 +54,7 @@ def test_cli_prints_run_dir_last(finished_run):
         "plots/training_curves.png",
     ):
         assert (run_dir / name).is_file(), name
-    assert (run_dir / "checkpoints" / "16").is_dir()  # 2 epochs x 8 steps
+    assert (run_dir / "checkpoints" / "14").is_dir()  # 2 epochs x 7 steps (461 // 64)
 
 
 def test_report_matches_predictions_recomputed_independently(finished_run):
@@ -225,7 +225,7 @@ def _locked(tmp_path):
 @pytest.mark.parametrize(
     "case, fragment",
     [
-        ("batch_larger_than_split", "train.batch_size=5000 is larger than the 4000 training examples"),
+        ("batch_larger_than_split", "train.batch_size=5000 is larger than the 3600 training examples"),
         ("unknown_dataset", "unknown dataset 'no_such_set'"),
         ("catalog_offline", "needs TensorFlow"),
         ("output_not_writable", "cannot create output directory"),
