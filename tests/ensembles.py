@@ -38,15 +38,28 @@ def small_setup(
     return setup.build(cfg, 10, num_devices=devices)
 
 
-def train_small(built: setup.EnsembleSetup, images, labels, epochs: int = 1, state=None):
-    """``fit`` from the members' initial state (or ``state``) on the replicated arrays."""
+def train_small(built: setup.EnsembleSetup, images, labels, epochs: int = 1, state=None, **fit_kwargs):
+    """``fit`` from the members' initial state (or ``state``) on the replicated arrays, with
+    each member's learning-rate schedule (``fit_kwargs`` go to ``fit``)."""
     keys = built.member_keys()
     if state is None:
         state = built.init_state(keys["init"], images.shape[1:])
     imgs = jax.device_put(images, replicated(built.mesh))
     labs = jax.device_put(labels, replicated(built.mesh))
     batch = built.config.train.batch_size
-    return fit(state, built.train_step(), imgs, labs, keys["data"], built.mesh, epochs=epochs, batch_size=batch)
+    rates = built.learning_rates(len(images))
+    return fit(
+        state,
+        built.train_step(),
+        imgs,
+        labs,
+        keys["data"],
+        built.mesh,
+        epochs=epochs,
+        batch_size=batch,
+        learning_rates=rates,
+        **fit_kwargs,
+    )
 
 
 def tiny_config(tfds_dir: str, *overrides: str):

@@ -9,9 +9,8 @@ import pytest
 from ensemble_core import data, rngs, runs, setup
 from ensemble_core.config import PipelineConfig, load_config
 from ensemble_core.errors import ConfigError, IncompatibleRunError, PreemptedError
-from ensemble_core.mesh import replicated
-from ensemble_core.train import fit, unstacked
-from tests.ensembles import tiny_config
+from ensemble_core.train import unstacked
+from tests.ensembles import tiny_config, train_small
 from tests.oracles import train_member_alone
 
 N_TRAIN = 256
@@ -86,19 +85,7 @@ def test_per_member_hyperparameters_equal_each_member_trained_alone(mnist_train,
     hps = built.hyperparameters()
     assert len({hp["schedule"] for hp in hps}) == 3 and all(hp["label_smoothing"] > 0 for hp in hps)
     keys = built.member_keys()
-    state = built.init_state(keys["init"], images.shape[1:])
-    imgs, labs = (jax.device_put(a, replicated(built.mesh)) for a in (images, labels))
-    state, _ = fit(
-        state,
-        built.train_step(),
-        imgs,
-        labs,
-        keys["data"],
-        built.mesh,
-        epochs=2,
-        batch_size=BATCH,
-        learning_rates=built.learning_rates(N_TRAIN),
-    )
+    state, _ = train_small(built, images, labels, epochs=2)
     steps = N_TRAIN // BATCH
     order = np.concatenate([rngs.epoch_order(keys["data"], k, N_TRAIN, BATCH) for k in range(2)])  # [2S, E, B]
     for m, hp in enumerate(hps):
@@ -196,17 +183,12 @@ def test_best_parameters_are_the_members_parameters_at_its_best_epoch(mnist_trai
         snapshots.append(jax.tree.map(np.asarray, st.params))
         records.append(record)
 
-    imgs, labs = (jax.device_put(a, replicated(built.mesh)) for a in (images, labels))
-    state, _ = fit(
-        state,
-        built.train_step(),
-        imgs,
-        labs,
-        keys["data"],
-        built.mesh,
+    state, _ = train_small(
+        built,
+        images,
+        labels,
         epochs=6,
-        batch_size=BATCH,
-        learning_rates=built.learning_rates(N_TRAIN),
+        state=state,
         end_of_epoch=built.validation(val_images, val_labels),
         on_epoch_end=on_epoch_end,
     )
