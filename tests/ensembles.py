@@ -40,14 +40,15 @@ def small_setup(
 
 def train_small(built: setup.EnsembleSetup, images, labels, epochs: int = 1, state=None, **fit_kwargs):
     """``fit`` from the members' initial state (or ``state``) on the replicated arrays, with
-    each member's learning-rate schedule (``fit_kwargs`` go to ``fit``)."""
+    each member's learning-rate schedule unless ``fit_kwargs`` give ``learning_rates``
+    (``fit_kwargs`` go to ``fit``)."""
     keys = built.member_keys()
     if state is None:
         state = built.init_state(keys["init"], images.shape[1:])
     imgs = jax.device_put(images, replicated(built.mesh))
     labs = jax.device_put(labels, replicated(built.mesh))
     batch = built.config.train.batch_size
-    rates = built.learning_rates(len(images))
+    rates = fit_kwargs.pop("learning_rates", None) or built.learning_rates(len(images))
     return fit(
         state,
         built.train_step(),
