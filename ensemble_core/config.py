@@ -304,6 +304,44 @@ class MeshConfig(_Section):
     )
 
 
+class DistributedConfig(_Section):
+    """Training beyond one process: the ensemble split into member groups, each trained by
+    its own Prefect task run, locally or on a Dask cluster (prefect-dask's ``DaskTaskRunner``)."""
+
+    member_groups: int = Field(
+        1,
+        ge=1,
+        le=4096,
+        description="G: the E members split into G groups of E/G consecutive members, each trained on its own "
+        "(own process with task_runner=dask) and checkpointed under <run>/groups/<g>/; evaluation gathers "
+        "them. The mesh settings apply within a group. 1: one program trains every member.",
+    )
+    task_runner: Literal["local", "dask"] = Field(
+        "local",
+        description="Where the groups' task runs run: 'local' (one after another in the flow's process) or "
+        "'dask' (a Dask cluster: a local cluster of worker processes, or the scheduler at `address`).",
+    )
+    address: str | None = Field(
+        None,
+        description="The Dask scheduler's address (tcp://host:8786 or tls://host:8786); None: a local cluster "
+        "of `workers` processes on loopback, started for the run and closed after it.",
+    )
+    workers: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Worker processes of the local cluster (one thread each). None: min(G, CPU cores).",
+    )
+    pin_cores: bool = Field(
+        True,
+        description="Pin local worker k's process to CPU core k mod cores (so G workers on G cores do not "
+        "oversubscribe each other's XLA thread pools).",
+    )
+    tls_ca_file: str | None = Field(None, description="CA certificate of a TLS Dask cluster (tls:// address).")
+    tls_cert: str | None = Field(None, description="This client's TLS certificate for a tls:// address.")
+    tls_key: str | None = Field(None, description="This client's TLS private key for a tls:// address.")
+
+
 class CheckpointConfig(_Section):
     """orbax checkpointing under <run>/checkpoints/."""
 
@@ -421,6 +459,7 @@ class PipelineConfig(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
 
     def member_hyperparameters(self, num_members: int | None = None) -> list[dict[str, Any]]:
         """Every member's learning rate, weight decay, label smoothing, schedule and warm-up
@@ -473,6 +512,52 @@ class PipelineConfig(_Section):
             raise ValueError(
                 f"{', '.join(asked)} need(s) a validation split but data.validation_fraction=0; "
                 f"fix: set data.validation_fraction (e.g. 0.1) or drop {', '.join(asked)}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _groups_valid(self) -> PipelineConfig:
+        dist, size = self.distributed, self.ensemble.size
+        if size % dist.member_groups:
+            divisors = [d for d in range(1, size + 1) if size % d == 0]
+            raise ValueError(
+                f"distributed.member_groups={dist.member_groups} does not divide ensemble.size={size}; "
+                f"fix: use one of {divisors}"
+            )
+        if dist.task_runner != "dask":
+            given = [k for k in ("address", "workers", "tls_ca_file", "tls_cert", "tls_key") if getattr(dist, k)]
+            if given:
+                raise ValueError(
+                    f"distributed.{given[0]} is set but distributed.task_runner={dist.task_runner}; "
+                    f"fix: set distributed.task_runner=dask, or drop distributed.{given[0]}"
+                )
+        if dist.address is not None:
+            if dist.workers is not None:
+                raise ValueError(
+                    "distributed.workers sizes a local cluster but distributed.address names a running one; "
+                    "fix: drop one of them"
+                )
+            scheme = dist.address.split("://")[0] if "://" in dist.address else "tcp"
+            if scheme not in ("tcp", "tls"):
+                raise ValueError(
+                    f"distributed.address={dist.address} is not a tcp:// or tls:// Dask scheduler address; "
+                    f"fix: give it as tcp://host:port or tls://host:port"
+                )
+            tls = [dist.tls_ca_file, dist.tls_cert, dist.tls_key]
+            if scheme == "tls" and not all(tls):
+                raise ValueError(
+                    f"distributed.address={dist.address} uses TLS but distributed.tls_ca_file, tls_cert and tls_key "
+                    f"are not all set; fix: give the cluster's CA certificate and this client's certificate and key"
+                )
+            if scheme == "tcp" and any(tls):
+                raise ValueError(
+                    f"TLS files are set but distributed.address={dist.address} is not tls://; "
+                    f"fix: use the scheduler's tls:// address"
+                )
+        elif any([dist.tls_ca_file, dist.tls_cert, dist.tls_key]):
+            raise ValueError(
+                "distributed.tls_* files are for a running cluster's tls:// address, but distributed.address is "
+                "not set (the local cluster makes its own temporary certificates); fix: set distributed.address"
             )
         return self
 

@@ -20,6 +20,7 @@ import optax
 from jax.sharding import Mesh
 
 from ensemble_core.config import PipelineConfig
+from ensemble_core.errors import ConfigError
 from ensemble_core.mesh import MeshPlan, make_mesh, plan_mesh
 from ensemble_core.models import build_model
 from ensemble_core.predict import make_predict
@@ -35,14 +36,20 @@ from ensemble_core.train import (
 )
 
 
-def plan(cfg: PipelineConfig, num_devices: int | None = None) -> MeshPlan:
-    """The mesh for ``cfg`` on ``num_devices`` (default: every device JAX sees).
+def group_size(cfg: PipelineConfig) -> int:
+    """Members per group: ``ensemble.size // distributed.member_groups`` (E when G = 1)."""
+    return cfg.ensemble.size // cfg.distributed.member_groups
+
+
+def plan(cfg: PipelineConfig, num_devices: int | None = None, *, group: bool = False) -> MeshPlan:
+    """The mesh for ``cfg`` on ``num_devices`` (default: every device JAX sees); with
+    ``group``, the mesh of one member group (:func:`group_size` members).
 
     Raises:
       MeshError: the layout cannot hold E members and the batch (before any compute).
     """
     return plan_mesh(
-        cfg.ensemble.size,
+        group_size(cfg) if group else cfg.ensemble.size,
         jax.device_count() if num_devices is None else num_devices,
         data=cfg.mesh.data,
         ensemble=cfg.mesh.ensemble,
@@ -70,6 +77,9 @@ class EnsembleSetup:
       model: the Flax module of one member (``num_classes`` logits).
       optimizer: the optax transformation of one member (learning rate in its state).
       strategy: 'vmap' or 'unroll' (how members on one device are mapped).
+      first_member: the index of its first member in the whole ensemble: 0, or
+        ``g * E/G`` for member group g (its members' keys and hyperparameters are those of
+        members ``first_member ..``, so member i is the same network in any group layout).
     """
 
     config: PipelineConfig
@@ -78,16 +88,18 @@ class EnsembleSetup:
     model: nn.Module
     optimizer: optax.GradientTransformation
     strategy: str
+    first_member: int = 0
 
     def member_keys(self) -> dict[str, jax.Array]:
-        """Typed keys ``{"init": [E_padded], "data": [E_padded]}`` from ``(seed, i)``
-        (:func:`ensemble_core.rngs.member_keys`)."""
-        return member_keys(self.config.seed, self.plan.padded_members)
+        """Typed keys ``{"init": [E_padded], "data": [E_padded]}`` of members
+        ``first_member ..`` from ``(seed, i)`` (:func:`ensemble_core.rngs.member_keys`)."""
+        keys = member_keys(self.config.seed, self.first_member + self.plan.padded_members)
+        return {purpose: k[self.first_member :] for purpose, k in keys.items()}
 
     def hyperparameters(self) -> list[dict]:
-        """Every trained member's hyperparameters (``E_padded`` dicts,
-        :meth:`ensemble_core.config.PipelineConfig.member_hyperparameters`)."""
-        return self.config.member_hyperparameters(self.plan.padded_members)
+        """Every trained member's hyperparameters (``E_padded`` dicts, members
+        ``first_member ..``, :meth:`ensemble_core.config.PipelineConfig.member_hyperparameters`)."""
+        return self.config.member_hyperparameters(self.first_member + self.plan.padded_members)[self.first_member :]
 
     def init_state(self, init_keys: jax.Array, image_shape: tuple[int, ...]) -> EnsembleState:
         """Member i initialised from ``init_keys[i]`` with its hyperparameters; leaves
@@ -148,17 +160,24 @@ def build(
     *,
     strategy: str | None = None,
     num_devices: int | None = None,
+    group: int | None = None,
 ) -> EnsembleSetup:
     """The :class:`EnsembleSetup` of ``cfg`` for a dataset of ``num_classes`` classes.
 
     Args:
       strategy: overrides ``mesh.member_strategy`` (benchmarks compare both).
       num_devices: use the first ``num_devices`` devices (default: all).
+      group: build member group ``group`` of ``distributed.member_groups`` (members
+        ``group * E/G .. (group + 1) * E/G - 1``) instead of the whole ensemble.
 
     Raises:
-      MeshError: see :func:`plan`. ConfigError: an unknown model or optimizer.
+      MeshError: see :func:`plan`. ConfigError: an unknown model or optimizer, or a
+        group index out of range.
     """
-    mesh_plan = plan(cfg, num_devices)
+    groups = cfg.distributed.member_groups
+    if group is not None and not 0 <= group < groups:
+        raise ConfigError(f"member group {group} of distributed.member_groups={groups}; fix: use 0..{groups - 1}")
+    mesh_plan = plan(cfg, num_devices, group=group is not None)
     devices = None if num_devices is None else jax.devices()[:num_devices]
     return EnsembleSetup(
         config=cfg,
@@ -167,4 +186,5 @@ def build(
         model=build_model(cfg.model, num_classes),
         optimizer=make_optimizer(cfg.train),
         strategy=strategy or resolve_strategy(cfg),
+        first_member=0 if group is None else group * group_size(cfg),
     )

@@ -30,6 +30,7 @@ from ensemble_core import runs
 from ensemble_core.config import (
     CheckpointConfig,
     DataConfig,
+    DistributedConfig,
     EnsembleConfig,
     EvalConfig,
     MeshConfig,
@@ -51,7 +52,7 @@ from tasks.evaluate import evaluate_members
 from tasks.prepare_dataset import prepare_dataset
 from tasks.report import publish_report
 from tasks.split_rngs import split_rngs
-from tasks.train import train_members
+from tasks.train import train_stage
 
 DEFAULT_OUTPUT_DIR = "runs"
 
@@ -72,7 +73,7 @@ STAGES = runs.Stages(
     preflight=_preflight,
     prepare=prepare_dataset,
     split_keys=split_rngs,
-    train=train_members,
+    train=train_stage,
     evaluate=evaluate_members,
     promote=compare_with_champion,
     report=publish_report,
@@ -108,6 +109,7 @@ def train_ensemble(
     checkpoint: CheckpointConfig = CheckpointConfig(),
     eval: EvalConfig = EvalConfig(),  # noqa: A002  (the config section's name)
     promotion: PromotionConfig = PromotionConfig(),
+    distributed: DistributedConfig = DistributedConfig(),
     output_dir: str = DEFAULT_OUTPUT_DIR,
     run_name: str | None = None,
 ) -> str:
@@ -122,7 +124,7 @@ def train_ensemble(
     """
     services = _outcome.PrefectServices()
     sections = dict(data=data, model=model, ensemble=ensemble, train=train, mesh=mesh, checkpoint=checkpoint)
-    sections.update(eval=eval, promotion=promotion)
+    sections.update(eval=eval, promotion=promotion, distributed=distributed)
     run_name = run_name or default_run_name()
     try:
         # Through validate(): a value the parameter schema let through (a seed out of range)

@@ -11,7 +11,8 @@ One home per concern:
 ``dataset``         the config's data section applied (prepare, load a split)
 ``resume``          which config changes a run's checkpoints allow
 ``preflight``       every check before any compute or write
-``training``        member keys; training with resume, checkpoints and stop signals
+``training``        member keys; training with resume, checkpoints and stop signals;
+                    member groups trained on their own and gathered
 ``evaluation``      restore; the evaluators (:mod:`ensemble_core.evaluators`); prediction
 ``champion``        the champion/challenger state files and the promotion policy
 ``report``          ``report.json``, ``report.md``, the training curves
@@ -38,7 +39,7 @@ from ensemble_core.runs.layout import OutputDir, RunDir
 from ensemble_core.runs.preflight import preflight
 from ensemble_core.runs.report import write_report
 from ensemble_core.runs.results import Evaluation, PromotionDecision, TrainingSummary
-from ensemble_core.runs.training import split_keys, train
+from ensemble_core.runs.training import gather_groups, split_keys, train, train_groups
 from ensemble_core.setup import plan
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "Stages",
     "TrainingSummary",
     "evaluate",
+    "gather_groups",
     "predict_images",
     "preflight",
     "prepare",
@@ -66,14 +68,14 @@ class Stages:
     """The callables :func:`run` chains, each with the signature of its default.
 
     The Prefect flow passes its tasks here (thin wrappers over the defaults), a caller
-    that wants progress passes its own ``train`` (e.g. ``functools.partial(train,
+    that wants progress passes its own ``train`` (e.g. ``functools.partial(train_groups,
     on_epoch=...)``).
     """
 
     preflight: Callable[..., Any] = preflight
     prepare: Callable[..., Any] = prepare
     split_keys: Callable[..., Any] = split_keys
-    train: Callable[..., Any] = train
+    train: Callable[..., Any] = train_groups
     evaluate: Callable[..., Any] = evaluate
     promote: Callable[..., Any] = promote
     report: Callable[..., Any] = write_report

@@ -3,7 +3,9 @@
 A run directory ``<output_dir>/<run_name>/``::
 
     .lock                    advisory lock of the process training in it (lock.py)
-    checkpoints/<step>/      orbax checkpoints, named by global optimizer step (checkpoint.py)
+    checkpoints/<step>/      orbax checkpoints, named by global optimizer step (checkpoint.py);
+                             with member groups, the gathered ensemble's final checkpoint
+    groups/<g>/              member group g's own run directory (its .lock, checkpoints/)
     corrupt-checkpoints/     unreadable steps set aside on resume
     predictions.npz          the test evaluator's member probabilities (evaluation.py)
     eval/<evaluator>.npz     every other evaluator's arrays
@@ -55,6 +57,10 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
+
+    def group(self, g: int) -> RunDir:
+        """Member group ``g``'s own run directory ``groups/<g>/`` (its lock and checkpoints)."""
+        return RunDir(self.path / "groups" / str(g))
 
     @property
     def corrupt_checkpoints(self) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from ensemble_core import memory as memory_lib
@@ -14,6 +15,8 @@ from ensemble_core.runs.layout import run_dir_for
 from ensemble_core.runs.lock import ensure_unlocked
 from ensemble_core.runs.resume import check_resumable
 from ensemble_core.setup import plan, resolve_strategy
+
+SCHEDULER_TIMEOUT_S = 5.0  # how long preflight waits for distributed.address to accept a connection
 
 
 def check_against_dataset(cfg: PipelineConfig, dataset: DatasetInfo) -> None:
@@ -67,17 +70,49 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
         RunLockedError, IncompatibleRunError).
     """
     mesh_plan = plan(cfg)
+    groups = cfg.distributed.member_groups
+    group_plan = plan(cfg, group=True) if groups > 1 else mesh_plan
     run = run_dir_for(output_dir, run_name)
     ensure_unlocked(run.path)
+    for g in range(groups if groups > 1 else 0):
+        ensure_unlocked(run.group(g).path)
+    check_scheduler(cfg)
     dataset = prepare(cfg.data)
     check_against_dataset(cfg, dataset)
     check_memory(cfg, dataset)
-    if run.has_checkpoint():
-        with EnsembleCheckpointer(run.checkpoints) as ckpt:
+    checked = [(run, mesh_plan.padded_members)]
+    checked += [(run.group(g), group_plan.padded_members) for g in range(groups if groups > 1 else 0)]
+    for where, members in checked:
+        if not where.has_checkpoint():
+            continue
+        with EnsembleCheckpointer(where.checkpoints) as ckpt:
             try:
                 meta = ckpt.read_meta()
             except Exception:  # noqa: BLE001  (a damaged latest step: training falls back itself)
                 meta = None
         if meta is not None:
-            check_resumable(meta, cfg, run.path, mesh_plan.padded_members)
+            check_resumable(meta, cfg, where.path, members)
     return dataset
+
+
+def check_scheduler(cfg: PipelineConfig, timeout_s: float = SCHEDULER_TIMEOUT_S) -> None:
+    """With ``distributed.address``, that something accepts TCP connections there
+    (a Dask scheduler is checked for real when the run connects to it).
+
+    Raises:
+      ConfigError: the address does not parse or nothing answers within ``timeout_s``.
+    """
+    address = cfg.distributed.address
+    if address is None:
+        return
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"distributed.address={address} has no host:port; fix: give the scheduler as tcp://host:8786")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        raise ConfigError(
+            f"the Dask scheduler at distributed.address={address} does not answer "
+            f"({err.strerror or type(err).__name__}); fix: start it (`dask scheduler`) or correct the address"
+        ) from None

@@ -59,6 +59,7 @@ def build_report(
         "checkpoint": {"dir": train_summary["checkpoint_dir"], "step": train_summary["checkpoint_step"]},
         "resumed_from_epoch": train_summary["resumed_from"],
         "training_stretches": train_summary["stretches"],
+        "topology": train_summary["topology"],
         "history": train_summary["history"],
         "plots": plots,
         "run_dir": str(run_dir),
@@ -166,6 +167,28 @@ def _selection_lines(report: dict) -> list[str]:
     return [*lines, ""]
 
 
+def _topology_lines(report: dict) -> list[str]:
+    """Which process trained which members (one row per member group; nothing for one group)."""
+    rows = report.get("topology") or []
+    if len(rows) < 2:
+        return []
+    lines = [
+        f"**Topology**: {len(rows)} member groups, each trained by its own task run.",
+        "",
+        "| group | members | host | process | Dask worker | devices | mesh | train s | member-images/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for t in rows:
+        mesh = f"{t['mesh']['ensemble']} x {t['mesh']['data']}"
+        speed = t["train_member_images_per_s"]
+        lines.append(
+            f"| {t['group']} | {t['members'][0]}..{t['members'][1]} | {t['host']} | {t['pid']} | "
+            f"{t['worker'] or '-'} | {t['devices']} | {mesh} | {t['train_seconds']:.1f} | "
+            f"{'-' if speed is None else f'{speed:.0f}'} |"
+        )
+    return [*lines, ""]
+
+
 def member_table(report: dict) -> list[dict]:
     """One row per member plus the member mean and the ensemble (for tables/artifacts)."""
     sel = report.get("selection") or {}
@@ -225,6 +248,7 @@ def render_markdown(report: dict, plots: bool = True) -> str:
         "",
         f"Checkpoint: `{report['checkpoint']['dir']}` step {report['checkpoint']['step']}.",
         "",
+        *_topology_lines(report),
         *_selection_lines(report),
     ]
     promo = report.get("promotion")

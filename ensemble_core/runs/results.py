@@ -52,6 +52,7 @@ class TrainingSummary(_Result):
     stretches: list[dict]
     diverged_members: list[int]
     members: list[dict] = []  # per member: hyperparameters, best_epoch, stopped_epoch (training.member_records)
+    topology: list[dict] = []  # per member group: its members, host, process, worker (training.where_trained)
 
 
 class EvaluatorResult(_Result):

@@ -2,8 +2,9 @@
 
 What may differ between a run's checkpoint and the config that resumes it: how many
 epochs in all (more, never fewer than are done), where the data files are, the device
-layout, checkpoint and evaluation settings, the divergence policy, ensemble selection and
-promotion (but not the epochs of a run whose learning rate decays over them). Every
+layout, checkpoint and evaluation settings, the divergence policy, ensemble selection,
+promotion and where member groups run, not how many there are (nor the epochs of a run
+whose learning rate decays over them). Every
 other key changes what the saved steps mean (the model, the data, the seed, E, the
 optimizer and its learning rate, the batch), so resuming under it is refused.
 """
@@ -26,6 +27,13 @@ RESUMABLE_KEYS = (
     "checkpoint.*",
     "eval.*",
     "promotion.*",
+    "distributed.task_runner",
+    "distributed.address",
+    "distributed.workers",
+    "distributed.pin_cores",
+    "distributed.tls_ca_file",
+    "distributed.tls_cert",
+    "distributed.tls_key",
 )
 
 

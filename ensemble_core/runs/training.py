@@ -9,7 +9,9 @@ stop, and the stretches of training a run went through.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,18 +32,29 @@ from ensemble_core.runs.lock import run_lock
 from ensemble_core.runs.preflight import check_against_dataset
 from ensemble_core.runs.results import TrainingSummary, TrainingTiming
 from ensemble_core.runs.resume import check_resumable, config_changes, resumable_settings
-from ensemble_core.setup import build
+from ensemble_core.setup import build, group_size, plan
 from ensemble_core.train import DataPosition, data_position, fit
 
 MemberKeyData = dict[str, list[list[int]]]
 
 
-def split_keys(cfg: PipelineConfig, num_members: int) -> MemberKeyData:
-    """Per-member keys (init, data order) for members ``0..num_members-1``, as raw uint32
-    key data ``{purpose: [[k0, k1]] * num_members}`` (small and JSON-able: what the flow
-    shows and hands to training). Member i's keys depend on ``(seed, i)`` only
+def split_keys(cfg: PipelineConfig, num_members: int, first: int = 0) -> MemberKeyData:
+    """Per-member keys (init, data order) for members ``first..first+num_members-1``, as
+    raw uint32 key data ``{purpose: [[k0, k1]] * num_members}`` (small and JSON-able: what
+    the flow shows and hands to training). Member i's keys depend on ``(seed, i)`` only
     (:func:`ensemble_core.rngs.member_keys`)."""
-    return key_layout(member_keys(cfg.seed, num_members))
+    layout = key_layout(member_keys(cfg.seed, first + num_members))
+    return {purpose: rows[first:] for purpose, rows in layout.items()}
+
+
+def group_keys(cfg: PipelineConfig, keys: MemberKeyData, group: int, num_devices: int | None = None) -> MemberKeyData:
+    """Member group ``group``'s slice of the ensemble's ``keys`` (:func:`split_keys`),
+    extended from the seed when the group's mesh trains padding members past them."""
+    first = group * group_size(cfg)
+    padded = plan(cfg, num_devices, group=True).padded_members
+    if all(len(rows) >= first + padded for rows in keys.values()):
+        return {purpose: rows[first : first + padded] for purpose, rows in keys.items()}
+    return split_keys(cfg, padded, first)
 
 
 @contextlib.contextmanager
@@ -68,11 +81,15 @@ def train(
     run_dir: str | Path,
     *,
     strategy: str | None = None,
+    group: int | None = None,
     on_step: Callable[[int, int, int], None] | None = None,
     on_epoch: Callable[[dict], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> TrainingSummary:
-    """Train (or resume) the ensemble, checkpointing under ``run_dir/checkpoints``.
+    """Train (or resume) the ensemble, checkpointing under ``run_dir/checkpoints``; with
+    ``group``, train member group ``group`` only, under ``run_dir/groups/<group>/``
+    (its own lock and checkpoints: groups train and resume independently, and
+    :func:`gather_groups` joins them).
 
     Holds the run directory's lock for the whole training. If ``run_dir`` already holds a
     checkpoint of a compatible config, training resumes from its data position (epoch
@@ -81,8 +98,10 @@ def train(
     step boundary, after a checkpoint there has been written.
 
     Args:
-      keys: :func:`split_keys` for the mesh's ``padded_members`` members.
+      keys: :func:`split_keys` for the mesh's ``padded_members`` members (with
+        ``group``: :func:`group_keys`).
       strategy: overrides ``mesh.member_strategy``.
+      group: a member group index ``0..distributed.member_groups-1``.
       on_step: ``on_step(epoch, step_in_epoch, steps_per_epoch)`` after each step.
       on_epoch: ``on_epoch(record)`` after each epoch (the ``history`` record).
 
@@ -98,8 +117,10 @@ def train(
       DivergenceError: a member diverged and ``train.on_divergence`` is ``fail``.
     """
     run = RunDir(Path(run_dir))
+    if group is not None:
+        run = run.group(group)
     check_against_dataset(cfg, dataset)  # a batch larger than the split would train nothing
-    setup = build(cfg, dataset.num_classes, strategy=strategy)
+    setup = build(cfg, dataset.num_classes, strategy=strategy, group=group)
     mesh_plan = setup.plan
     member_key = keys_from_layout(keys)
     if len(member_key["init"]) != mesh_plan.padded_members:
@@ -227,7 +248,8 @@ def train(
             )
         ckpt.wait()
         step = ckpt.latest_step()
-    images_seen = timing["steps"] * cfg.train.batch_size * cfg.ensemble.size
+    members = group_size(cfg) if group is not None else cfg.ensemble.size
+    images_seen = timing["steps"] * cfg.train.batch_size * members
     timing["train_member_images_per_s"] = images_seen / timing["train_seconds"] if timing["train_seconds"] else None
     return TrainingSummary(
         checkpoint_dir=str(run.checkpoints),
@@ -241,20 +263,59 @@ def train(
         devices=jax.device_count(),
         resumed_from=resumed_from,
         stretches=stretches,
-        diverged_members=np.flatnonzero(~np.asarray(state.healthy)[: cfg.ensemble.size]).tolist(),
-        members=member_records(state, setup.hyperparameters()[: cfg.ensemble.size]),
+        diverged_members=(setup.first_member + np.flatnonzero(~np.asarray(state.healthy)[:members])).tolist(),
+        members=member_records(state, setup.hyperparameters()[:members], setup.first_member),
+        topology=[
+            where_trained(
+                group,
+                range(setup.first_member, setup.first_member + members),
+                where,
+                setup.strategy,
+                timing,
+            )
+        ],
     )
 
 
-def member_records(state, hyperparameters: list[dict]) -> list[dict]:
-    """Per member: ``member`` (index), ``hyperparameters``, ``best_epoch`` (1-based, by
+def where_trained(group: int | None, members: range, mesh: dict, strategy: str, timing: dict) -> dict:
+    """One row of a run's topology: which process on which host trained which members.
+
+    Returns:
+      ``{"group", "members": [first, last], "host", "pid", "worker", "backend",
+      "devices", "mesh", "strategy", "train_seconds", "train_member_images_per_s"}``;
+      ``worker`` is the Dask worker's address, or None outside a Dask worker.
+    """
+    worker = None
+    try:  # only inside a Dask worker
+        from distributed import get_worker
+
+        worker = get_worker().address
+    except (ImportError, ValueError):
+        pass
+    return {
+        "group": group or 0,
+        "members": [members.start, members.stop - 1],
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "worker": worker,
+        "backend": jax.default_backend(),
+        "devices": jax.device_count(),
+        "mesh": mesh,
+        "strategy": strategy,
+        "train_seconds": timing["train_seconds"],
+        "train_member_images_per_s": timing.get("train_member_images_per_s"),
+    }
+
+
+def member_records(state, hyperparameters: list[dict], first: int = 0) -> list[dict]:
+    """Per member: ``member`` (index, counted from ``first``), ``hyperparameters``, ``best_epoch`` (1-based, by
     validation NLL; None without a validation split), ``best_validation_nll`` (nats),
     ``stopped_epoch`` (early stopping; None when it trained to the end) and ``healthy``."""
     healthy = np.asarray(state.healthy)
     best = state.best
     rows = []
     for i, hp in enumerate(hyperparameters):
-        row = {"member": i, "hyperparameters": hp, "healthy": bool(healthy[i])}
+        row = {"member": first + i, "hyperparameters": hp, "healthy": bool(healthy[i])}
         if best is None:
             row.update(best_epoch=None, best_validation_nll=None, stopped_epoch=None)
         else:
@@ -266,3 +327,144 @@ def member_records(state, hyperparameters: list[dict]) -> list[dict]:
             )
         rows.append(row)
     return rows
+
+
+def _merge_history(groups: list[list[dict]], size: int) -> list[dict]:
+    """The groups' epoch records joined member-wise: per-member lists (``train_loss``, ...)
+    concatenated in member order, member indices (``diverged_members``) made global."""
+    merged = []
+    for records in zip(*groups, strict=True):
+        out: dict = {}
+        for key, first_value in records[0].items():
+            if key == "diverged_members":
+                out[key] = [g * size + i for g, rec in enumerate(records) for i in rec[key] if i < size]
+            elif isinstance(first_value, list):
+                out[key] = [x for rec in records for x in rec[key][:size]]
+            else:
+                out[key] = first_value
+        merged.append(out)
+    return merged
+
+
+def gather_groups(
+    cfg: PipelineConfig, dataset: DatasetInfo, run_dir: str | Path, summaries: list[TrainingSummary]
+) -> TrainingSummary:
+    """Join the member groups' final checkpoints into one checkpoint of the whole ensemble.
+
+    Group g's members ``g*E/G ..`` (its padding dropped) are restored from
+    ``run_dir/groups/<g>/checkpoints``, concatenated in member order on the host, placed
+    on the whole ensemble's mesh and saved under ``run_dir/checkpoints`` at the groups'
+    step, so evaluation, prediction and promotion read one checkpoint as for G = 1. A
+    run whose gathered checkpoint is already there is not saved again.
+
+    Args:
+      summaries: every group's :func:`train` summary, in group order.
+
+    Returns:
+      The run's :class:`~ensemble_core.runs.results.TrainingSummary`: members, history
+      and diverged members of all E members; ``topology`` one row per group.
+
+    Raises:
+      CheckpointError: a group's checkpoint is missing or damaged.
+      RunLockedError: another process trains in this run directory.
+      ConfigError: the groups stopped at different steps.
+    """
+    run = RunDir(Path(run_dir))
+    groups = cfg.distributed.member_groups
+    size = group_size(cfg)
+    steps = {s.checkpoint_step for s in summaries}
+    if len(summaries) != groups or len(steps) != 1:
+        raise ConfigError(
+            f"{len(summaries)} group summaries at steps {sorted(map(str, steps))} for distributed.member_groups="
+            f"{groups}; fix: train every group to the end (rerun the run name to resume them)"
+        )
+    step = steps.pop()
+    whole = build(cfg, dataset.num_classes)
+    shape = tuple(dataset.image_shape)
+    parts, metas = [], []
+    for g in range(groups):
+        part = build(cfg, dataset.num_classes, group=g)
+        with EnsembleCheckpointer(run.group(g).checkpoints, keep=cfg.checkpoint.keep) as ckpt:
+            state, meta = ckpt.restore(part.abstract_state(shape), step)
+        parts.append(jax.tree.map(lambda x: np.asarray(x)[:size] if np.ndim(x) else np.asarray(x), state))
+        metas.append(meta)
+    pad = whole.plan.padded_members - cfg.ensemble.size
+
+    def joined(*leaves):
+        if not np.ndim(leaves[0]):  # the step, the same in every group
+            return leaves[0]
+        rows = np.concatenate(leaves)
+        return np.concatenate([rows, rows[:1].repeat(pad, axis=0)]) if pad else rows  # padding: copies of member 0
+
+    target = whole.abstract_state(shape)
+    state = jax.tree.map(lambda t, *xs: jax.device_put(joined(*xs), t.sharding), target, *parts)
+    history = _merge_history([list(m["history"]) for m in metas], size)
+    healthy = np.asarray(state.healthy)
+    with run_lock(run.path), EnsembleCheckpointer(run.checkpoints, keep=cfg.checkpoint.keep) as ckpt:
+        if ckpt.latest_step() != step:
+            ckpt.save(
+                step,
+                state,
+                {
+                    "config": cfg.model_dump(mode="json"),
+                    "epoch": metas[0]["epoch"],
+                    "step": step,
+                    "data_position": metas[0]["data_position"],
+                    "members_trained": whole.plan.padded_members,
+                    "healthy": healthy.tolist(),
+                    "dataset": metas[0]["dataset"],
+                    "history": history,
+                    "stretches": [dict(s, group=g) for g, m in enumerate(metas) for s in m.get("stretches") or []],
+                    "gathered_from": [str(run.group(g).checkpoints / str(step)) for g in range(groups)],
+                },
+            )
+            ckpt.wait()
+    first = summaries[0]
+    seconds = max(s.timing.train_seconds for s in summaries)
+    images = sum(s.timing.steps for s in summaries) * cfg.train.batch_size * size
+    return TrainingSummary(
+        checkpoint_dir=str(run.checkpoints),
+        checkpoint_step=step,
+        history=history,
+        timing=TrainingTiming(
+            compile_seconds=max(s.timing.compile_seconds for s in summaries),
+            train_seconds=seconds,
+            steps=first.timing.steps,
+            train_member_images_per_s=images / seconds if seconds else None,
+        ),
+        mesh=first.mesh,
+        members_trained=whole.plan.padded_members,
+        strategy=first.strategy,
+        backend=first.backend,
+        devices=first.devices,
+        resumed_from=min((s.resumed_from for s in summaries if s.resumed_from is not None), default=None),
+        stretches=[dict(s, group=g) for g, m in enumerate(summaries) for s in m.stretches],
+        diverged_members=np.flatnonzero(~healthy[: cfg.ensemble.size]).tolist(),
+        members=[row for s in summaries for row in s.members],
+        topology=[row for s in summaries for row in s.topology],
+    )
+
+
+def train_groups(
+    cfg: PipelineConfig,
+    dataset: DatasetInfo,
+    keys: MemberKeyData,
+    run_dir: str | Path,
+    train_group: Callable[..., TrainingSummary] = train,
+    **kwargs,
+) -> TrainingSummary:
+    """Train every member group of ``distributed.member_groups`` one after another in this
+    process (the flow submits them to a task runner instead), then :func:`gather_groups`.
+    With one group this is :func:`train`.
+
+    Args:
+      keys: :func:`split_keys` for the whole ensemble's mesh.
+      train_group: called as ``train_group(cfg, dataset, group_keys, run_dir, group=g, **kwargs)``.
+    """
+    if cfg.distributed.member_groups == 1:
+        return train_group(cfg, dataset, keys, run_dir, **kwargs)
+    summaries = [
+        train_group(cfg, dataset, group_keys(cfg, keys, g), run_dir, group=g, **kwargs)
+        for g in range(cfg.distributed.member_groups)
+    ]
+    return gather_groups(cfg, dataset, run_dir, summaries)

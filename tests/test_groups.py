@@ -1,0 +1,217 @@
+"""Member groups (``distributed.member_groups``): each group trained on its own, locally or
+on a Dask cluster, gives the members of one program training them all."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from ensemble_core import runs
+from ensemble_core.config import load_config
+from ensemble_core.errors import ConfigError
+from ensemble_core.runs.checkpoint import EnsembleCheckpointer
+from ensemble_core.runs.evaluation import restore
+from ensemble_core.runs.training import group_keys
+from ensemble_core.setup import build
+from tests.ensembles import tiny_config
+
+ROOT = Path(__file__).resolve().parents[1]
+# 4 members, 2 epochs with a validation split (best-epoch tracking gathered too).
+COMMON = ("ensemble.size=4", "data.validation_fraction=0.2", "data.max_train_examples=320", "train.epochs=2")
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (
+            ["ensemble.size=6", "distributed.member_groups=4"],
+            "does not divide ensemble.size=6; fix: use one of [1, 2, 3, 6]",
+        ),
+        (["distributed.address=tcp://127.0.0.1:1"], "task_runner=local; fix: set distributed.task_runner=dask"),
+        (
+            ["distributed.task_runner=dask", "distributed.address=http://x:1"],
+            "not a tcp:// or tls:// Dask scheduler address",
+        ),
+        (["distributed.task_runner=dask", "distributed.address=tls://x:1"], "tls_ca_file, tls_cert and tls_key"),
+        (["distributed.task_runner=dask", "distributed.tls_cert=c.pem"], "distributed.address is not set"),
+        (
+            ["distributed.task_runner=dask", "distributed.address=tcp://x:1", "distributed.workers=2"],
+            "fix: drop one of them",
+        ),
+    ],
+)
+def test_bad_group_settings_are_one_line_errors(overrides, fragment):
+    with pytest.raises(ConfigError, match="fix: ") as err:
+        load_config(None, overrides)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_scheduler_that_does_not_answer_is_refused_before_any_compute(tmp_path, tfds_dir):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tiny_config(tfds_dir, "distributed.task_runner=dask", f"distributed.address=tcp://127.0.0.1:{port}")
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=f"scheduler at distributed.address=tcp://127.0.0.1:{port} does not answer"):
+        runs.preflight(cfg, tmp_path / "out", "r")
+    assert time.monotonic() - t0 < 10 and not (tmp_path / "out").exists()
+
+
+def test_a_groups_keys_and_hyperparameters_are_its_members_in_the_whole_ensemble(tfds_dir):
+    search = "ensemble.search={learning_rate: {distribution: log_uniform, low: 0.01, high: 0.3}}"
+    cfg = tiny_config(tfds_dir, "ensemble.size=6", "distributed.member_groups=3", search)
+    whole = build(cfg, 10)
+    keys = runs.split_keys(cfg, whole.plan.padded_members)
+    for g in range(3):
+        part = build(cfg, 10, group=g)
+        assert part.first_member == 2 * g
+        assert part.hyperparameters() == whole.hyperparameters()[2 * g : 2 * g + 2]
+        for purpose, k in part.member_keys().items():
+            assert np.asarray(jax.random.key_data(k)).tolist() == keys[purpose][2 * g : 2 * g + 2]
+        assert group_keys(cfg, keys, g) == {p: rows[2 * g : 2 * g + 2] for p, rows in keys.items()}
+    with pytest.raises(ConfigError, match="member group 3 of distributed.member_groups=3"):
+        build(cfg, 10, group=3)
+
+
+def _members(run_dir: Path, cfg) -> dict:
+    state, _ = restore(cfg, run_dir, 10, (28, 28, 1))
+    return {
+        "params": [np.asarray(x) for x in jax.tree.leaves(state.params)],
+        "best": [np.asarray(x) for x in jax.tree.leaves(state.best)],
+    }
+
+
+def _predictions(run_dir: Path) -> dict:
+    with np.load(run_dir / "predictions.npz") as f:
+        return {k: f[k] for k in f.files}
+
+
+@pytest.fixture(scope="module")
+def one_program(tmp_path_factory, tfds_dir):
+    """The reference: every member trained by one program (G = 1)."""
+    out = tmp_path_factory.mktemp("g1")
+    cfg = tiny_config(tfds_dir, *COMMON)
+    result = runs.run(cfg, out, "g1")
+    return cfg, result
+
+
+def test_two_groups_in_one_process_equal_one_program_bitwise(one_program, tfds_dir, tmp_path):
+    """Same per-device layout (one member per device in both): bitwise equal members,
+    predictions and report figures; the run's checkpoint is the gathered one."""
+    cfg1, ref = one_program
+    cfg = tiny_config(tfds_dir, *COMMON, "distributed.member_groups=2")
+    result = runs.run(cfg, tmp_path, "g2")
+    got, want = _members(result.run_dir.path, cfg), _members(ref.run_dir.path, cfg1)
+    for a, b in zip(got["params"] + got["best"], want["params"] + want["best"], strict=True):
+        np.testing.assert_array_equal(a, b)
+    for k, v in _predictions(ref.run_dir.path).items():
+        np.testing.assert_array_equal(_predictions(result.run_dir.path)[k], v)
+    assert result.evaluation.ensemble == ref.evaluation.ensemble
+    assert result.training.history == [
+        {**rec, "train_loss": rec["train_loss"], "train_accuracy": rec["train_accuracy"]}
+        for rec in ref.training.history
+    ]
+    assert [row["member"] for row in result.training.members] == [0, 1, 2, 3]
+    assert [t["members"] for t in result.training.topology] == [[0, 1], [2, 3]]
+    assert (result.run_dir.path / "groups" / "0" / "checkpoints").is_dir()
+    with EnsembleCheckpointer(result.run_dir.checkpoints) as ckpt:
+        meta = ckpt.read_meta()
+    assert meta["members_trained"] == 4 and len(meta["gathered_from"]) == 2
+    report = json.loads((result.run_dir.path / "report.json").read_text())
+    assert [t["members"] for t in report["topology"]] == [[0, 1], [2, 3]]
+
+
+def test_groups_with_another_per_device_layout_agree_within_1e5(tfds_dir, tmp_path):
+    """All members vmapped on one device: 4 members in one batched kernel vs 2 + 2. XLA
+    may tile a batched matmul differently for another batch of members, so the sums round
+    differently: equal within 1e-5, not bitwise."""
+    common = (*COMMON, "mesh.ensemble=1", "mesh.member_strategy=vmap")
+    one = runs.run(tiny_config(tfds_dir, *common), tmp_path, "one")
+    two = runs.run(tiny_config(tfds_dir, *common, "distributed.member_groups=2"), tmp_path, "two")
+    a, b = _predictions(one.run_dir.path), _predictions(two.run_dir.path)
+    np.testing.assert_allclose(b["member_probs"], a["member_probs"], atol=1e-5)
+    np.testing.assert_array_equal(b["labels"], a["labels"])
+
+
+def test_a_changed_group_count_is_refused_on_resume(one_program, tmp_path, tfds_dir):
+    cfg = tiny_config(tfds_dir, *COMMON, "distributed.member_groups=2")
+    runs.run(cfg, tmp_path, "r")
+    again = tiny_config(tfds_dir, *COMMON, "distributed.member_groups=4")
+    with pytest.raises(Exception, match=r"distributed.member_groups: 2 -> 4"):
+        runs.preflight(again, tmp_path, "r")
+
+
+# MARK: on a Dask cluster, through the Prefect flow
+
+
+def _cli(tfds_dir, out: Path, name: str, *overrides: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    cmd = [sys.executable, "-m", "flows.train_ensemble", "--set", f"data.data_dir={tfds_dir}"]
+    for o in ("data.max_test_examples=100", "model.name=mlp", "model.hidden_sizes=[16]", "train.batch_size=32"):
+        cmd += ["--set", o]
+    for o in ("eval.evaluators=[test]", *COMMON, "distributed.member_groups=2", "distributed.task_runner=dask"):
+        cmd += ["--set", o]
+    for o in overrides:
+        cmd += ["--set", o]
+    cmd += ["--output-dir", str(out), "--run-name", name]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _reference(tfds_dir, tmp_path, *overrides):
+    cfg = tiny_config(tfds_dir, *COMMON, "data.max_test_examples=100", *overrides)
+    return runs.run(cfg, tmp_path / "ref", "ref")
+
+
+@pytest.mark.slow
+def test_groups_on_a_local_dask_cluster_equal_one_program(tfds_dir, tmp_path):
+    """The ordinary command with task_runner=dask: two worker processes train a group each
+    (distinct processes in the report's topology) and the members equal one program's."""
+    proc = _cli(tfds_dir, tmp_path / "runs", "dask")
+    out, err = proc.communicate(timeout=420)
+    assert proc.returncode == 0, err[-3000:]
+    run = tmp_path / "runs" / "dask"
+    ref = _reference(tfds_dir, tmp_path)
+    for k, v in _predictions(ref.run_dir.path).items():
+        np.testing.assert_array_equal(_predictions(run)[k], v)
+    report = json.loads((run / "report.json").read_text())
+    topology = report["topology"]
+    assert [t["members"] for t in topology] == [[0, 1], [2, 3]]
+    assert len({t["pid"] for t in topology}) == 2 and all(t["worker"].startswith("tls://127.0.0.1") for t in topology)
+    assert os.getpid() not in {t["pid"] for t in topology}
+
+
+@pytest.mark.slow
+def test_a_killed_dask_worker_is_replaced_and_its_group_resumes(tfds_dir, tmp_path):
+    """SIGKILL the worker process training group 0 once it has saved a checkpoint: the
+    nanny starts a new worker, the scheduler runs the group's task again, the group resumes
+    from its own checkpoint (group 1's work is kept) and the members equal an
+    uninterrupted run's."""
+    slow = ("train.epochs=6", "data.max_train_examples=1280")
+    proc = _cli(tfds_dir, tmp_path / "runs", "kill", *slow)
+    group0 = tmp_path / "runs" / "kill" / "groups" / "0"
+    deadline = time.monotonic() + 300
+    while not any(p.name.isdigit() for p in (group0 / "checkpoints").glob("*")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.1)
+    pid = int((group0 / ".lock").read_text())
+    assert pid != proc.pid
+    os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=420)
+    assert proc.returncode == 0, err[-3000:]
+    run = tmp_path / "runs" / "kill"
+    report = json.loads((run / "report.json").read_text())
+    restarted = [t for t in report["topology"] if t["group"] == 0][0]
+    assert restarted["pid"] != pid
+    stretches = [s for s in report["training_stretches"] if s.get("group") == 0]
+    assert len(stretches) == 2 and stretches[1]["start_epoch"] >= 1  # resumed, not restarted
+    ref = _reference(tfds_dir, tmp_path, *slow)
+    for k, v in _predictions(ref.run_dir.path).items():
+        np.testing.assert_array_equal(_predictions(run)[k], v)

@@ -1,0 +1,88 @@
+"""Once the stack leaves loopback: the Prefect server behind its own authentication, the
+run's Dask cluster behind TLS with mutual authentication."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_prefect_server_with_an_auth_string_refuses_requests_without_credentials(tmp_path):
+    """Prefect 3's ``PREFECT_SERVER_API_AUTH_STRING`` (HTTP basic auth), as the README's
+    "Beyond one machine" section sets it: no or wrong credentials get 401, the client
+    setting ``PREFECT_API_AUTH_STRING`` gets through; the health probe stays open."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(
+        PREFECT_HOME=str(tmp_path / "home"),
+        PREFECT_SERVER_API_AUTH_STRING="ensemble:s3cret",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}",
+    )
+    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.stderr.read()[-2000:]
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.5)
+        assert httpx.post(f"{base}/flows/filter", json={}).status_code == 401
+        assert httpx.post(f"{base}/flows/filter", json={}, auth=("ensemble", "wrong")).status_code == 401
+        assert httpx.post(f"{base}/flows/filter", json={}, auth=("ensemble", "s3cret")).status_code == 200
+        # The Prefect client of the project's commands, given the credentials, is let in.
+        client_env = {**env, "PREFECT_API_URL": base, "PREFECT_API_AUTH_STRING": "ensemble:s3cret"}
+        probe = "from prefect.client.orchestration import get_client\nwith get_client(sync_client=True) as c:\n"
+        probe += "    print(len(c.read_flows()))"
+        ok = subprocess.run([sys.executable, "-c", probe], env=client_env, capture_output=True, text=True, timeout=120)
+        assert ok.returncode == 0 and ok.stdout.strip() == "0", ok.stderr[-2000:]
+        client_env.pop("PREFECT_API_AUTH_STRING")
+        refused = subprocess.run(
+            [sys.executable, "-c", probe], env=client_env, capture_output=True, text=True, timeout=120
+        )
+        assert refused.returncode != 0 and "401" in refused.stderr
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_the_runs_dask_cluster_refuses_clients_without_its_certificates():
+    """The local cluster a run starts (:func:`tasks.train.local_cluster_kwargs`) listens
+    on loopback over TLS only: a plain TCP client and a TLS client whose certificate the
+    cluster's CA did not sign are refused; a client with them is served."""
+    from distributed import Client, LocalCluster
+    from distributed.security import Security
+
+    from tasks.train import local_cluster_kwargs
+
+    kwargs = {**local_cluster_kwargs(1), "processes": False}  # a thread worker: same scheduler, faster
+    with LocalCluster(**kwargs) as cluster:
+        address = cluster.scheduler_address
+        assert address.startswith("tls://127.0.0.1:")
+        with pytest.raises(Exception):  # noqa: B017  (the comm layer's error type varies)
+            Client(address.replace("tls://", "tcp://"), timeout="3s")
+        stranger = Security.temporary()  # valid TLS certificates, but not signed by the cluster's CA
+        with pytest.raises(OSError, match="Timed out|certificate|SSL|closed"):
+            Client(address, security=stranger, timeout="3s")
+        with Client(cluster) as client:
+            assert client.submit(lambda x: x + 1, 1).result(timeout=30) == 2
