@@ -337,6 +337,14 @@ class DistributedConfig(_Section):
         description="Pin local worker k's process to CPU core k mod cores (so G workers on G cores do not "
         "oversubscribe each other's XLA thread pools).",
     )
+    num_processes: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description="N > 1: training is one program across N JAX processes on this machine (loopback, gloo "
+        "collectives), each with 8/N of the 8 simulated CPU devices, the mesh spanning all of them; the "
+        "command starts and coordinates them itself. 1: one process.",
+    )
     tls_ca_file: str | None = Field(None, description="CA certificate of a TLS Dask cluster (tls:// address).")
     tls_cert: str | None = Field(None, description="This client's TLS certificate for a tls:// address.")
     tls_key: str | None = Field(None, description="This client's TLS private key for a tls:// address.")
@@ -518,6 +526,17 @@ class PipelineConfig(_Section):
     @model_validator(mode="after")
     def _groups_valid(self) -> PipelineConfig:
         dist, size = self.distributed, self.ensemble.size
+        if 8 % dist.num_processes:
+            raise ValueError(
+                f"distributed.num_processes={dist.num_processes} does not divide the 8 simulated CPU devices of "
+                f"the program; fix: use 1, 2, 4 or 8"
+            )
+        if dist.num_processes > 1 and (dist.member_groups > 1 or dist.task_runner != "local"):
+            raise ValueError(
+                f"distributed.num_processes={dist.num_processes} runs one program across processes; it does not "
+                f"combine with member groups (member_groups={dist.member_groups}, task_runner={dist.task_runner}); "
+                f"fix: use one of the two"
+            )
         if size % dist.member_groups:
             divisors = [d for d in range(1, size + 1) if size % d == 0]
             raise ValueError(

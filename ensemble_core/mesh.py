@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -93,6 +94,19 @@ def make_mesh(plan: MeshPlan, devices=None) -> Mesh:
 def member_sharding(mesh: Mesh) -> NamedSharding:
     """Leading (member) axis over ``'ensemble'``, the rest replicated."""
     return NamedSharding(mesh, P(ENSEMBLE_AXIS))
+
+
+def host_value(x) -> np.ndarray:
+    """``x`` as one numpy array on this host: ``np.asarray`` for a value this process holds
+    whole; for a ``jax.Array`` spread over devices of other JAX processes (a mesh across
+    processes, :mod:`ensemble_core.runs.processes`) every process must call this at the same
+    point: the value is gathered with ``jax.experimental.multihost_utils.process_allgather``
+    (a collective)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

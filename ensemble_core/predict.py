@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ensemble_core.data import to_float
-from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS
+from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS, host_value
 from ensemble_core.train import map_members
 
 
@@ -79,7 +79,7 @@ def member_probs(
             part = np.concatenate([part, np.zeros((pad, *part.shape[1:]), part.dtype)])
         probs = predict(params, jax.device_put(part, sharding))
         out.append(probs[:, : chunk - pad] if pad else probs)
-    return np.asarray(jnp.concatenate(out, axis=1), dtype=np.float32)
+    return host_value(jnp.concatenate(out, axis=1)).astype(np.float32, copy=False)
 
 
 def _take_members(params: Any, j: int, step: int, mesh: Mesh) -> Any:

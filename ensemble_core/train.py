@@ -29,7 +29,7 @@ from jaxtyping import Array, Bool, Float, Int, UInt8
 from ensemble_core.config import TrainConfig
 from ensemble_core.data import to_float
 from ensemble_core.errors import ConfigError
-from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS, member_sharding, replicated
+from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS, host_value, member_sharding, replicated
 from ensemble_core.rngs import epoch_order
 
 STRATEGIES = ("vmap", "unroll")
@@ -420,7 +420,7 @@ class DataPosition(TypedDict):
 
 def data_position(epoch: int, step_in_epoch: int = 0, loss_sum=None, accuracy_sum=None) -> DataPosition:
     """A :class:`DataPosition`; sums given as arrays are stored as lists."""
-    as_list = lambda x: None if x is None else np.asarray(x).tolist()  # noqa: E731
+    as_list = lambda x: None if x is None else host_value(x).tolist()  # noqa: E731
     return DataPosition(
         epoch=epoch, step_in_epoch=step_in_epoch, loss_sum=as_list(loss_sum), accuracy_sum=as_list(accuracy_sum)
     )
@@ -517,8 +517,8 @@ def fit(
                 return state, timing
         record = {
             "epoch": epoch + 1,
-            "train_loss": (np.asarray(loss_sum) / steps).tolist(),
-            "train_accuracy": (np.asarray(acc_sum) / steps).tolist(),
+            "train_loss": (host_value(loss_sum) / steps).tolist(),
+            "train_accuracy": (host_value(acc_sum) / steps).tolist(),
         }
         timing["train_seconds"] += time.perf_counter() - t0
         if end_of_epoch is not None:

@@ -21,6 +21,8 @@ def apply() -> None:
     if _FLAG not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={HOST_DEVICES}".strip()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Member groups on Dask: the scheduler's and workers' own INFO lines stay out of the run's log.
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
     # Warnings of ensemble_core (a damaged checkpoint or champion pointer set aside) go to
     # the flow run's logs too (effective when Prefect is imported after this module).
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "ensemble_core")

@@ -62,7 +62,12 @@ def _train_with_progress(
         )
 
     try:
-        summary = runs.train(config, dataset, keys, Path(run_dir), group=group, on_step=on_step, on_epoch=on_epoch)
+        if config.distributed.num_processes > 1:  # one program across JAX processes it starts itself
+            from ensemble_core.runs.processes import train_processes
+
+            summary = train_processes(config, dataset, keys, Path(run_dir), on_epoch=on_epoch)
+        else:
+            summary = runs.train(config, dataset, keys, Path(run_dir), group=group, on_step=on_step, on_epoch=on_epoch)
     finally:
         bar.close()
     update_progress_artifact(artifact_id, progress=100.0)

@@ -23,7 +23,7 @@ import numpy as np
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import ConfigError, DivergenceError, PreemptedError
-from ensemble_core.mesh import replicated
+from ensemble_core.mesh import host_value, replicated
 from ensemble_core.rngs import key_layout, keys_from_layout, member_keys
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.dataset import load
@@ -85,6 +85,8 @@ def train(
     on_step: Callable[[int, int, int], None] | None = None,
     on_epoch: Callable[[dict], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    lock: bool = True,
+    handle_signals: bool = True,
 ) -> TrainingSummary:
     """Train (or resume) the ensemble, checkpointing under ``run_dir/checkpoints``; with
     ``group``, train member group ``group`` only, under ``run_dir/groups/<group>/``
@@ -102,6 +104,9 @@ def train(
         ``group``: :func:`group_keys`).
       strategy: overrides ``mesh.member_strategy``.
       group: a member group index ``0..distributed.member_groups-1``.
+      lock, handle_signals: take the run directory's lock and turn SIGTERM/SIGINT into
+        a stop (both on by default; off in the JAX processes of one program, whose
+        launcher holds the lock and stops them all, :mod:`ensemble_core.runs.processes`).
       on_step: ``on_step(epoch, step_in_epoch, steps_per_epoch)`` after each step.
       on_epoch: ``on_epoch(record)`` after each epoch (the ``history`` record).
 
@@ -140,9 +145,9 @@ def train(
     stretches: list[dict] = []
     where = {"ensemble": mesh_plan.ensemble, "data": mesh_plan.data}
     with (
-        run_lock(run.path),
+        run_lock(run.path) if lock else contextlib.nullcontext(),
         EnsembleCheckpointer(run.checkpoints, keep=cfg.checkpoint.keep) as ckpt,
-        stop_signals() as term,
+        stop_signals() if handle_signals else contextlib.nullcontext(threading.Event()) as term,
     ):
         changed: dict[str, list] = {}
         if ckpt.latest_step() is not None:
@@ -188,7 +193,7 @@ def train(
                     "step": int(st.step),
                     "data_position": pos,
                     "members_trained": mesh_plan.padded_members,
-                    "healthy": np.asarray(st.healthy).tolist(),
+                    "healthy": host_value(st.healthy).tolist(),
                     "dataset": {
                         "name": dataset.name,
                         "num_classes": dataset.num_classes,
@@ -200,7 +205,7 @@ def train(
             )
 
         def on_epoch_end(epoch: int, st, record: dict) -> None:
-            healthy = np.asarray(st.healthy)
+            healthy = host_value(st.healthy)
             record["diverged_members"] = np.flatnonzero(~healthy).tolist()
             history.append(record)
             done = epoch + 1
@@ -263,7 +268,7 @@ def train(
         devices=jax.device_count(),
         resumed_from=resumed_from,
         stretches=stretches,
-        diverged_members=(setup.first_member + np.flatnonzero(~np.asarray(state.healthy)[:members])).tolist(),
+        diverged_members=(setup.first_member + np.flatnonzero(~host_value(state.healthy)[:members])).tolist(),
         members=member_records(state, setup.hyperparameters()[:members], setup.first_member),
         topology=[
             where_trained(
@@ -282,7 +287,7 @@ def where_trained(group: int | None, members: range, mesh: dict, strategy: str, 
 
     Returns:
       ``{"group", "members": [first, last], "host", "pid", "worker", "backend",
-      "devices", "mesh", "strategy", "train_seconds", "train_member_images_per_s"}``;
+      "devices", "processes", "mesh", "strategy", "train_seconds", "train_member_images_per_s"}``;
       ``worker`` is the Dask worker's address, or None outside a Dask worker.
     """
     worker = None
@@ -300,6 +305,7 @@ def where_trained(group: int | None, members: range, mesh: dict, strategy: str, 
         "worker": worker,
         "backend": jax.default_backend(),
         "devices": jax.device_count(),
+        "processes": jax.process_count(),
         "mesh": mesh,
         "strategy": strategy,
         "train_seconds": timing["train_seconds"],
@@ -311,18 +317,20 @@ def member_records(state, hyperparameters: list[dict], first: int = 0) -> list[d
     """Per member: ``member`` (index, counted from ``first``), ``hyperparameters``, ``best_epoch`` (1-based, by
     validation NLL; None without a validation split), ``best_validation_nll`` (nats),
     ``stopped_epoch`` (early stopping; None when it trained to the end) and ``healthy``."""
-    healthy = np.asarray(state.healthy)
+    healthy = host_value(state.healthy)
     best = state.best
+    if best is not None:
+        best_epoch, stopped_epoch, best_nll = (host_value(x) for x in (best.epoch, best.stopped_epoch, best.nll))
     rows = []
     for i, hp in enumerate(hyperparameters):
         row = {"member": first + i, "hyperparameters": hp, "healthy": bool(healthy[i])}
         if best is None:
             row.update(best_epoch=None, best_validation_nll=None, stopped_epoch=None)
         else:
-            epoch, stopped = int(np.asarray(best.epoch)[i]), int(np.asarray(best.stopped_epoch)[i])
+            epoch, stopped = int(best_epoch[i]), int(stopped_epoch[i])
             row.update(
                 best_epoch=epoch or None,
-                best_validation_nll=float(np.asarray(best.nll)[i]) if epoch else None,
+                best_validation_nll=float(best_nll[i]) if epoch else None,
                 stopped_epoch=stopped or None,
             )
         rows.append(row)
@@ -455,12 +463,17 @@ def train_groups(
 ) -> TrainingSummary:
     """Train every member group of ``distributed.member_groups`` one after another in this
     process (the flow submits them to a task runner instead), then :func:`gather_groups`.
-    With one group this is :func:`train`.
+    With one group this is :func:`train`; with ``distributed.num_processes > 1``,
+    :func:`ensemble_core.runs.processes.train_processes`.
 
     Args:
       keys: :func:`split_keys` for the whole ensemble's mesh.
       train_group: called as ``train_group(cfg, dataset, group_keys, run_dir, group=g, **kwargs)``.
     """
+    if cfg.distributed.num_processes > 1:
+        from ensemble_core.runs.processes import train_processes
+
+        return train_processes(cfg, dataset, keys, run_dir, on_epoch=kwargs.get("on_epoch"))
     if cfg.distributed.member_groups == 1:
         return train_group(cfg, dataset, keys, run_dir, **kwargs)
     summaries = [

@@ -1,0 +1,294 @@
+"""One program across JAX processes: the multi-host generalisation of the HOWTO's ``pmap``.
+
+With ``distributed.num_processes = N > 1`` the training stage runs the same
+:func:`ensemble_core.runs.training.train` in N JAX processes joined by
+``jax.distributed.initialize`` (CPU collectives: gloo). The ``('ensemble', 'data')``
+mesh spans every process's devices (process p holds devices ``p*D .. p*D+D-1`` of the
+global list), so the ``shard_map`` step is one SPMD program: members split over the
+``ensemble`` axis, each batch over the ``data`` axis, which crosses processes when it is
+longer than one process's devices (gradients are then all-reduced across them). orbax
+writes one checkpoint from all processes; values the host needs (losses, validation
+NLLs, flags) are gathered with ``process_allgather`` (:func:`ensemble_core.mesh.host_value`).
+
+**On one machine** (:func:`train_processes`, what the flow does): the launcher holds the
+run directory's lock, starts N child processes on loopback (``python -m
+ensemble_core.runs.processes``, each with ``8 // N`` simulated CPU devices, so the
+global mesh has the 8 devices of one process), forwards process 0's epoch records, and
+reads its summary back. If a process dies, the others stop within
+:data:`HEARTBEAT_TIMEOUT_S` (JAX's coordination service sees the missing heartbeats and
+terminates them; the launcher kills whatever is left after :data:`EXIT_GRACE_S` more)
+and the stage fails with :class:`~ensemble_core.errors.PreemptedError`: rerunning the run
+name resumes from the latest checkpoint.
+
+**On a cluster** each process is started by the cluster's launcher (a SLURM ``srun``
+step, a Kubernetes indexed job, ...) as ``python -m ensemble_core.runs.processes RUN_DIR
+--config CFG.yaml [--set KEY=VALUE ...]``, with no ``--coordinator``/``--process-id``:
+``jax.distributed.initialize()`` detects the coordinator, the process count and its
+index from the environment (see JAX's "Running on multiple hosts" guide). The run
+directory must be on storage every process reaches; the flow, run afterwards with the
+same run name, finds the finished checkpoint and evaluates it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ensemble_core.config import PipelineConfig
+from ensemble_core.data import DatasetInfo
+from ensemble_core.errors import EnsembleError, PreemptedError
+from ensemble_core.runs.layout import RunDir
+from ensemble_core.runs.results import TrainingSummary
+
+HOST_DEVICES = 8  # simulated CPU devices of the whole program on one machine
+HEARTBEAT_TIMEOUT_S = 15  # a process that misses heartbeats this long is declared dead
+EXIT_GRACE_S = 30  # then the launcher waits this long for the others before killing them
+INIT_TIMEOUT_S = 120  # every process must have joined within this
+_DEVICE_FLAG = "--xla_force_host_platform_device_count"
+
+
+def local_devices(num_processes: int) -> int:
+    """Simulated CPU devices per process when N processes share one machine."""
+    return HOST_DEVICES // num_processes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child_env(num_processes: int) -> dict[str, str]:
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(_DEVICE_FLAG)]
+    env["XLA_FLAGS"] = " ".join([*flags, f"{_DEVICE_FLAG}={local_devices(num_processes)}"])
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def train_processes(
+    cfg: PipelineConfig,
+    dataset: DatasetInfo,
+    keys: dict,
+    run_dir: str | Path,
+    *,
+    on_epoch: Callable[[dict], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> TrainingSummary:
+    """Train the ensemble as one program across ``distributed.num_processes`` JAX
+    processes on this machine (loopback), holding the run directory's lock meanwhile.
+
+    Args:
+      keys: :func:`ensemble_core.runs.split_keys` for the whole mesh.
+      on_epoch: called with process 0's epoch records as they come.
+      should_stop: polled every 0.2 s; True (or SIGTERM/SIGINT in the main thread) stops
+        every process (SIGKILL: the run resumes from its latest checkpoint, as after a crash).
+
+    Returns:
+      Process 0's :class:`~ensemble_core.runs.results.TrainingSummary`.
+
+    Raises:
+      PreemptedError: a process died (killed, out of memory) or a stop was asked; the
+        others were stopped within ``HEARTBEAT_TIMEOUT_S + EXIT_GRACE_S`` seconds.
+      EnsembleError: a process refused the run (its one-line message).
+    """
+    from ensemble_core.runs.lock import run_lock
+    from ensemble_core.runs.training import stop_signals
+
+    n = cfg.distributed.num_processes
+    run = RunDir(Path(run_dir))
+    run.path.mkdir(parents=True, exist_ok=True)
+    with (
+        run_lock(run.path),
+        stop_signals() as term,
+        tempfile.TemporaryDirectory(prefix="ensemble-processes-") as tmp,
+    ):
+        spec = Path(tmp) / "spec.json"
+        inputs = {"config": cfg.model_dump(mode="json"), "dataset": dataset.model_dump(mode="json"), "keys": keys}
+        spec.write_text(json.dumps(inputs))
+        coordinator = f"127.0.0.1:{_free_port()}"
+        procs, logs = [], []
+        for p in range(n):
+            log = open(Path(tmp) / f"process-{p}.log", "w+")  # noqa: SIM115  (closed below)
+            cmd = [sys.executable, "-m", "ensemble_core.runs.processes", str(run.path), "--spec", str(spec)]
+            cmd += ["--coordinator", coordinator, "--num-processes", str(n), "--process-id", str(p)]
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    env=_child_env(n),
+                    stdout=subprocess.PIPE if p == 0 else subprocess.DEVNULL,
+                    stderr=log,
+                    text=True,
+                )
+            )
+            logs.append(log)
+        records: list[dict] = []
+        reader = threading.Thread(target=_forward, args=(procs[0].stdout, records, on_epoch), daemon=True)
+        reader.start()
+        try:
+            failed = _supervise(procs, lambda: term.is_set() or (should_stop is not None and should_stop()))
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+            reader.join(timeout=10)
+            tails = []
+            for log in logs:
+                log.seek(0)
+                tails.append(log.read())
+                log.close()
+        if failed is not None:
+            raise _failure(failed, procs, tails, run)
+        summary = next((r["summary"] for r in records if "summary" in r), None)
+        if summary is None:
+            raise PreemptedError(
+                f"process 0 of {n} ended without a training summary; its log ends: {_last_line(tails[0])}; "
+                f"fix: rerun with the same run name to resume"
+            )
+        return TrainingSummary.model_validate(summary)
+
+
+def _forward(stream, records: list[dict], on_epoch) -> None:
+    for line in stream:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict):  # another line that happens to parse (a number)
+            continue
+        records.append(record)
+        if "epoch_record" in record and on_epoch is not None:
+            on_epoch(record["epoch_record"])
+
+
+def _supervise(procs: list[subprocess.Popen], should_stop) -> tuple[str, int] | None:
+    """Wait for every process; the first failure ``(why, process index)`` or None."""
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c == 0 for c in codes):
+            return None
+        bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
+        stop = should_stop is not None and should_stop()
+        if bad or stop:
+            deadline = time.monotonic() + (0 if stop else HEARTBEAT_TIMEOUT_S + EXIT_GRACE_S)
+            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                time.sleep(0.2)
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGKILL)
+            return ("stop", -1) if stop and not bad else ("died", bad[0])
+        time.sleep(0.2)
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ln.startswith("error: "):
+            return ln[len("error: ") :]
+    return lines[-1][:300] if lines else "(nothing)"
+
+
+def _failure(failed: tuple[str, int], procs, tails: list[str], run: RunDir) -> EnsembleError:
+    why, index = failed
+    n = len(procs)
+    if why == "stop":
+        return PreemptedError(
+            f"training across {n} JAX processes was stopped; the latest epoch checkpoint is kept; "
+            f"fix: rerun with the same run name (run_name {run.name}) to resume"
+        )
+    code = procs[index].returncode
+    refused = [_last_line(t) for t in tails if "\nerror: " in "\n" + t]
+    if code == 2 and refused:
+        return EnsembleError(refused[0])
+    cause = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    return PreemptedError(
+        f"JAX process {index} of {n} {cause} (its log ends: {_last_line(tails[index])}); the other processes were "
+        f"stopped; fix: rerun with the same run name (run_name {run.name}) to resume from the latest checkpoint"
+    )
+
+
+def _die_with_parent() -> None:
+    """Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: this process is killed when its parent
+    (the launcher, which holds the run's lock) dies, so no process trains on unseen."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except OSError:  # not glibc Linux: the heartbeat timeout still ends it with the others
+        return
+    if os.getppid() == 1:  # the parent died before the call
+        os._exit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One JAX process of the program: join the others, train, print process 0's summary."""
+    parser = argparse.ArgumentParser(prog="python -m ensemble_core.runs.processes", description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir")
+    parser.add_argument("--spec", help="JSON file: config, dataset, keys (written by train_processes)")
+    parser.add_argument("--config", help="without --spec: the run's YAML config (default: the built-in defaults)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--coordinator", default=None, help="host:port of process 0 (default: detected)")
+    parser.add_argument("--num-processes", type=int, default=None)
+    parser.add_argument("--process-id", type=int, default=None)
+    args = parser.parse_args(argv)
+
+    if args.spec:  # started by train_processes: die with it, never train on as an orphan
+        _die_with_parent()
+    import jax
+
+    from ensemble_core.runs.training import train
+
+    jax.distributed.initialize(
+        args.coordinator,
+        args.num_processes,
+        args.process_id,
+        initialization_timeout=INIT_TIMEOUT_S,
+        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S,
+    )
+    first = jax.process_index() == 0
+    try:
+        if args.spec:
+            spec = json.loads(Path(args.spec).read_text())
+            cfg = PipelineConfig.model_validate(spec["config"])
+            dataset, keys = DatasetInfo.model_validate(spec["dataset"]), spec["keys"]
+        else:  # started by a cluster's launcher: every process reads the same config
+            from ensemble_core.config import load_config
+            from ensemble_core.runs.dataset import prepare
+            from ensemble_core.runs.training import split_keys
+            from ensemble_core.setup import plan
+
+            cfg = load_config(args.config, args.overrides)
+            dataset, keys = prepare(cfg.data), split_keys(cfg, plan(cfg).padded_members)
+    except EnsembleError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 2
+
+    def on_epoch(record: dict) -> None:
+        if first:
+            print(json.dumps({"epoch_record": record}), flush=True)
+
+    try:
+        summary = train(cfg, dataset, keys, args.run_dir, on_epoch=on_epoch, lock=False, handle_signals=False)
+    except EnsembleError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 2
+    if first:
+        print(json.dumps({"summary": summary.to_json()}), flush=True)
+    jax.distributed.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
