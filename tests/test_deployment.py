@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow  # a real Prefect stack: server, worker, scheduler
 
 ROOT = Path(__file__).resolve().parents[1]
 ZOMBIE_AFTER_S = 50  # the stack's heartbeat timeout (heartbeats every 30 s)
+CRASH_WAIT_S = ZOMBIE_AFTER_S + 150  # how long a zombie may wait to be marked crashed under load
 TASKS = {"prepare_dataset", "split_rngs", "train_ensemble", "evaluate", "compare_with_champion", "report"}
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
@@ -469,14 +470,17 @@ def test_worker_and_flow_run_killed_is_crashed_and_resumed(stack):
     os.kill(engine, signal.SIGKILL)
     killed = time.monotonic()
     _serve(env)
-    _wait_until(lambda: "CRASHED" in _state_names(env, run_id), ZOMBIE_AFTER_S + 60, "the run to be marked crashed")
+    # The behaviour is what is proven here, not the latency: the server's trigger service
+    # evaluates the heartbeat expectation late when the suite's other worker holds both
+    # cores (up to 110+ s seen), so the bound only says "marked, not forgotten".
+    _wait_until(lambda: "CRASHED" in _state_names(env, run_id), CRASH_WAIT_S, "the run to be marked crashed")
     crashed_after = time.monotonic() - killed
     fr = _wait_final(env, run_id)
     run_dir = _assert_complete_records(env, fr)
     report = json.loads((run_dir / "report.json").read_text())
     assert report["resumed_from_epoch"] is not None  # resumed, not restarted
     assert fr["run_count"] == 2
-    assert crashed_after < ZOMBIE_AFTER_S + 60
+    assert crashed_after < CRASH_WAIT_S
     assert not list(run_dir.glob("checkpoints/*.orbax-checkpoint-tmp*"))
 
 

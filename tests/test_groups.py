@@ -16,7 +16,7 @@ import pytest
 
 from ensemble_core import runs
 from ensemble_core.config import load_config
-from ensemble_core.errors import ConfigError
+from ensemble_core.errors import ConfigError, IncompatibleRunError
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.evaluation import restore
 from ensemble_core.runs.training import group_keys
@@ -145,7 +145,7 @@ def test_a_changed_group_count_is_refused_on_resume(one_program, tmp_path, tfds_
     cfg = tiny_config(tfds_dir, *COMMON, "distributed.member_groups=2")
     runs.run(cfg, tmp_path, "r")
     again = tiny_config(tfds_dir, *COMMON, "distributed.member_groups=4")
-    with pytest.raises(Exception, match=r"distributed.member_groups: 2 -> 4"):
+    with pytest.raises(IncompatibleRunError, match=r"distributed.member_groups: 2 -> 4"):
         runs.preflight(again, tmp_path, "r")
 
 
@@ -186,6 +186,11 @@ def test_groups_on_a_local_dask_cluster_equal_one_program(tfds_dir, tmp_path):
     assert [t["members"] for t in topology] == [[0, 1], [2, 3]]
     assert len({t["pid"] for t in topology}) == 2 and all(t["worker"].startswith("tls://127.0.0.1") for t in topology)
     assert os.getpid() not in {t["pid"] for t in topology}
+    for t in topology:  # each group's own task run logged from its worker process
+        first, last = t["members"]
+        assert f"Task run 'train_member_group-{t['group']}' - trained members {first}..{last}" in err
+        assert f"in process {t['pid']}" in err
+    assert "Task run 'gather_members" in err
 
 
 @pytest.mark.slow

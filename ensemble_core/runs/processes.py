@@ -51,7 +51,7 @@ from ensemble_core.runs.layout import RunDir
 from ensemble_core.runs.results import TrainingSummary
 
 HOST_DEVICES = 8  # simulated CPU devices of the whole program on one machine
-HEARTBEAT_TIMEOUT_S = 15  # a process that misses heartbeats this long is declared dead
+HEARTBEAT_TIMEOUT_S = 10  # a process that misses heartbeats this long is declared dead
 EXIT_GRACE_S = 30  # then the launcher waits this long for the others before killing them
 INIT_TIMEOUT_S = 120  # every process must have joined within this
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"

@@ -31,6 +31,7 @@ RESUMABLE_KEYS = (
     "distributed.address",
     "distributed.workers",
     "distributed.pin_cores",
+    "distributed.num_processes",
     "distributed.tls_ca_file",
     "distributed.tls_cert",
     "distributed.tls_key",
