@@ -127,6 +127,9 @@ def test_two_groups_in_one_process_equal_one_program_bitwise(one_program, tfds_d
     assert meta["members_trained"] == 4 and len(meta["gathered_from"]) == 2
     report = json.loads((result.run_dir.path / "report.json").read_text())
     assert [t["members"] for t in report["topology"]] == [[0, 1], [2, 3]]
+    markdown = (result.run_dir.path / "report.md").read_text()
+    assert "**Topology**: 2 member groups" in markdown
+    assert f"| 1 | 2..3 | {report['topology'][1]['host']} | {os.getpid()} | - | 1 | 8 | 2 x 1 |" in markdown
 
 
 def test_groups_with_another_per_device_layout_agree_within_1e5(tfds_dir, tmp_path):

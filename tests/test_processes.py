@@ -47,6 +47,7 @@ def test_two_processes_train_the_members_of_one(tfds_dir, tmp_path, mesh, where)
     assert two.training.mesh == one.training.mesh
     topology = two.training.topology[0]
     assert topology["processes"] == 2 and topology["devices"] == 8 and topology["pid"] != os.getpid()
+    assert "one program across 2 JAX processes" in (two.run_dir.path / "report.md").read_text()
     assert two.training.history[-1]["train_loss"] == pytest.approx(one.training.history[-1]["train_loss"], abs=1e-5)
 
 

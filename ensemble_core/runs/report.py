@@ -168,22 +168,28 @@ def _selection_lines(report: dict) -> list[str]:
 
 
 def _topology_lines(report: dict) -> list[str]:
-    """Which process trained which members (one row per member group; nothing for one group)."""
+    """Which process trained which members: one row per member group (nothing for one
+    group in one process)."""
     rows = report.get("topology") or []
-    if len(rows) < 2:
+    if len(rows) < 2 and not any(t.get("processes", 1) > 1 for t in rows):
         return []
+    head = (
+        f"**Topology**: {len(rows)} member groups, each trained by its own task run."
+        if len(rows) > 1
+        else f"**Topology**: one program across {rows[0]['processes']} JAX processes (process 0 listed)."
+    )
     lines = [
-        f"**Topology**: {len(rows)} member groups, each trained by its own task run.",
+        head,
         "",
-        "| group | members | host | process | Dask worker | devices | mesh | train s | member-images/s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| group | members | host | process | Dask worker | JAX processes | devices | mesh | train s | member-img/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for t in rows:
         mesh = f"{t['mesh']['ensemble']} x {t['mesh']['data']}"
         speed = t["train_member_images_per_s"]
         lines.append(
             f"| {t['group']} | {t['members'][0]}..{t['members'][1]} | {t['host']} | {t['pid']} | "
-            f"{t['worker'] or '-'} | {t['devices']} | {mesh} | {t['train_seconds']:.1f} | "
+            f"{t['worker'] or '-'} | {t.get('processes', 1)} | {t['devices']} | {mesh} | {t['train_seconds']:.1f} | "
             f"{'-' if speed is None else f'{speed:.0f}'} |"
         )
     return [*lines, ""]
