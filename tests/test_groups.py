@@ -134,8 +134,8 @@ def test_two_groups_in_one_process_equal_one_program_bitwise(one_program, tfds_d
 
 def test_groups_with_another_per_device_layout_agree_within_1e5(tfds_dir, tmp_path):
     """All members vmapped on one device: 4 members in one batched kernel vs 2 + 2. XLA
-    may tile a batched matmul differently for another batch of members, so the sums round
-    differently: equal within 1e-5, not bitwise."""
+    does not promise the same summation order for another batch of members, so equality
+    is asserted within 1e-5 (on the CPU measured here it was bitwise as well)."""
     common = (*COMMON, "mesh.ensemble=1", "mesh.member_strategy=vmap")
     one = runs.run(tiny_config(tfds_dir, *common), tmp_path, "one")
     two = runs.run(tiny_config(tfds_dir, *common, "distributed.member_groups=2"), tmp_path, "two")
