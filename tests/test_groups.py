@@ -189,6 +189,9 @@ def test_groups_on_a_local_dask_cluster_equal_one_program(tfds_dir, tmp_path):
     assert [t["members"] for t in topology] == [[0, 1], [2, 3]]
     assert len({t["pid"] for t in topology}) == 2 and all(t["worker"].startswith("tls://127.0.0.1") for t in topology)
     assert os.getpid() not in {t["pid"] for t in topology}
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= 2:  # distributed.pin_cores: worker k on core k, one core each
+        assert [t["cpu_cores"] for t in topology] in ([[cores[0]], [cores[1]]], [[cores[1]], [cores[0]]])
     for t in topology:  # each group's own task run logged from its worker process
         first, last = t["members"]
         assert f"Task run 'train_member_group-{t['group']}' - trained members {first}..{last}" in err

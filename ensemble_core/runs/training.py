@@ -287,8 +287,9 @@ def where_trained(group: int | None, members: range, mesh: dict, strategy: str, 
 
     Returns:
       ``{"group", "members": [first, last], "host", "pid", "worker", "backend",
-      "devices", "processes", "mesh", "strategy", "train_seconds", "train_member_images_per_s"}``;
-      ``worker`` is the Dask worker's address, or None outside a Dask worker.
+      "devices", "processes", "cpu_cores", "mesh", "strategy", "train_seconds",
+      "train_member_images_per_s"}``; ``worker`` is the Dask worker's address, or None
+      outside a Dask worker; ``cpu_cores`` the CPU cores the process may run on.
     """
     worker = None
     try:  # only inside a Dask worker
@@ -306,6 +307,7 @@ def where_trained(group: int | None, members: range, mesh: dict, strategy: str, 
         "backend": jax.default_backend(),
         "devices": jax.device_count(),
         "processes": jax.process_count(),
+        "cpu_cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "mesh": mesh,
         "strategy": strategy,
         "train_seconds": timing["train_seconds"],
