@@ -8,7 +8,7 @@ with ``--members`` HOWTO CNNs, the test evaluator only, in two layouts, alternat
 
 * **G = 1**: one process trains every member on all the machine's cores (``task_runner=local``);
 * **G = 2**: ``distributed.member_groups=2`` on a local Dask cluster of two worker
-  processes, each pinned to one core (``distributed.pin_cores``).
+  processes, each pinned to one core (``distributed.pin_cores``), and the same unpinned.
 
 Per run: the command's wall time, the training stage's steady-state seconds (for G = 2
 the slower group's), the member-images/s (all groups together) and the test figures, which
@@ -36,6 +36,12 @@ LAYOUTS = {
         "distributed.member_groups=2",
         "distributed.task_runner=dask",
         "distributed.workers=2",
+    ],
+    "G=2 Dask, 2 workers unpinned": [
+        "distributed.member_groups=2",
+        "distributed.task_runner=dask",
+        "distributed.workers=2",
+        "distributed.pin_cores=false",
     ],
 }
 
@@ -84,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
             "train_seconds_median": statistics.median(x["train_seconds"] for x in rows),
             "train_member_images_per_s_median": statistics.median(x["train_member_images_per_s"] for x in rows),
         }
-    one, two = (summary[n] for n in LAYOUTS)
+    one, two, _ = (summary[n] for n in LAYOUTS)
     speedup = two["train_member_images_per_s_median"] / one["train_member_images_per_s_median"]
     per_worker = two["train_member_images_per_s_median"] / 2
     result = {

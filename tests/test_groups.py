@@ -173,13 +173,52 @@ def _reference(tfds_dir, tmp_path, *overrides):
     return runs.run(cfg, tmp_path / "ref", "ref")
 
 
+def _args(tfds_dir, out: Path, name: str, *overrides: str) -> list[str]:
+    args = ["--set", f"data.data_dir={tfds_dir}"]
+    base = ("data.max_test_examples=100", "model.name=mlp", "model.hidden_sizes=[16]", "train.batch_size=32")
+    for o in (*base, "eval.evaluators=[test]", *COMMON, "distributed.member_groups=2", "distributed.task_runner=dask"):
+        args += ["--set", o]
+    for o in overrides:
+        args += ["--set", o]
+    return [*args, "--output-dir", str(out), "--run-name", name]
+
+
 @pytest.mark.slow
 def test_groups_on_a_local_dask_cluster_equal_one_program(tfds_dir, tmp_path):
-    """The ordinary command with task_runner=dask: two worker processes train a group each
-    (distinct processes in the report's topology) and the members equal one program's."""
-    proc = _cli(tfds_dir, tmp_path / "runs", "dask")
-    out, err = proc.communicate(timeout=420)
-    assert proc.returncode == 0, err[-3000:]
+    """The command with task_runner=dask against a Prefect server: two worker processes
+    train a group each (distinct processes, pinned to distinct cores), the members equal
+    one program's, and the server holds a task run per group with its own logs and
+    progress artifact, under the train-member-groups subflow of the run."""
+    import asyncio
+    import contextlib
+    import io
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, LogFilter, LogFilterTaskRunId
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.train_ensemble import main
+
+    async def records():
+        async with get_client() as client:
+            task_runs = await client.read_task_runs()
+            flow_runs = await client.read_flow_runs()
+            keys = ["training-progress-group-0", "training-progress-group-1"]
+            artifacts = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)))
+            logs = {}
+            for tr in task_runs:
+                if tr.name.startswith("train_member_group-"):
+                    found = await client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[tr.id])))
+                    logs[tr.name] = [entry.message for entry in found]
+            return task_runs, flow_runs, artifacts, logs
+
+    with prefect_test_harness(server_startup_timeout=120):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = main(_args(tfds_dir, tmp_path / "runs", "dask"))
+        assert rc == 0, buf.getvalue()[-2000:]
+        task_runs, flow_runs, artifacts, logs = asyncio.run(records())
+
     run = tmp_path / "runs" / "dask"
     ref = _reference(tfds_dir, tmp_path)
     for k, v in _predictions(ref.run_dir.path).items():
@@ -192,11 +231,18 @@ def test_groups_on_a_local_dask_cluster_equal_one_program(tfds_dir, tmp_path):
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) >= 2:  # distributed.pin_cores: worker k on core k, one core each
         assert [t["cpu_cores"] for t in topology] in ([[cores[0]], [cores[1]]], [[cores[1]], [cores[0]]])
-    for t in topology:  # each group's own task run logged from its worker process
+
+    by_name = {tr.name: tr for tr in task_runs}
+    (groups_flow,) = [fr for fr in flow_runs if fr.parent_task_run_id is not None]  # the subflow
+    assert groups_flow.state.is_completed()
+    for t in topology:  # each group: its own completed task run, its own log lines, from its worker
+        tr = by_name[f"train_member_group-{t['group']}"]
+        assert tr.state.is_completed() and tr.flow_run_id == groups_flow.id
         first, last = t["members"]
-        assert f"Task run 'train_member_group-{t['group']}' - trained members {first}..{last}" in err
-        assert f"in process {t['pid']}" in err
-    assert "Task run 'gather_members" in err
+        assert any(f"trained members {first}..{last}" in m and f"in process {t['pid']}" in m for m in logs[tr.name])
+    assert any(name.startswith("gather_members") and tr.state.is_completed() for name, tr in by_name.items())
+    assert sorted(a.key for a in artifacts) == ["training-progress-group-0", "training-progress-group-1"]
+    assert all(a.data == 100.0 for a in artifacts)
 
 
 @pytest.mark.slow
