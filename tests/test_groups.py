@@ -155,8 +155,8 @@ def test_a_changed_group_count_is_refused_on_resume(one_program, tmp_path, tfds_
 # MARK: on a Dask cluster, through the Prefect flow
 
 
-def _cli(tfds_dir, out: Path, name: str, *overrides: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+def _cli(tfds_dir, out: Path, name: str, *overrides: str, env: dict | None = None) -> subprocess.Popen:
+    env = env or {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     cmd = [sys.executable, "-m", "flows.train_ensemble", "--set", f"data.data_dir={tfds_dir}"]
     for o in ("data.max_test_examples=100", "model.name=mlp", "model.hidden_sizes=[16]", "train.batch_size=32"):
         cmd += ["--set", o]
@@ -248,27 +248,49 @@ def test_groups_on_a_local_dask_cluster_equal_one_program(tfds_dir, tmp_path):
 @pytest.mark.slow
 def test_a_killed_dask_worker_is_replaced_and_its_group_resumes(tfds_dir, tmp_path):
     """SIGKILL the worker process training group 0 once it has saved a checkpoint: the
-    nanny starts a new worker, the scheduler runs the group's task again, the group resumes
-    from its own checkpoint (group 1's work is kept) and the members equal an
-    uninterrupted run's."""
+    nanny starts a new worker, the scheduler runs the group's task again (its task run
+    goes Running -> Pending -> Running on the server), the group resumes from its own
+    checkpoint, group 1's work is kept (one Running, one stretch of training) and the
+    members equal an uninterrupted run's."""
+    import asyncio
+
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    async def state_histories() -> dict[str, list[str]]:
+        async with get_client() as client:
+            out = {}
+            for tr in await client.read_task_runs():
+                if tr.name.startswith("train_member_group-"):
+                    out[tr.name] = [st.type.value for st in await client.read_task_run_states(tr.id)]
+            return out
+
     slow = ("train.epochs=6", "data.max_train_examples=1280")
-    proc = _cli(tfds_dir, tmp_path / "runs", "kill", *slow)
-    group0 = tmp_path / "runs" / "kill" / "groups" / "0"
-    deadline = time.monotonic() + 300
-    while not any(p.name.isdigit() for p in (group0 / "checkpoints").glob("*")):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-        time.sleep(0.1)
-    pid = int((group0 / ".lock").read_text())
-    assert pid != proc.pid
-    os.kill(pid, signal.SIGKILL)
-    out, err = proc.communicate(timeout=420)
-    assert proc.returncode == 0, err[-3000:]
+    with prefect_test_harness(server_startup_timeout=120):
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}}
+        env["PREFECT_API_URL"] = PREFECT_API_URL.value()  # the ordinary command, on the test's server
+        proc = _cli(tfds_dir, tmp_path / "runs", "kill", *slow, env=env)
+        group0 = tmp_path / "runs" / "kill" / "groups" / "0"
+        deadline = time.monotonic() + 300
+        while not any(p.name.isdigit() for p in (group0 / "checkpoints").glob("*")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.1)
+        pid = int((group0 / ".lock").read_text())
+        assert pid != proc.pid
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=420)
+        assert proc.returncode == 0, err[-3000:]
+        histories = asyncio.run(state_histories())
+    assert histories["train_member_group-0"] == ["PENDING", "RUNNING", "PENDING", "RUNNING", "COMPLETED"]
+    assert histories["train_member_group-1"] == ["PENDING", "RUNNING", "COMPLETED"]
     run = tmp_path / "runs" / "kill"
     report = json.loads((run / "report.json").read_text())
     restarted = [t for t in report["topology"] if t["group"] == 0][0]
     assert restarted["pid"] != pid
     stretches = [s for s in report["training_stretches"] if s.get("group") == 0]
     assert len(stretches) == 2 and stretches[1]["start_epoch"] >= 1  # resumed, not restarted
+    assert len([s for s in report["training_stretches"] if s.get("group") == 1]) == 1
     ref = _reference(tfds_dir, tmp_path, *slow)
     for k, v in _predictions(ref.run_dir.path).items():
         np.testing.assert_array_equal(_predictions(run)[k], v)
