@@ -304,6 +304,9 @@ class MeshConfig(_Section):
     )
 
 
+HOST_DEVICES = 8  # simulated CPU devices of one program on one machine (flows/_env.py sets as many)
+
+
 class DistributedConfig(_Section):
     """Training beyond one process: the ensemble split into member groups, each trained by
     its own Prefect task run, locally or on a Dask cluster (prefect-dask's ``DaskTaskRunner``)."""
@@ -340,9 +343,10 @@ class DistributedConfig(_Section):
     num_processes: int = Field(
         1,
         ge=1,
-        le=8,
-        description="N > 1: training is one program across N JAX processes on this machine (loopback, gloo "
-        "collectives), each with 8/N of the 8 simulated CPU devices, the mesh spanning all of them; the "
+        le=HOST_DEVICES,
+        description=f"N > 1: training is one program across N JAX processes on this machine (loopback, gloo "
+        f"collectives), each with {HOST_DEVICES}/N of the {HOST_DEVICES} simulated CPU devices, the mesh spanning "
+        "all of them; the "
         "command starts and coordinates them itself. 1: one process.",
     )
     tls_ca_file: str | None = Field(None, description="CA certificate of a TLS Dask cluster (tls:// address).")
@@ -526,10 +530,11 @@ class PipelineConfig(_Section):
     @model_validator(mode="after")
     def _groups_valid(self) -> PipelineConfig:
         dist, size = self.distributed, self.ensemble.size
-        if 8 % dist.num_processes:
+        if HOST_DEVICES % dist.num_processes:
+            divisors = [d for d in range(1, HOST_DEVICES + 1) if HOST_DEVICES % d == 0]
             raise ValueError(
-                f"distributed.num_processes={dist.num_processes} does not divide the 8 simulated CPU devices of "
-                f"the program; fix: use 1, 2, 4 or 8"
+                f"distributed.num_processes={dist.num_processes} does not divide the {HOST_DEVICES} simulated CPU "
+                f"devices of the program; fix: use {', '.join(map(str, divisors[:-1]))} or {divisors[-1]}"
             )
         if dist.num_processes > 1 and (dist.member_groups > 1 or dist.task_runner != "local"):
             raise ValueError(

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from ensemble_core import runs
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
-from ensemble_core.runs.training import group_keys
+from ensemble_core.runs.training import dask_worker, group_keys
 from ensemble_core.setup import group_size
 from tasks import TRANSIENT_RETRIES
 
@@ -62,10 +62,8 @@ def _train_with_progress(
         )
 
     try:
-        if config.distributed.num_processes > 1:  # one program across JAX processes it starts itself
-            from ensemble_core.runs.processes import train_processes
-
-            summary = train_processes(config, dataset, keys, Path(run_dir), on_epoch=on_epoch)
+        if group is None:  # the whole ensemble: one process, or one program across JAX processes
+            summary = runs.train_groups(config, dataset, keys, Path(run_dir), on_step=on_step, on_epoch=on_epoch)
         else:
             summary = runs.train(config, dataset, keys, Path(run_dir), group=group, on_step=on_step, on_epoch=on_epoch)
     finally:
@@ -115,13 +113,10 @@ def train_member_group(
 ) -> runs.TrainingSummary:
     """Train (or resume) member group ``group`` under ``run_dir/groups/<group>/``, in
     whichever process the task runner gives it; returns the group's training summary."""
-    try:
-        from distributed import get_worker
-
-        worker = get_worker()
-    except (ImportError, ValueError):  # not in a Dask worker
-        worker = None
-    if worker is not None and os.environ.get("ENSEMBLE_PIN_CORES") == "1" and str(worker.name).isdigit():
+    dist = config.distributed
+    worker = dask_worker()
+    local_cluster = dist.task_runner == "dask" and dist.address is None  # its workers are named 0..n-1
+    if worker is not None and local_cluster and dist.pin_cores and str(worker.name).isdigit():
         core = pin_to_core(int(worker.name))
         get_run_logger().info("Dask worker %s pinned to CPU core %d", worker.name, core)
     return _train_with_progress(config, dataset, keys, run_dir, group)
@@ -170,8 +165,6 @@ def task_runner(config: PipelineConfig):
             )
         return DaskTaskRunner(address=dist.address, client_kwargs=client_kwargs)
     workers = dist.workers or min(dist.member_groups, os.cpu_count() or 1)
-    # Worker processes inherit this environment when the cluster starts them.
-    os.environ["ENSEMBLE_PIN_CORES"] = "1" if dist.pin_cores else "0"
     return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=local_cluster_kwargs(workers))
 
 

@@ -63,6 +63,14 @@ def train_small(built: setup.EnsembleSetup, images, labels, epochs: int = 1, sta
     )
 
 
+def predictions(run_dir) -> dict:
+    """The arrays of a run's ``predictions.npz`` (``member_probs``, ``labels``, ``healthy``)."""
+    import numpy as np
+
+    with np.load(f"{run_dir}/predictions.npz") as f:
+        return {k: f[k] for k in f.files}
+
+
 def tiny_config(tfds_dir: str, *overrides: str):
     """A run config that trains in seconds: 2 MLP members (16 hidden units), 1 epoch on
     256 training and 100 test digits of the session's mnist5k (no validation split held

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from ensemble_core.runs.processes import free_port
 
 pytestmark = pytest.mark.slow  # a real Prefect stack: server, worker, scheduler
 
@@ -30,12 +31,6 @@ TASKS = {"prepare_dataset", "split_rngs", "train_ensemble", "evaluate", "compare
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(env):
     subprocess.run(["scripts/serve.sh"], cwd=ROOT, env=env, check=True, timeout=300, capture_output=True)
 
@@ -43,7 +38,7 @@ def _serve(env):
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stack")
-    port = _free_port()
+    port = free_port()
     # The server's PostgreSQL cluster (scripts/postgres.sh), in a short path that the
     # "postgres" user can reach when the tests run as root.
     pgdata = Path(tempfile.mkdtemp(prefix="ensemble-pg-")) / "data"
@@ -383,7 +378,7 @@ def test_bad_parameters_fail_at_once_with_one_line(bad_runs, case):
 
 def test_server_unreachable_is_one_line(tmp_path):
     """The deployment-run wrapper and the CLI refuse at once when the server is down."""
-    env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{_free_port()}/api", "PREFECT_HOME": str(tmp_path)}
+    env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api", "PREFECT_HOME": str(tmp_path)}
     for cmd in (
         ["scripts/deployment-run.sh", "train-ensemble/adhoc"],
         [sys.executable, "-m", "flows.train_ensemble", "--output-dir", str(tmp_path / "runs")],

@@ -4,7 +4,6 @@ on a Dask cluster, gives the members of one program training them all."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,9 +18,10 @@ from ensemble_core.config import load_config
 from ensemble_core.errors import ConfigError, IncompatibleRunError
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.evaluation import restore
+from ensemble_core.runs.processes import free_port
 from ensemble_core.runs.training import group_keys
 from ensemble_core.setup import build
-from tests.ensembles import tiny_config
+from tests.ensembles import predictions, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # 4 members, 2 epochs with a validation split (best-epoch tracking gathered too).
@@ -55,9 +55,7 @@ def test_bad_group_settings_are_one_line_errors(overrides, fragment):
 
 
 def test_a_scheduler_that_does_not_answer_is_refused_before_any_compute(tmp_path, tfds_dir):
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens on it
     cfg = tiny_config(tfds_dir, "distributed.task_runner=dask", f"distributed.address=tcp://127.0.0.1:{port}")
     t0 = time.monotonic()
     with pytest.raises(ConfigError, match=f"scheduler at distributed.address=tcp://127.0.0.1:{port} does not answer"):
@@ -89,11 +87,6 @@ def _members(run_dir: Path, cfg) -> dict:
     }
 
 
-def _predictions(run_dir: Path) -> dict:
-    with np.load(run_dir / "predictions.npz") as f:
-        return {k: f[k] for k in f.files}
-
-
 @pytest.fixture(scope="module")
 def one_program(tmp_path_factory, tfds_dir):
     """The reference: every member trained by one program (G = 1)."""
@@ -112,8 +105,8 @@ def test_two_groups_in_one_process_equal_one_program_bitwise(one_program, tfds_d
     got, want = _members(result.run_dir.path, cfg), _members(ref.run_dir.path, cfg1)
     for a, b in zip(got["params"] + got["best"], want["params"] + want["best"], strict=True):
         np.testing.assert_array_equal(a, b)
-    for k, v in _predictions(ref.run_dir.path).items():
-        np.testing.assert_array_equal(_predictions(result.run_dir.path)[k], v)
+    for k, v in predictions(ref.run_dir.path).items():
+        np.testing.assert_array_equal(predictions(result.run_dir.path)[k], v)
     assert result.evaluation.ensemble == ref.evaluation.ensemble
     assert result.training.history == [
         {**rec, "train_loss": rec["train_loss"], "train_accuracy": rec["train_accuracy"]}
@@ -139,7 +132,7 @@ def test_groups_with_another_per_device_layout_agree_within_1e5(tfds_dir, tmp_pa
     common = (*COMMON, "mesh.ensemble=1", "mesh.member_strategy=vmap")
     one = runs.run(tiny_config(tfds_dir, *common), tmp_path, "one")
     two = runs.run(tiny_config(tfds_dir, *common, "distributed.member_groups=2"), tmp_path, "two")
-    a, b = _predictions(one.run_dir.path), _predictions(two.run_dir.path)
+    a, b = predictions(one.run_dir.path), predictions(two.run_dir.path)
     np.testing.assert_allclose(b["member_probs"], a["member_probs"], atol=1e-5)
     np.testing.assert_array_equal(b["labels"], a["labels"])
 
@@ -221,8 +214,8 @@ def test_groups_on_a_local_dask_cluster_equal_one_program(tfds_dir, tmp_path):
 
     run = tmp_path / "runs" / "dask"
     ref = _reference(tfds_dir, tmp_path)
-    for k, v in _predictions(ref.run_dir.path).items():
-        np.testing.assert_array_equal(_predictions(run)[k], v)
+    for k, v in predictions(ref.run_dir.path).items():
+        np.testing.assert_array_equal(predictions(run)[k], v)
     report = json.loads((run / "report.json").read_text())
     topology = report["topology"]
     assert [t["members"] for t in topology] == [[0, 1], [2, 3]]
@@ -292,5 +285,5 @@ def test_a_killed_dask_worker_is_replaced_and_its_group_resumes(tfds_dir, tmp_pa
     assert len(stretches) == 2 and stretches[1]["start_epoch"] >= 1  # resumed, not restarted
     assert len([s for s in report["training_stretches"] if s.get("group") == 1]) == 1
     ref = _reference(tfds_dir, tmp_path, *slow)
-    for k, v in _predictions(ref.run_dir.path).items():
-        np.testing.assert_array_equal(_predictions(run)[k], v)
+    for k, v in predictions(ref.run_dir.path).items():
+        np.testing.assert_array_equal(predictions(run)[k], v)

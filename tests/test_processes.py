@@ -18,15 +18,10 @@ from ensemble_core import runs
 from ensemble_core.config import load_config
 from ensemble_core.errors import ConfigError
 from ensemble_core.runs.processes import EXIT_GRACE_S, HEARTBEAT_TIMEOUT_S
-from tests.ensembles import tiny_config
+from tests.ensembles import predictions, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ("ensemble.size=4", "data.validation_fraction=0.2", "data.max_train_examples=320", "train.epochs=2")
-
-
-def _predictions(run_dir: Path) -> dict:
-    with np.load(run_dir / "predictions.npz") as f:
-        return {k: f[k] for k in f.files}
 
 
 @pytest.mark.slow  # real JAX processes joined over loopback
@@ -40,7 +35,7 @@ def _predictions(run_dir: Path) -> dict:
 def test_two_processes_train_the_members_of_one(tfds_dir, tmp_path, mesh, where):
     one = runs.run(tiny_config(tfds_dir, *COMMON, mesh), tmp_path, "one")
     two = runs.run(tiny_config(tfds_dir, *COMMON, mesh, "distributed.num_processes=2"), tmp_path, "two")
-    a, b = _predictions(one.run_dir.path), _predictions(two.run_dir.path)
+    a, b = predictions(one.run_dir.path), predictions(two.run_dir.path)
     # Across processes the gradient all-reduce is gloo's, whose summation order differs
     # from XLA's in-process reduction: equal to float32 rounding, not bitwise.
     np.testing.assert_allclose(b["member_probs"], a["member_probs"], atol=1e-5)
@@ -64,7 +59,7 @@ _RUN = """
 import sys
 from ensemble_core import runs
 from ensemble_core.errors import PreemptedError
-from tests.ensembles import tiny_config
+from tests.ensembles import predictions, tiny_config
 try:
     result = runs.run(tiny_config(sys.argv[1], *sys.argv[4:]), sys.argv[2], sys.argv[3])
 except PreemptedError as err:

@@ -19,7 +19,7 @@ from ensemble_core.config import load_config
 from ensemble_core.errors import DivergenceError, RunLockedError
 from ensemble_core.runs.lock import run_lock
 from ensemble_core.train import unstacked
-from tests.ensembles import small_setup, tiny_config, train_small
+from tests.ensembles import predictions, small_setup, tiny_config, train_small
 
 pytestmark = pytest.mark.slow  # training processes killed and resumed
 
@@ -60,11 +60,6 @@ def reference(tmp_path_factory, tfds_dir):
     return run
 
 
-def _final_arrays(run: Path) -> dict:
-    with np.load(run / "predictions.npz") as f:
-        return {k: f[k] for k in f.files}
-
-
 def _wait_for_committed_checkpoint(run: Path, p, timeout: float = 120.0) -> None:
     """Until a checkpoint directory named by its step (orbax's committed name) exists."""
     deadline = time.monotonic() + timeout
@@ -94,7 +89,7 @@ def test_sigkill_mid_training_then_resume_is_bitwise_identical(tmp_path, tfds_di
     assert summary["resumed_from"] is not None and summary["resumed_from"] >= 1
     # At most one checkpoint interval (one epoch, 16 steps) of work was lost.
     assert saved and summary["resumed_from"] * 16 >= saved[-1] - 16
-    got, want = _final_arrays(run), _final_arrays(reference)
+    got, want = predictions(run), predictions(reference)
     np.testing.assert_array_equal(got["member_probs"], want["member_probs"])
 
 
@@ -113,7 +108,7 @@ def test_sigterm_saves_at_the_step_boundary_and_resumes(tmp_path, tfds_dir, refe
     assert latest == pos["epoch"] * 16 + pos["step_in_epoch"]  # the exact step boundary
     rc, out, err = _finish(_proc(run, tfds_dir))
     assert rc == 0, err[-2000:]
-    np.testing.assert_array_equal(_final_arrays(run)["member_probs"], _final_arrays(reference)["member_probs"])
+    np.testing.assert_array_equal(predictions(run)["member_probs"], predictions(reference)["member_probs"])
 
 
 def _largest_file(d: Path) -> Path:
@@ -140,7 +135,7 @@ def test_damaged_latest_checkpoint_falls_back(tmp_path, tfds_dir, reference, dam
     assert json.loads(out.strip().splitlines()[-1])["resumed_from"] == 2
     assert any(p.name.startswith("48-") for p in (run / "corrupt-checkpoints").iterdir())
     assert not leftover.exists()
-    np.testing.assert_array_equal(_final_arrays(run)["member_probs"], _final_arrays(reference)["member_probs"])
+    np.testing.assert_array_equal(predictions(run)["member_probs"], predictions(reference)["member_probs"])
 
 
 def test_write_error_during_save_is_clear_and_keeps_earlier_checkpoints(tmp_path, tfds_dir):
@@ -320,6 +315,6 @@ def test_concurrent_runs_in_different_directories_share_caches(tmp_path, tfds_di
     for p in procs:
         rc, _, err = _finish(p)
         assert rc == 0, err[-2000:]
-    want = _final_arrays(reference)["member_probs"]
+    want = predictions(reference)["member_probs"]
     for name in ("a", "b"):
-        np.testing.assert_array_equal(_final_arrays(tmp_path / name)["member_probs"], want)
+        np.testing.assert_array_equal(predictions(tmp_path / name)["member_probs"], want)

@@ -2,7 +2,6 @@
 run's Dask cluster behind TLS with mutual authentication."""
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -11,13 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ensemble_core.runs.processes import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -25,7 +20,7 @@ def test_prefect_server_with_an_auth_string_refuses_requests_without_credentials
     """Prefect 3's ``PREFECT_SERVER_API_AUTH_STRING`` (HTTP basic auth), as the README's
     "Beyond one machine" section sets it: no or wrong credentials get 401, the client
     setting ``PREFECT_API_AUTH_STRING`` gets through; the health probe stays open."""
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(
         PREFECT_HOME=str(tmp_path / "home"),

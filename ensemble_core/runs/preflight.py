@@ -73,15 +73,14 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
     groups = cfg.distributed.member_groups
     group_plan = plan(cfg, group=True) if groups > 1 else mesh_plan
     run = run_dir_for(output_dir, run_name)
-    ensure_unlocked(run.path)
-    for g in range(groups if groups > 1 else 0):
-        ensure_unlocked(run.group(g).path)
+    group_dirs = [run.group(g) for g in range(groups)] if groups > 1 else []
+    for where in [run, *group_dirs]:
+        ensure_unlocked(where.path)
     check_scheduler(cfg)
     dataset = prepare(cfg.data)
     check_against_dataset(cfg, dataset)
     check_memory(cfg, dataset)
-    checked = [(run, mesh_plan.padded_members)]
-    checked += [(run.group(g), group_plan.padded_members) for g in range(groups if groups > 1 else 0)]
+    checked = [(run, mesh_plan.padded_members)] + [(d, group_plan.padded_members) for d in group_dirs]
     for where, members in checked:
         if not where.has_checkpoint():
             continue

@@ -44,13 +44,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ensemble_core.config import PipelineConfig
+from ensemble_core.config import HOST_DEVICES, PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import EnsembleError, PreemptedError
 from ensemble_core.runs.layout import RunDir
 from ensemble_core.runs.results import TrainingSummary
 
-HOST_DEVICES = 8  # simulated CPU devices of the whole program on one machine
 HEARTBEAT_TIMEOUT_S = 10  # a process that misses heartbeats this long is declared dead
 EXIT_GRACE_S = 30  # then the launcher waits this long for the others before killing them
 INIT_TIMEOUT_S = 120  # every process must have joined within this
@@ -62,7 +61,8 @@ def local_devices(num_processes: int) -> int:
     return HOST_DEVICES // num_processes
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -117,7 +117,7 @@ def train_processes(
         spec = Path(tmp) / "spec.json"
         inputs = {"config": cfg.model_dump(mode="json"), "dataset": dataset.model_dump(mode="json"), "keys": keys}
         spec.write_text(json.dumps(inputs))
-        coordinator = f"127.0.0.1:{_free_port()}"
+        coordinator = f"127.0.0.1:{free_port()}"
         procs, logs = [], []
         for p in range(n):
             log = open(Path(tmp) / f"process-{p}.log", "w+")  # noqa: SIM115  (closed below)
@@ -258,6 +258,11 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S,
     )
     first = jax.process_index() == 0
+
+    def on_epoch(record: dict) -> None:
+        if first:
+            print(json.dumps({"epoch_record": record}), flush=True)
+
     try:
         if args.spec:
             spec = json.loads(Path(args.spec).read_text())
@@ -271,15 +276,6 @@ def main(argv: list[str] | None = None) -> int:
 
             cfg = load_config(args.config, args.overrides)
             dataset, keys = prepare(cfg.data), split_keys(cfg, plan(cfg).padded_members)
-    except EnsembleError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        return 2
-
-    def on_epoch(record: dict) -> None:
-        if first:
-            print(json.dumps({"epoch_record": record}), flush=True)
-
-    try:
         summary = train(cfg, dataset, keys, args.run_dir, on_epoch=on_epoch, lock=False, handle_signals=False)
     except EnsembleError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)

@@ -47,11 +47,11 @@ def split_keys(cfg: PipelineConfig, num_members: int, first: int = 0) -> MemberK
     return {purpose: rows[first:] for purpose, rows in layout.items()}
 
 
-def group_keys(cfg: PipelineConfig, keys: MemberKeyData, group: int, num_devices: int | None = None) -> MemberKeyData:
+def group_keys(cfg: PipelineConfig, keys: MemberKeyData, group: int) -> MemberKeyData:
     """Member group ``group``'s slice of the ensemble's ``keys`` (:func:`split_keys`),
     extended from the seed when the group's mesh trains padding members past them."""
     first = group * group_size(cfg)
-    padded = plan(cfg, num_devices, group=True).padded_members
+    padded = plan(cfg, group=True).padded_members
     if all(len(rows) >= first + padded for rows in keys.values()):
         return {purpose: rows[first : first + padded] for purpose, rows in keys.items()}
     return split_keys(cfg, padded, first)
@@ -282,6 +282,16 @@ def train(
     )
 
 
+def dask_worker():
+    """The ``distributed.Worker`` running the caller, or None outside a Dask worker."""
+    try:
+        from distributed import get_worker
+
+        return get_worker()
+    except (ImportError, ValueError):
+        return None
+
+
 def where_trained(group: int | None, members: range, mesh: dict, strategy: str, timing: dict) -> dict:
     """One row of a run's topology: which process on which host trained which members.
 
@@ -291,19 +301,13 @@ def where_trained(group: int | None, members: range, mesh: dict, strategy: str, 
       "train_member_images_per_s"}``; ``worker`` is the Dask worker's address, or None
       outside a Dask worker; ``cpu_cores`` the CPU cores the process may run on.
     """
-    worker = None
-    try:  # only inside a Dask worker
-        from distributed import get_worker
-
-        worker = get_worker().address
-    except (ImportError, ValueError):
-        pass
+    worker = dask_worker()
     return {
         "group": group or 0,
         "members": [members.start, members.stop - 1],
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "worker": worker,
+        "worker": None if worker is None else worker.address,
         "backend": jax.default_backend(),
         "devices": jax.device_count(),
         "processes": jax.process_count(),
@@ -409,6 +413,7 @@ def gather_groups(
     target = whole.abstract_state(shape)
     state = jax.tree.map(lambda t, *xs: jax.device_put(joined(*xs), t.sharding), target, *parts)
     history = _merge_history([list(m["history"]) for m in metas], size)
+    stretches = [dict(s, group=g) for g, m in enumerate(metas) for s in m.get("stretches") or []]
     healthy = np.asarray(state.healthy)
     with run_lock(run.path), EnsembleCheckpointer(run.checkpoints, keep=cfg.checkpoint.keep) as ckpt:
         if ckpt.latest_step() != step:
@@ -424,7 +429,7 @@ def gather_groups(
                     "healthy": healthy.tolist(),
                     "dataset": metas[0]["dataset"],
                     "history": history,
-                    "stretches": [dict(s, group=g) for g, m in enumerate(metas) for s in m.get("stretches") or []],
+                    "stretches": stretches,
                     "gathered_from": [str(run.group(g).checkpoints / str(step)) for g in range(groups)],
                 },
             )
@@ -448,7 +453,7 @@ def gather_groups(
         backend=first.backend,
         devices=first.devices,
         resumed_from=min((s.resumed_from for s in summaries if s.resumed_from is not None), default=None),
-        stretches=[dict(s, group=g) for g, m in enumerate(summaries) for s in m.stretches],
+        stretches=stretches,
         diverged_members=np.flatnonzero(~healthy[: cfg.ensemble.size]).tolist(),
         members=[row for s in summaries for row in s.members],
         topology=[row for s in summaries for row in s.topology],
