@@ -148,24 +148,6 @@ def test_a_changed_group_count_is_refused_on_resume(one_program, tmp_path, tfds_
 # MARK: on a Dask cluster, through the Prefect flow
 
 
-def _cli(tfds_dir, out: Path, name: str, *overrides: str, env: dict | None = None) -> subprocess.Popen:
-    env = env or {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
-    cmd = [sys.executable, "-m", "flows.train_ensemble", "--set", f"data.data_dir={tfds_dir}"]
-    for o in ("data.max_test_examples=100", "model.name=mlp", "model.hidden_sizes=[16]", "train.batch_size=32"):
-        cmd += ["--set", o]
-    for o in ("eval.evaluators=[test]", *COMMON, "distributed.member_groups=2", "distributed.task_runner=dask"):
-        cmd += ["--set", o]
-    for o in overrides:
-        cmd += ["--set", o]
-    cmd += ["--output-dir", str(out), "--run-name", name]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _reference(tfds_dir, tmp_path, *overrides):
-    cfg = tiny_config(tfds_dir, *COMMON, "data.max_test_examples=100", *overrides)
-    return runs.run(cfg, tmp_path / "ref", "ref")
-
-
 def _args(tfds_dir, out: Path, name: str, *overrides: str) -> list[str]:
     args = ["--set", f"data.data_dir={tfds_dir}"]
     base = ("data.max_test_examples=100", "model.name=mlp", "model.hidden_sizes=[16]", "train.batch_size=32")
@@ -174,6 +156,17 @@ def _args(tfds_dir, out: Path, name: str, *overrides: str) -> list[str]:
     for o in overrides:
         args += ["--set", o]
     return [*args, "--output-dir", str(out), "--run-name", name]
+
+
+def _cli(tfds_dir, out: Path, name: str, *overrides: str, env: dict | None = None) -> subprocess.Popen:
+    env = env or {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    cmd = [sys.executable, "-m", "flows.train_ensemble", *_args(tfds_dir, out, name, *overrides)]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _reference(tfds_dir, tmp_path, *overrides):
+    cfg = tiny_config(tfds_dir, *COMMON, "data.max_test_examples=100", *overrides)
+    return runs.run(cfg, tmp_path / "ref", "ref")
 
 
 @pytest.mark.slow
