@@ -1,24 +1,20 @@
-"""The Prefect automations that keep unattended runs going; ``make serve`` creates them.
+"""The Prefect automation that re-runs crashed runs; ``make serve`` creates it.
 
-    python -m flows.automations [--zombie-after SECONDS] [--max-attempts N]
+    python -m flows.automations [--max-attempts N]
 
-- ``mark-zombie-runs-crashed``: a flow run of this project whose heartbeats stop (its
-  process was SIGKILLed, the machine was lost, the OOM killer struck) is marked
-  ``Crashed`` after ``--zombie-after`` seconds instead of showing RUNNING forever. The
-  flow-run process sends a ``prefect.flow-run.heartbeat`` event every
-  ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds (``make serve`` sets 30, Prefect's
-  minimum); this is the proactive trigger of Prefect's "detect zombie flows" guide.
 - ``retry-crashed-runs``: a ``Crashed`` flow run of this project (the worker or its
-  process died, a preemption, a zombie marked above, a Prefect service that died inside
-  the run) is set back to ``Scheduled``, at most ``--max-attempts`` executions in all
-  (Prefect's ``prefect.run-count`` label). The worker runs the *same* flow run again:
-  same name, parameters and scheduled start, hence the same run directory, and training
-  resumes from the latest checkpoint. Flow ``retries`` cannot do this: they cover
-  ``Failed``, not ``Crashed``.
+  process died, a preemption, a zombie marked by :mod:`flows.reconcile`, a Prefect service
+  that died inside the run) is set back to ``Scheduled``, at most ``--max-attempts``
+  executions in all (Prefect's ``prefect.run-count`` label). The worker runs the *same*
+  flow run again: same name, parameters and scheduled start, hence the same run
+  directory, and training resumes from the latest checkpoint. Flow ``retries`` cannot do
+  this: they cover ``Failed``, not ``Crashed``.
 
-Both match only runs tagged ``ensemble`` (every deployment in prefect.yaml). Running the
-module again keeps them as they are, or replaces one whose definition changed, so it is
-safe to call on every start.
+It matches only runs tagged ``ensemble`` (every deployment in prefect.yaml). Running the
+module again keeps it as it is, or replaces it when its definition changed (and deletes
+the ``mark-zombie-runs-crashed`` automation of earlier versions, whose proactive trigger
+did not fire under load: :mod:`flows.reconcile` does that job), so it is safe to call on
+every start.
 """
 
 from __future__ import annotations
@@ -35,53 +31,28 @@ from prefect.events.actions import ChangeFlowRunState
 from prefect.events.schemas.automations import EventTrigger, Posture
 from prefect.events.schemas.events import ResourceSpecification
 
-ZOMBIE = "mark-zombie-runs-crashed"
 RETRY_CRASHED = "retry-crashed-runs"
+RETIRED = ("mark-zombie-runs-crashed",)  # automations of earlier versions, deleted by ensure()
 TAG = "ensemble"
-DEFAULT_ZOMBIE_AFTER_S = 120  # 4 missed heartbeats at 30 s
 DEFAULT_MAX_ATTEMPTS = 3
-_TERMINAL = ("Completed", "Failed", "Cancelled", "Crashed")
+RETRY_MESSAGE = "re-run after a crash; resumes from the latest checkpoint"
 
 
 def _ours() -> ResourceSpecification:
     return ResourceSpecification({"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{TAG}"})
 
 
-def build(zombie_after_s: float = DEFAULT_ZOMBIE_AFTER_S, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> list[Automation]:
-    """The two automations (not yet created on the server).
+def build(max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> list[Automation]:
+    """The automations (not yet created on the server): ``retry-crashed-runs``.
 
     Args:
-      zombie_after_s: seconds without a heartbeat before a run is marked crashed; more
-        than the heartbeat interval (30 s), at least 10 (Prefect's minimum ``within``).
       max_attempts: executions of one flow run in all, the first included (>= 1).
 
     Raises:
-      ValueError: ``zombie_after_s`` < 10 or ``max_attempts`` < 1.
+      ValueError: ``max_attempts`` < 1.
     """
-    if zombie_after_s < 10:
-        raise ValueError(f"zombie_after_s={zombie_after_s} is below Prefect's minimum of 10 s; fix: pass >= 10")
     if max_attempts < 1:
         raise ValueError(f"max_attempts={max_attempts}; fix: pass 1 or more")
-    zombie = Automation(
-        name=ZOMBIE,
-        description=f"Mark a flow run tagged '{TAG}' Crashed when it sends no heartbeat for {zombie_after_s:g} s.",
-        trigger=EventTrigger(
-            after={"prefect.flow-run.heartbeat"},
-            expect={"prefect.flow-run.heartbeat", *(f"prefect.flow-run.{s}" for s in _TERMINAL)},
-            match=ResourceSpecification({"prefect.resource.id": "prefect.flow-run.*"}),
-            match_related=_ours(),
-            for_each={"prefect.resource.id"},
-            posture=Posture.Proactive,
-            threshold=1,
-            within=timedelta(seconds=zombie_after_s),
-        ),
-        actions=[
-            ChangeFlowRunState(
-                state=StateType.CRASHED,
-                message=f"no heartbeat for {zombie_after_s:g} s: the flow-run process is gone (marked by {ZOMBIE})",
-            )
-        ],
-    )
     retry = Automation(
         name=RETRY_CRASHED,
         description=f"Run a crashed flow run tagged '{TAG}' again (at most {max_attempts} executions in all).",
@@ -103,11 +74,11 @@ def build(zombie_after_s: float = DEFAULT_ZOMBIE_AFTER_S, max_attempts: int = DE
         actions=[
             ChangeFlowRunState(
                 state=StateType.SCHEDULED,
-                message=f"re-run after a crash; resumes from the latest checkpoint ({RETRY_CRASHED})",
+                message=f"{RETRY_MESSAGE} ({RETRY_CRASHED})",
             )
         ],
     )
-    return [zombie, retry]
+    return [retry]
 
 
 def _definition(automation) -> dict:
@@ -117,21 +88,19 @@ def _definition(automation) -> dict:
     return data
 
 
-def ensure(zombie_after_s: float = DEFAULT_ZOMBIE_AFTER_S, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> list[str]:
-    """Create both automations on the server of ``PREFECT_API_URL``; keep one that already
-    exists as defined, replace one that differs (matched by name).
-
-    An existing one is kept rather than re-created because a proactive trigger's state
-    lives in it: re-creating ``mark-zombie-runs-crashed`` when ``make serve`` restarts a
-    dead worker would forget the heartbeats of the very run that died with it, which
-    would then show RUNNING forever.
+def ensure(max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> list[str]:
+    """Create the automations on the server of ``PREFECT_API_URL``; keep one that already
+    exists as defined, replace one that differs (matched by name), delete retired ones.
 
     Returns:
       The ids of the automations, kept or created.
     """
     ids = []
     with get_client(sync_client=True) as client:
-        for automation in build(zombie_after_s, max_attempts):
+        for name in RETIRED:
+            for existing in client.read_automations_by_name(name):
+                client.delete_automation(existing.id)
+        for automation in build(max_attempts):
             kept = None
             for existing in client.read_automations_by_name(automation.name):
                 if kept is None and _definition(existing) == _definition(automation):
@@ -144,15 +113,14 @@ def ensure(zombie_after_s: float = DEFAULT_ZOMBIE_AFTER_S, max_attempts: int = D
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.automations", description=__doc__.split("\n")[0])
-    parser.add_argument("--zombie-after", type=float, default=DEFAULT_ZOMBIE_AFTER_S, metavar="SECONDS")
     parser.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, metavar="N")
     args = parser.parse_args(argv)
     try:
-        ids = ensure(args.zombie_after, args.max_attempts)
+        ids = ensure(args.max_attempts)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"automations {ZOMBIE}, {RETRY_CRASHED}: {', '.join(ids)}")
+    print(f"automation {RETRY_CRASHED}: {', '.join(ids)}")
     return 0
 
 

@@ -3,14 +3,16 @@
 # process work pool, every deployment in prefect.yaml, and a worker. scripts/stop.sh
 # stops exactly the processes started here (their process groups, by the saved pids).
 #
-# It also creates the automations of flows/automations.py (a run whose heartbeats stop is
-# marked crashed; a crashed run is run again and resumes from its checkpoint). Logs are
-# appended to, never truncated, so what happened before a restart stays readable.
+# It also creates the automation of flows/automations.py (a crashed run is run again and
+# resumes from its checkpoint) and starts the reconciler of flows/reconcile.py (a run whose
+# heartbeats stop is marked crashed; a crashed run nothing rescheduled is rescheduled).
+# Logs are appended to, never truncated, so what happened before a restart stays readable.
 #
 # Environment: PREFECT_PORT (4200), ENSEMBLE_POOL (ensemble-pool), ENSEMBLE_SERVE_DIR
 # (.serve: pid and log files), NIGHTLY_CRON / NIGHTLY_TIMEZONE (override the nightly
 # schedule of prefect.yaml), ENSEMBLE_ZOMBIE_AFTER_S (120: seconds without a heartbeat
-# before a run is marked crashed), PREFECT_FLOWS_HEARTBEAT_FREQUENCY (30, Prefect's
+# before a run is marked crashed), ENSEMBLE_RECONCILE_EVERY_S (10: how often the reconciler
+# asks the server), PREFECT_FLOWS_HEARTBEAT_FREQUENCY (30, Prefect's
 # minimum), PREFECT_HOME (Prefect's own, ~/.prefect by default), ENSEMBLE_DB (postgres:
 # a private cluster of scripts/postgres.sh, the default where PostgreSQL is installed;
 # sqlite: Prefect's default, which loses events under CPU load), ENSEMBLE_PGDATA, or
@@ -71,7 +73,15 @@ if [ -n "${NIGHTLY_CRON:-}${NIGHTLY_TIMEZONE:-}" ]; then
   "$BIN/prefect" deployment schedule create train-ensemble/nightly --replace --accept-yes \
     --cron "${NIGHTLY_CRON:-0 2 * * *}" --timezone "${NIGHTLY_TIMEZONE:-UTC}"
 fi
-"$BIN/python" -m flows.automations --zombie-after "${ENSEMBLE_ZOMBIE_AFTER_S:-120}"
+"$BIN/python" -m flows.automations
+if alive reconciler; then
+  echo "reconciler already running (pid $(cat "$STATE/reconciler.pid"))"
+else
+  stamp reconciler
+  setsid "$BIN/python" -m flows.reconcile --pool "$POOL" --zombie-after "${ENSEMBLE_ZOMBIE_AFTER_S:-120}" \
+    --every "${ENSEMBLE_RECONCILE_EVERY_S:-10}" >>"$STATE/reconciler.log" 2>&1 &
+  echo $! >"$STATE/reconciler.pid"
+fi
 if alive worker; then
   echo "worker already running (pid $(cat "$STATE/worker.pid"))"
 else

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Stop what scripts/serve.sh started: the worker's flow runs, the worker, the server, then
-# its PostgreSQL cluster.
+# Stop what scripts/serve.sh started: the worker's flow runs, the worker, the reconciler,
+# the server, then its PostgreSQL cluster.
 #
 # A flow run in progress gets SIGTERM first (its process is in a session of its own, so
 # stopping the worker's process group would leave it orphaned): training saves a
@@ -43,6 +43,7 @@ if [ -n "$runs" ]; then
   done
   for p in $runs; do kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null; done
 fi
+stop_group reconciler
 stop_group server
 # The database last (scripts/postgres.sh: the cluster this stack started, if any).
 if [ -f "$STATE/postgres.dir" ]; then

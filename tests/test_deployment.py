@@ -25,7 +25,7 @@ from ensemble_core.runs.processes import free_port
 pytestmark = pytest.mark.slow  # a real Prefect stack: server, worker, scheduler
 
 ROOT = Path(__file__).resolve().parents[1]
-ZOMBIE_AFTER_S = 50  # the stack's heartbeat timeout (heartbeats every 30 s)
+ZOMBIE_AFTER_S = 50  # the reconciler's heartbeat timeout (heartbeats every 30 s)
 CRASH_WAIT_S = ZOMBIE_AFTER_S + 150  # how long a zombie may wait to be marked crashed under load
 TASKS = {"prepare_dataset", "split_rngs", "train_ensemble", "evaluate", "compare_with_champion", "report"}
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
@@ -268,7 +268,7 @@ def test_deployments_and_automations(two_runs):
     props = nightly["parameter_openapi_schema"]["properties"]
     assert {"seed", "data", "model", "ensemble", "train", "mesh", "checkpoint", "eval", "promotion"} <= set(props)
     names = sorted(a["name"] for a in _api(env, "POST", "/automations/filter", {}))
-    assert names == ["mark-zombie-runs-crashed", "retry-crashed-runs"]
+    assert names == ["retry-crashed-runs"]
 
 
 # MARK: the scheduler
@@ -440,43 +440,69 @@ def test_worker_killed_while_training(stack):
     _wait_until(lambda: not _engine_pids(env), 30, "flow-run processes to exit")
 
 
+def _heartbeats(env, run_id) -> int:
+    body = {
+        "filter": {
+            "event": {"name": ["prefect.flow-run.heartbeat"]},
+            "resource": {"id": [f"prefect.flow-run.{run_id}"]},
+        }
+    }
+    return len(_api(env, "POST", "/events/filter", body)["events"])
+
+
+def _assert_crashed_and_resumed(env, run_id, killed):
+    """The run is marked Crashed by the reconciler, re-run once and resumed (not restarted)
+    to completion with every record; returns seconds from the kill to Crashed."""
+    # The behaviour is what is proven here, not the latency (the README gives the
+    # distribution of benchmarks/recovery.py): the bound only says "marked, not forgotten".
+    _wait_until(lambda: "CRASHED" in _state_names(env, run_id), CRASH_WAIT_S, "the run to be marked crashed")
+    crashed_after = time.monotonic() - killed
+    crashed = next(s for s in _api(env, "GET", f"/flow_run_states/?flow_run_id={run_id}") if s["type"] == "CRASHED")
+    assert "reconcile-lost-runs" in crashed["message"], crashed
+    fr = _wait_final(env, run_id)
+    run_dir = _assert_complete_records(env, fr)
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["resumed_from_epoch"] is not None  # resumed, not restarted
+    assert fr["run_count"] == 2
+    assert not list(run_dir.glob("checkpoints/*.orbax-checkpoint-tmp*"))
+    return crashed_after
+
+
 def test_worker_and_flow_run_killed_is_crashed_and_resumed(stack):
-    """(b) SIGKILL of the worker and of the flow-run process (a lost machine): the zombie
-    automation marks the run Crashed within the heartbeat timeout, the retry automation
+    """(b) SIGKILL of the worker and of the flow-run process (a lost machine): the
+    reconciler marks the run Crashed once its heartbeats stop, the retry automation
     reschedules it, the new worker runs it again and training resumes from its checkpoint."""
     tmp, env = stack
     run_id = _start_long_run(env, tmp, "fault-both", epochs=80)
-
-    def heartbeats():
-        body = {
-            "filter": {
-                "event": {"name": ["prefect.flow-run.heartbeat"]},
-                "resource": {"id": [f"prefect.flow-run.{run_id}"]},
-            }
-        }
-        return len(_api(env, "POST", "/events/filter", body)["events"]) >= 2
-
-    # Two heartbeats on record, so the zombie trigger has certainly seen one (events are
-    # persisted asynchronously); nightly runs send one every 30 s for hours.
-    _wait_until(heartbeats, 120, "two heartbeats of the run")
+    # One heartbeat on record: the reconciler leaves runs that never sent one alone.
+    _wait_until(lambda: _heartbeats(env, run_id) >= 1, 120, "a heartbeat of the run")
     (engine,) = _engine_pids(env, run_id)
     serve = Path(env["ENSEMBLE_SERVE_DIR"])
     _kill_group(serve / "worker.pid")
     os.kill(engine, signal.SIGKILL)
     killed = time.monotonic()
     _serve(env)
-    # The behaviour is what is proven here, not the latency: the server's trigger service
-    # evaluates the heartbeat expectation late when the suite's other worker holds both
-    # cores (up to 110+ s seen), so the bound only says "marked, not forgotten".
-    _wait_until(lambda: "CRASHED" in _state_names(env, run_id), CRASH_WAIT_S, "the run to be marked crashed")
-    crashed_after = time.monotonic() - killed
-    fr = _wait_final(env, run_id)
-    run_dir = _assert_complete_records(env, fr)
-    report = json.loads((run_dir / "report.json").read_text())
-    assert report["resumed_from_epoch"] is not None  # resumed, not restarted
-    assert fr["run_count"] == 2
-    assert crashed_after < CRASH_WAIT_S
-    assert not list(run_dir.glob("checkpoints/*.orbax-checkpoint-tmp*"))
+    assert _assert_crashed_and_resumed(env, run_id, killed) < CRASH_WAIT_S
+
+
+def test_whole_stack_killed_is_crashed_and_resumed(stack):
+    """(d) SIGKILL of the whole stack while a run trains (the machine that held it all is
+    lost): worker, flow-run process, reconciler, server and database. `make serve` on the
+    same state brings it back, and the run is marked Crashed, re-run and resumed."""
+    tmp, env = stack
+    run_id = _start_long_run(env, tmp, "fault-stack", epochs=80)
+    _wait_until(lambda: _heartbeats(env, run_id) >= 1, 120, "a heartbeat of the run")
+    (engine,) = _engine_pids(env, run_id)
+    serve = Path(env["ENSEMBLE_SERVE_DIR"])
+    os.kill(engine, signal.SIGKILL)
+    for name in ("worker", "reconciler", "server"):
+        _kill_group(serve / f"{name}.pid")
+    postmaster = int((Path(env["ENSEMBLE_PGDATA"]) / "postmaster.pid").read_text().split()[0])
+    os.kill(postmaster, signal.SIGKILL)
+    killed = time.monotonic()
+    _wait_until(lambda: _zombie(postmaster), 30, "PostgreSQL to die")
+    _serve(env)
+    assert _assert_crashed_and_resumed(env, run_id, killed) < CRASH_WAIT_S
 
 
 def test_server_restarted_while_training(stack):
