@@ -3,23 +3,24 @@ under CPU contention, then count what reached the server and what was left behin
 
     python -m benchmarks.soak [--runs 10] [--out benchmarks/results/soak-cpu-2core.json]
 
-Starts its own stack (scripts/serve.sh: server, work pool, deployments, automations,
-worker) on a free port with a fresh PREFECT_HOME, and a second process that keeps one CPU
-core busy for the whole soak. Each run is ``scripts/deployment-run.sh train-ensemble/adhoc
---watch`` with a small config (4 MLP members, 2 epochs on 512 digits). For each flow run it
-reads back from the server: the final state, task runs, ``ensemble.*`` events, artifacts
-and log lines; after each run it counts live ``prefect.engine`` processes of this stack
-and how long the run's process took to exit after its final state. The worker's resident
-memory (its whole process group) is read before the first and after the last run.
+Starts its own stack (:mod:`benchmarks._stack`: server on PostgreSQL, work pool,
+deployments, automation, reconciler, worker) on a free port with a fresh PREFECT_HOME,
+and a second process that keeps one CPU core busy for the whole soak. Each run is
+``scripts/deployment-run.sh train-ensemble/adhoc --watch`` with a small config (4 MLP
+members, 2 epochs on 512 digits). For each flow run it reads back from the server: the
+final state, task runs, ``ensemble.*`` events, artifacts and log lines; after each run it
+counts live ``prefect.engine`` processes of this stack and how long the run's process took
+to exit after its final state. The worker's resident memory (its whole process group) is
+read before the first and after the last run.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.metadata
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,14 +29,10 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks import _stack
+
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = {"prepare_dataset", "split_rngs", "train_ensemble", "evaluate", "compare_with_champion", "report"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _group_rss_mib(pgid: int) -> float:
@@ -52,21 +49,6 @@ def _group_rss_mib(pgid: int) -> float:
         except (OSError, ProcessLookupError):
             continue
     return total / 1024
-
-
-def _engines(api_url: str) -> list[int]:
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if b"prefect.engine" in (proc / "cmdline").read_bytes() and (
-                f"PREFECT_API_URL={api_url}".encode() in (proc / "environ").read_bytes().split(b"\0")
-            ):
-                pids.append(int(proc.name))
-        except OSError:
-            continue
-    return pids
 
 
 def exit_after_final(flow_run: dict, last_alive: dt.datetime | None) -> float | None:
@@ -95,96 +77,84 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="ensemble-soak-"))
-    port = _free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "XLA_FLAGS"},
-        "PREFECT_HOME": str(tmp / "prefect-home"),
-        "PREFECT_PORT": str(port),
-        "PREFECT_API_URL": api,
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_WORKER_QUERY_SECONDS": "2",
-        "ENSEMBLE_SERVE_DIR": str(tmp / "serve"),
-        "ENSEMBLE_VENV": str(Path(sys.executable).parent.parent),
-        "JAX_COMPILATION_CACHE_DIR": str(tmp / "jax-cache"),
-    }
-    params = {
-        "data": {"data_dir": str(tmp / "tfds"), "max_train_examples": 512, "max_test_examples": 200},
-        "model": {"name": "mlp", "hidden_sizes": [64]},
-        "ensemble": {"size": 4},
-        "train": {"epochs": 2, "batch_size": 64},
-        "output_dir": str(tmp / "runs"),
-    }
+    params = _stack.small_params(tmp)
+    del params["eval"]  # every evaluator of the default config, as a nightly run
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     rows = []
     try:
-        subprocess.run(["scripts/serve.sh"], cwd=ROOT, env=env, check=True, capture_output=True, timeout=300)
-        _wait_for_worker(api)
-        worker_pgid = int((tmp / "serve" / "worker.pid").read_text())
-        rss_before = _group_rss_mib(worker_pgid)
-        started = time.monotonic()
-        for i in range(args.runs):
-            t0 = time.monotonic()
-            log = tmp / f"watch-{i + 1}.log"
-            with log.open("w") as out:
-                watch = subprocess.Popen(
-                    ["scripts/deployment-run.sh", "train-ensemble/adhoc", "--params", json.dumps(params), "--watch"],
-                    cwd=ROOT,
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
+        with _stack.stack(tmp) as env:
+            api = env["PREFECT_API_URL"]
+            _wait_for_worker(api)
+            worker_pgid = int((tmp / "serve" / "worker.pid").read_text())
+            rss_before = _group_rss_mib(worker_pgid)
+            started = time.monotonic()
+            for i in range(args.runs):
+                t0 = time.monotonic()
+                log = tmp / f"watch-{i + 1}.log"
+                with log.open("w") as out:
+                    watch = subprocess.Popen(
+                        [
+                            "scripts/deployment-run.sh",
+                            "train-ensemble/adhoc",
+                            "--params",
+                            json.dumps(params),
+                            "--watch",
+                        ],
+                        cwd=ROOT,
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
+                seen: set[int] = set()
+                last_alive = None
+                give_up = None  # 120 s after --watch returned, stop waiting for the process to exit
+                while True:
+                    alive = set(_stack.engine_pids(env))
+                    seen |= alive
+                    if alive:
+                        last_alive = dt.datetime.now(dt.UTC)
+                    if watch.poll() is not None:
+                        give_up = give_up or time.monotonic() + 120
+                        if not alive or time.monotonic() > give_up:
+                            break
+                    time.sleep(0.2)
+                stdout = log.read_text()
+                wall = time.monotonic() - t0
+                run_id = next(ln.split("UUID:")[1].strip() for ln in stdout.splitlines() if "UUID:" in ln)
+                fr = httpx.get(f"{api}/flow_runs/{run_id}", timeout=30).json()
+                flt = {"flow_runs": {"id": {"any_": [run_id]}}}
+                tasks = httpx.post(f"{api}/task_runs/filter", json=flt, timeout=30).json()
+                artifacts = httpx.post(f"{api}/artifacts/filter", json=flt, timeout=30).json()
+                logs = httpx.post(f"{api}/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}}, timeout=30)
+                run_name = next(d.name for d in (tmp / "runs").iterdir() if d.name.endswith("-" + fr["name"]))
+                resource = {"id": [f"ensemble-pipeline.run.{run_name}"]}
+                events = httpx.post(
+                    f"{api}/events/filter",
+                    json={"filter": {"event": {"prefix": ["ensemble."]}, "resource": resource}},
+                    timeout=30,
+                ).json()["events"]
+                rows.append(
+                    {
+                        "run": i + 1,
+                        "state": fr["state_type"],
+                        "rc": watch.returncode,
+                        "wall_s": round(wall, 1),
+                        "task_runs_completed": sum(
+                            t["state_type"] == "COMPLETED" and t["name"].rsplit("-", 1)[0] in STAGES for t in tasks
+                        ),
+                        "ensemble_events": len(events),
+                        "artifacts": len(artifacts),
+                        "log_lines": len(logs.json()),
+                        # the flow-run process was last seen alive this long after the final state
+                        "process_exit_after_final_s": exit_after_final(fr, last_alive),
+                        "engines_left": len(_stack.engine_pids(env)),
+                    }
                 )
-            seen: set[int] = set()
-            last_alive = None
-            give_up = None  # 120 s after --watch returned, stop waiting for the process to exit
-            while True:
-                alive = set(_engines(api))
-                seen |= alive
-                if alive:
-                    last_alive = dt.datetime.now(dt.UTC)
-                if watch.poll() is not None:
-                    give_up = give_up or time.monotonic() + 120
-                    if not alive or time.monotonic() > give_up:
-                        break
-                time.sleep(0.2)
-            stdout = log.read_text()
-            wall = time.monotonic() - t0
-            run_id = next(ln.split("UUID:")[1].strip() for ln in stdout.splitlines() if "UUID:" in ln)
-            fr = httpx.get(f"{api}/flow_runs/{run_id}", timeout=30).json()
-            flt = {"flow_runs": {"id": {"any_": [run_id]}}}
-            tasks = httpx.post(f"{api}/task_runs/filter", json=flt, timeout=30).json()
-            artifacts = httpx.post(f"{api}/artifacts/filter", json=flt, timeout=30).json()
-            logs = httpx.post(f"{api}/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}}, timeout=30)
-            run_name = next(d.name for d in (tmp / "runs").iterdir() if d.name.endswith("-" + fr["name"]))
-            resource = {"id": [f"ensemble-pipeline.run.{run_name}"]}
-            events = httpx.post(
-                f"{api}/events/filter",
-                json={"filter": {"event": {"prefix": ["ensemble."]}, "resource": resource}},
-                timeout=30,
-            ).json()["events"]
-            rows.append(
-                {
-                    "run": i + 1,
-                    "state": fr["state_type"],
-                    "rc": watch.returncode,
-                    "wall_s": round(wall, 1),
-                    "task_runs_completed": sum(
-                        t["state_type"] == "COMPLETED" and t["name"].rsplit("-", 1)[0] in STAGES for t in tasks
-                    ),
-                    "ensemble_events": len(events),
-                    "artifacts": len(artifacts),
-                    "log_lines": len(logs.json()),
-                    # the flow-run process was last seen alive this long after the final state
-                    "process_exit_after_final_s": exit_after_final(fr, last_alive),
-                    "engines_left": len(_engines(api)),
-                }
-            )
-            print(json.dumps(rows[-1]), flush=True)
-        rss_after = _group_rss_mib(worker_pgid)
-        total = time.monotonic() - started
+                print(json.dumps(rows[-1]), flush=True)
+            rss_after = _group_rss_mib(worker_pgid)
+            total = time.monotonic() - started
     finally:
         burner.kill()
-        subprocess.run(["scripts/stop.sh"], cwd=ROOT, env=env, timeout=300, capture_output=True)
     result = {
         "command": f"python -m benchmarks.soak --runs {args.runs}",
         "runs": rows,
@@ -200,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         "worker_rss_mib_after": round(rss_after, 1),
         "soak_seconds": round(total, 1),
         "cpu_load": "one busy-loop process beside the stack (2-core machine)",
+        "database": "PostgreSQL (scripts/postgres.sh)",
+        "prefect": importlib.metadata.version("prefect"),
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))

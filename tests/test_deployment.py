@@ -9,141 +9,64 @@ second process keeps one CPU core busy during the first two runs, as on a shared
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+from benchmarks._stack import (
+    ROOT,
+    ZOMBIE_AFTER_S,
+    api,
+    deployment_run,
+    engine_pids,
+    kill_group,
+    kill_stack,
+    run_id_of,
+    serve,
+    small_params,
+    start_long_run,
+    state_names,
+    wait_until,
+)
 from ensemble_core.runs.processes import free_port
 
 pytestmark = pytest.mark.slow  # a real Prefect stack: server, worker, scheduler
 
-ROOT = Path(__file__).resolve().parents[1]
-ZOMBIE_AFTER_S = 50  # the reconciler's heartbeat timeout (heartbeats every 30 s)
 CRASH_WAIT_S = ZOMBIE_AFTER_S + 150  # how long a zombie may wait to be marked crashed under load
 TASKS = {"prepare_dataset", "split_rngs", "train_ensemble", "evaluate", "compare_with_champion", "report"}
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
-def _serve(env):
-    subprocess.run(["scripts/serve.sh"], cwd=ROOT, env=env, check=True, timeout=300, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
+    from benchmarks._stack import stack
+
     tmp = tmp_path_factory.mktemp("stack")
-    port = free_port()
-    # The server's PostgreSQL cluster (scripts/postgres.sh), in a short path that the
-    # "postgres" user can reach when the tests run as root.
-    pgdata = Path(tempfile.mkdtemp(prefix="ensemble-pg-")) / "data"
-    pgdata.parent.chmod(0o711)
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")},
-        "PREFECT_HOME": str(tmp / "prefect-home"),
-        "PREFECT_PORT": str(port),
-        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_WORKER_QUERY_SECONDS": "2",
-        "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5",
-        "ENSEMBLE_SERVE_DIR": str(tmp / "serve"),
-        "ENSEMBLE_DB": "postgres",
-        "ENSEMBLE_PGDATA": str(pgdata),
-        "ENSEMBLE_VENV": str(Path(sys.executable).parent.parent),
-        "ENSEMBLE_ZOMBIE_AFTER_S": str(ZOMBIE_AFTER_S),
-        "JAX_COMPILATION_CACHE_DIR": str(tmp / "jax-cache"),
+    probe = {
         "PYTHONPATH": str(ROOT / "tests" / "lazy_import_probe"),
         "ENSEMBLE_LAZY_IMPORT_PROBE": str(tmp / "lazy-imports.jsonl"),
         "ENSEMBLE_LAZY_IMPORT_WIDEN": "1",
     }
-    env.pop("XLA_FLAGS", None)  # the flows choose their own device layout
-    try:
-        _serve(env)
+    with stack(tmp, **probe) as env:
         yield tmp, env
-    finally:
-        subprocess.run(["scripts/stop.sh"], cwd=ROOT, env=env, timeout=300)
-        shutil.rmtree(pgdata.parent, ignore_errors=True)
-
-
-def _params(tmp, out="runs", epochs=2, **train):
-    return {
-        "data": {"data_dir": str(tmp / "tfds"), "max_train_examples": 512, "max_test_examples": 200},
-        "model": {"name": "mlp", "hidden_sizes": [64]},
-        "ensemble": {"size": 4},
-        "train": {"epochs": epochs, "batch_size": 64, **train},
-        # the test split only: these tests are about the stack's faults and timeouts; the
-        # shift/OOD evaluators run under Prefect in test_flow.py and alone in test_evaluators.py
-        "eval": {"evaluators": ["test"]},
-        "output_dir": str(tmp / out),
-    }
-
-
-def _deployment_run(env, params, *extra, deployment="train-ensemble/adhoc", watch=True):
-    cmd = ["scripts/deployment-run.sh", deployment, "--params", json.dumps(params), *extra]
-    if watch:
-        cmd += ["--watch", "--watch-timeout", "400"]
-    # A wide console: rich would wrap the one-line error at 80 columns.
-    return subprocess.run(cmd, cwd=ROOT, env={**env, "COLUMNS": "400"}, capture_output=True, text=True, timeout=450)
-
-
-def _api(env, method, path, body=None):
-    r = httpx.request(method, env["PREFECT_API_URL"] + path, json=body, timeout=30)
-    r.raise_for_status()
-    return r.json() if r.content else None
 
 
 def _flow_run(env, run_id):
-    return _api(env, "GET", f"/flow_runs/{run_id}")
-
-
-def _run_id(proc) -> str:
-    return next(line.split("UUID:")[1].strip() for line in proc.stdout.splitlines() if "UUID:" in line)
+    return api(env, "GET", f"/flow_runs/{run_id}")
 
 
 def _task_runs(env, run_id):
-    return _api(env, "POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})
+    return api(env, "POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})
 
 
 def _events(env, prefix, run_name):
     """Events named ``prefix*`` about the run directory ``run_name`` (the project's resource id)."""
     body = {"filter": {"event": {"prefix": [prefix]}, "resource": {"id": [f"ensemble-pipeline.run.{run_name}"]}}}
-    return _api(env, "POST", "/events/filter", body)["events"]
-
-
-def _engine_pids(env, run_id=None) -> list[int]:
-    """pids of live flow-run processes of this stack (by their PREFECT_API_URL), or of
-    the flow run ``run_id`` only."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes()
-            if b"prefect.engine" not in cmd:
-                continue
-            environ = (proc / "environ").read_bytes().split(b"\0")
-            if f"PREFECT_API_URL={env['PREFECT_API_URL']}".encode() not in environ:
-                continue
-            if run_id is None or f"PREFECT__FLOW_RUN_ID={run_id}".encode() in environ:
-                pids.append(int(proc.name))
-        except OSError:
-            continue
-    return pids
-
-
-def _wait_until(predicate, timeout, what, every=2.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return api(env, "POST", "/events/filter", body)["events"]
 
 
 def _wait_final(env, run_id, timeout=400, crashed_for=30.0):
@@ -159,7 +82,7 @@ def _wait_final(env, run_id, timeout=400, crashed_for=30.0):
         crashed_since[:] = crashed_since or [time.monotonic()]
         return time.monotonic() - crashed_since[0] >= crashed_for and fr
 
-    return _wait_until(final, timeout, f"flow run {run_id} to end")
+    return wait_until(final, timeout, f"flow run {run_id} to end")
 
 
 def _assert_complete_records(env, fr):
@@ -174,11 +97,11 @@ def _assert_complete_records(env, fr):
     # Prefect persists events asynchronously (the flow-run process sends them over a
     # websocket, the server writes them in batches): under load the run's event can reach
     # the database seconds after its final state. Wait for it; a lost one never comes.
-    events = _wait_until(lambda: _events(env, "ensemble.", run_name), 90, f"the ensemble.* event of {run_name}")
+    events = wait_until(lambda: _events(env, "ensemble.", run_name), 90, f"the ensemble.* event of {run_name}")
     assert len(events) == 1 and events[0]["event"] in {"ensemble.promoted", "ensemble.rejected"}, events
     keys = {
         a["key"]
-        for a in _api(env, "POST", "/artifacts/filter", {"flow_runs": {"id": {"any_": [fr["id"]]}}})
+        for a in api(env, "POST", "/artifacts/filter", {"flow_runs": {"id": {"any_": [fr["id"]]}}})
         if a.get("key")
     }
     assert {"ensemble-report", "ensemble-members", "ensemble-run-history", "training-progress"} <= keys, keys
@@ -201,13 +124,13 @@ def two_runs(stack):
     tmp, env = stack
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        first = _deployment_run(env, _params(tmp))
+        first = deployment_run(env, small_params(tmp))
         assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
-        second = _deployment_run(env, _params(tmp, learning_rate=1e-4, epochs=1))  # clearly worse: rejected
+        second = deployment_run(env, small_params(tmp, learning_rate=1e-4, epochs=1))  # clearly worse: rejected
         assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
     finally:
         burner.kill()
-    runs = [_flow_run(env, _run_id(p)) for p in (first, second)]
+    runs = [_flow_run(env, run_id_of(p)) for p in (first, second)]
     return tmp, env, runs
 
 
@@ -220,7 +143,7 @@ def test_both_runs_completed_with_every_record(two_runs):
 def test_flow_run_processes_exit(two_runs):
     """No flow-run process of the stack is left once the runs are final."""
     _, env, _ = two_runs
-    _wait_until(lambda: not _engine_pids(env), 30, "flow-run processes to exit")
+    wait_until(lambda: not engine_pids(env), 30, "flow-run processes to exit")
 
 
 def test_tfds_imported_before_prefect_threads(two_runs):
@@ -259,7 +182,7 @@ def test_promotion_kept_the_better_champion(two_runs):
 
 def test_deployments_and_automations(two_runs):
     _, env, _ = two_runs
-    deps = {d["name"] + "@" + d["entrypoint"]: d for d in _api(env, "POST", "/deployments/filter", {})}
+    deps = {d["name"] + "@" + d["entrypoint"]: d for d in api(env, "POST", "/deployments/filter", {})}
     nightly = deps["nightly@flows/train_ensemble.py:train_ensemble"]
     (schedule,) = nightly["schedules"]
     assert schedule["schedule"]["cron"] == "0 2 * * *" and schedule["schedule"]["timezone"] == "UTC"
@@ -267,7 +190,7 @@ def test_deployments_and_automations(two_runs):
     assert "adhoc@flows/predict.py:predict" in deps
     props = nightly["parameter_openapi_schema"]["properties"]
     assert {"seed", "data", "model", "ensemble", "train", "mesh", "checkpoint", "eval", "promotion"} <= set(props)
-    names = sorted(a["name"] for a in _api(env, "POST", "/automations/filter", {}))
+    names = sorted(a["name"] for a in api(env, "POST", "/automations/filter", {}))
     assert names == ["retry-crashed-runs"]
 
 
@@ -280,11 +203,11 @@ def test_scheduled_runs_execute(two_runs):
     them to completion, each with every record, in its own run directory, the second
     compared with the first by the champion/challenger rule."""
     tmp, env, _ = two_runs
-    dep = _api(env, "GET", "/deployments/name/train-ensemble/nightly")
+    dep = api(env, "GET", "/deployments/name/train-ensemble/nightly")
     for s in dep["schedules"]:
-        _api(env, "DELETE", f"/deployments/{dep['id']}/schedules/{s['id']}")
-    params = _params(tmp, out="nightly-runs")
-    _api(
+        api(env, "DELETE", f"/deployments/{dep['id']}/schedules/{s['id']}")
+    params = small_params(tmp, out="nightly-runs")
+    api(
         env,
         "POST",
         f"/deployments/{dep['id']}/schedules",
@@ -292,7 +215,7 @@ def test_scheduled_runs_execute(two_runs):
     )
 
     def completed():
-        runs = _api(
+        runs = api(
             env,
             "POST",
             "/flow_runs/filter",
@@ -302,10 +225,10 @@ def test_scheduled_runs_execute(two_runs):
         return done[:2] if len(done) >= 2 else None
 
     try:
-        runs = _wait_until(completed, 420, "two scheduled runs to complete", every=5)
+        runs = wait_until(completed, 420, "two scheduled runs to complete", every=5)
     finally:  # deleting the schedule also deletes its runs that have not started
-        for s in _api(env, "GET", "/deployments/name/train-ensemble/nightly")["schedules"]:
-            _api(env, "DELETE", f"/deployments/{dep['id']}/schedules/{s['id']}")
+        for s in api(env, "GET", "/deployments/name/train-ensemble/nightly")["schedules"]:
+            api(env, "DELETE", f"/deployments/{dep['id']}/schedules/{s['id']}")
     assert all(r["auto_scheduled"] for r in runs)  # created by the scheduler, not by hand
     dirs = [_assert_complete_records(env, r) for r in runs]
     assert dirs[0] != dirs[1]
@@ -338,7 +261,7 @@ def bad_runs(two_runs):
     for case, (change, _) in BAD.items():
         out = tmp / f"bad-{case}"
         out.mkdir()
-        params = _params(tmp, out=out.name)
+        params = small_params(tmp, out=out.name)
         extra = []
         if change == "locked":
             (out / "busy").mkdir()
@@ -350,9 +273,7 @@ def bad_runs(two_runs):
     with run_lock(tmp / "bad-run-dir-in-use" / "busy"), ThreadPoolExecutor(len(cases)) as pool:
         before = {case: sorted(p.relative_to(out) for p in out.rglob("*")) for case, (out, _, _) in cases.items()}
         started = time.monotonic()
-        futures = {
-            case: pool.submit(_deployment_run, env, params, *extra) for case, (_, params, extra) in cases.items()
-        }
+        futures = {case: pool.submit(deployment_run, env, params, *extra) for case, (_, params, extra) in cases.items()}
         results = {case: (f.result(), time.monotonic() - started) for case, f in futures.items()}
     return env, {case: (*results[case], cases[case][0], before[case]) for case in cases}
 
@@ -369,7 +290,7 @@ def test_bad_parameters_fail_at_once_with_one_line(bad_runs, case):
     lines = [line for line in proc.stdout.splitlines() if "error: " in line and "fix:" in line]
     assert lines and expected in lines[0], proc.stdout[-3000:]
     assert "Traceback" not in proc.stdout
-    fr = _flow_run(env, _run_id(proc))
+    fr = _flow_run(env, run_id_of(proc))
     assert fr["state_type"] == "FAILED" and fr["run_count"] == 1
     assert fr["state"]["message"].startswith("error: ") and expected in fr["state"]["message"]
     assert elapsed < 150  # no retry delay: all four ran side by side, each failing at once
@@ -393,72 +314,30 @@ def test_server_unreachable_is_one_line(tmp_path):
 # MARK: infrastructure faults while a run trains
 
 
-def _start_long_run(env, tmp, out, epochs=12):
-    params = _params(tmp, out=out, epochs=epochs)  # about 1 s an epoch: killed within 2-3 epochs
-    params["data"]["max_train_examples"] = 2048
-    params["model"]["hidden_sizes"] = [512, 512]
-    proc = _deployment_run(env, params, watch=False)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    run_id = _run_id(proc)
-
-    def checkpointed():
-        ckpts = list((tmp / out).glob("*/checkpoints/*"))
-        return any(p.name.isdigit() for p in ckpts)
-
-    _wait_until(checkpointed, 300, "the first checkpoint")
-    assert _flow_run(env, run_id)["state_type"] == "RUNNING"
-    return run_id
-
-
-def _kill_group(pid_file: Path):
-    pid = int(pid_file.read_text())
-    os.killpg(pid, signal.SIGKILL)
-    _wait_until(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 30, f"pid {pid} to die")
-
-
-def _zombie(pid) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except OSError:
-        return True
-
-
-def _state_names(env, run_id):
-    return [s["type"] for s in _api(env, "GET", f"/flow_run_states/?flow_run_id={run_id}")]
-
-
 def test_worker_killed_while_training(stack):
     """(a) SIGKILL of the worker's process group: the run still ends COMPLETED with every
-    record (the flow-run process carries on, or the run is crashed and re-run)."""
+    record (the flow-run process carries on, or, as Prefect 3.9's flow-run process does
+    when its worker's control session closes, it ends Crashed and is re-run)."""
     tmp, env = stack
-    run_id = _start_long_run(env, tmp, "fault-worker")
-    serve = Path(env["ENSEMBLE_SERVE_DIR"])
-    _kill_group(serve / "worker.pid")
-    _serve(env)  # a new worker, as a supervisor would start
+    run_id = start_long_run(env, tmp, "fault-worker")
+    serve_dir = Path(env["ENSEMBLE_SERVE_DIR"])
+    kill_group(serve_dir / "worker.pid")
+    serve(env)  # a new worker, as a supervisor would start
     fr = _wait_final(env, run_id)
     _assert_complete_records(env, fr)
-    _wait_until(lambda: not _engine_pids(env), 30, "flow-run processes to exit")
+    wait_until(lambda: not engine_pids(env), 30, "flow-run processes to exit")
 
 
-def _heartbeats(env, run_id) -> int:
-    body = {
-        "filter": {
-            "event": {"name": ["prefect.flow-run.heartbeat"]},
-            "resource": {"id": [f"prefect.flow-run.{run_id}"]},
-        }
-    }
-    return len(_api(env, "POST", "/events/filter", body)["events"])
-
-
-def _assert_crashed_and_resumed(env, run_id, killed):
-    """The run is marked Crashed by the reconciler, re-run once and resumed (not restarted)
-    to completion with every record; returns seconds from the kill to Crashed."""
+def _assert_crashed_and_resumed(env, run_id, killed, marked_by=None):
+    """The run is marked Crashed (its state message naming ``marked_by`` if given), re-run
+    once and resumed (not restarted) to completion with every record; returns seconds
+    from the kill to Crashed."""
     # The behaviour is what is proven here, not the latency (the README gives the
     # distribution of benchmarks/recovery.py): the bound only says "marked, not forgotten".
-    _wait_until(lambda: "CRASHED" in _state_names(env, run_id), CRASH_WAIT_S, "the run to be marked crashed")
+    wait_until(lambda: "CRASHED" in state_names(env, run_id), CRASH_WAIT_S, "the run to be marked crashed")
     crashed_after = time.monotonic() - killed
-    crashed = next(s for s in _api(env, "GET", f"/flow_run_states/?flow_run_id={run_id}") if s["type"] == "CRASHED")
-    assert "reconcile-lost-runs" in crashed["message"], crashed
+    crashed = next(s for s in api(env, "GET", f"/flow_run_states/?flow_run_id={run_id}") if s["type"] == "CRASHED")
+    assert marked_by is None or marked_by in crashed["message"], crashed
     fr = _wait_final(env, run_id)
     run_dir = _assert_complete_records(env, fr)
     report = json.loads((run_dir / "report.json").read_text())
@@ -469,52 +348,42 @@ def _assert_crashed_and_resumed(env, run_id, killed):
 
 
 def test_worker_and_flow_run_killed_is_crashed_and_resumed(stack):
-    """(b) SIGKILL of the worker and of the flow-run process (a lost machine): the
-    reconciler marks the run Crashed once its heartbeats stop, the retry automation
-    reschedules it, the new worker runs it again and training resumes from its checkpoint."""
+    """(b) SIGKILL of the worker and of the flow-run process (a lost machine): the run is
+    marked Crashed (by what is left of its process, or by the reconciler once its heartbeats
+    stop), rescheduled, run again by the new worker and resumed from its checkpoint."""
     tmp, env = stack
-    run_id = _start_long_run(env, tmp, "fault-both", epochs=80)
-    # One heartbeat on record: the reconciler leaves runs that never sent one alone.
-    _wait_until(lambda: _heartbeats(env, run_id) >= 1, 120, "a heartbeat of the run")
-    (engine,) = _engine_pids(env, run_id)
-    serve = Path(env["ENSEMBLE_SERVE_DIR"])
-    _kill_group(serve / "worker.pid")
+    run_id = start_long_run(env, tmp, "fault-both")
+    (engine,) = engine_pids(env, run_id)
+    kill_group(Path(env["ENSEMBLE_SERVE_DIR"]) / "worker.pid")
     os.kill(engine, signal.SIGKILL)
     killed = time.monotonic()
-    _serve(env)
+    serve(env)
     assert _assert_crashed_and_resumed(env, run_id, killed) < CRASH_WAIT_S
 
 
 def test_whole_stack_killed_is_crashed_and_resumed(stack):
     """(d) SIGKILL of the whole stack while a run trains (the machine that held it all is
-    lost): worker, flow-run process, reconciler, server and database. `make serve` on the
-    same state brings it back, and the run is marked Crashed, re-run and resumed."""
+    lost): flow-run process, worker, reconciler, server and database. `make serve` on the
+    same state brings it back; nothing is left to report the run, so the reconciler marks
+    it Crashed when its heartbeats are overdue, and it is re-run and resumed."""
     tmp, env = stack
-    run_id = _start_long_run(env, tmp, "fault-stack", epochs=80)
-    _wait_until(lambda: _heartbeats(env, run_id) >= 1, 120, "a heartbeat of the run")
-    (engine,) = _engine_pids(env, run_id)
-    serve = Path(env["ENSEMBLE_SERVE_DIR"])
-    os.kill(engine, signal.SIGKILL)
-    for name in ("worker", "reconciler", "server"):
-        _kill_group(serve / f"{name}.pid")
-    postmaster = int((Path(env["ENSEMBLE_PGDATA"]) / "postmaster.pid").read_text().split()[0])
-    os.kill(postmaster, signal.SIGKILL)
+    run_id = start_long_run(env, tmp, "fault-stack")
+    kill_stack(env)
     killed = time.monotonic()
-    _wait_until(lambda: _zombie(postmaster), 30, "PostgreSQL to die")
-    _serve(env)
-    assert _assert_crashed_and_resumed(env, run_id, killed) < CRASH_WAIT_S
+    serve(env)
+    assert _assert_crashed_and_resumed(env, run_id, killed, marked_by="reconcile-lost-runs") < CRASH_WAIT_S
 
 
 def test_server_restarted_while_training(stack):
     """(c) The server is stopped and started again while a run trains: the run finishes
     with every record (or is crashed and re-run); no checkpoint is lost."""
     tmp, env = stack
-    run_id = _start_long_run(env, tmp, "fault-server")
-    serve = Path(env["ENSEMBLE_SERVE_DIR"])
-    _kill_group(serve / "server.pid")
+    run_id = start_long_run(env, tmp, "fault-server")
+    serve_dir = Path(env["ENSEMBLE_SERVE_DIR"])
+    kill_group(serve_dir / "server.pid")
     time.sleep(5)
-    _serve(env)  # the same database: the server comes back with every record
+    serve(env)  # the same database: the server comes back with every record
     fr = _wait_final(env, run_id)
     _assert_complete_records(env, fr)
-    log = (serve / "server.log").read_text()
+    log = (serve_dir / "server.log").read_text()
     assert log.count("started by scripts/serve.sh") >= 2  # the log of the first server survived

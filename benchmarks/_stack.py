@@ -1,0 +1,222 @@
+"""A private Prefect stack of ``scripts/serve.sh`` (server on PostgreSQL, work pool,
+deployments, automation, reconciler, worker) for the integration tests and the
+benchmarks that drive it: its environment, start and stop, its API, and the processes of
+its flow runs. Everything stays on loopback and in the given directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from ensemble_core.runs.processes import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOMBIE_AFTER_S = 50  # the reconciler's heartbeat timeout here (heartbeats every 30 s, Prefect's minimum)
+
+
+def stack_env(tmp: Path, pgdata: Path, zombie_after_s: float = ZOMBIE_AFTER_S, **extra: str) -> dict[str, str]:
+    """The environment of a stack under ``tmp`` on a free port, its database in ``pgdata``,
+    with ``extra`` variables on top."""
+    port = free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "XLA_FLAGS"},
+        "PREFECT_HOME": str(tmp / "prefect-home"),
+        "PREFECT_PORT": str(port),
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_WORKER_QUERY_SECONDS": "2",
+        "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5",
+        "ENSEMBLE_SERVE_DIR": str(tmp / "serve"),
+        "ENSEMBLE_DB": "postgres",
+        "ENSEMBLE_PGDATA": str(pgdata),
+        "ENSEMBLE_VENV": str(Path(sys.executable).parent.parent),
+        "ENSEMBLE_ZOMBIE_AFTER_S": str(zombie_after_s),
+        "JAX_COMPILATION_CACHE_DIR": str(tmp / "jax-cache"),
+        **extra,
+    }
+    return env
+
+
+def serve(env: dict[str, str]) -> None:
+    """``scripts/serve.sh``: start what is not running.
+
+    Raises:
+      RuntimeError: it failed (its exit code and the last lines of its output).
+    """
+    proc = subprocess.run(["scripts/serve.sh"], cwd=ROOT, env=env, timeout=300, capture_output=True, text=True)
+    if proc.returncode:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise RuntimeError(f"scripts/serve.sh exited with {proc.returncode}:\n{tail}")
+
+
+@contextmanager
+def stack(tmp: Path, **env_options) -> Iterator[dict[str, str]]:  # env_options: of stack_env
+    """A started stack under ``tmp`` (yields its environment); stopped and its database
+    removed at exit. The PostgreSQL data directory is in a short path that the cluster's
+    own user can reach when this runs as root."""
+    pgdata = Path(tempfile.mkdtemp(prefix="ensemble-pg-")) / "data"
+    pgdata.parent.chmod(0o711)
+    env = stack_env(tmp, pgdata, **env_options)
+    try:
+        serve(env)
+        yield env
+    finally:
+        subprocess.run(["scripts/stop.sh"], cwd=ROOT, env=env, timeout=300, capture_output=True)
+        shutil.rmtree(pgdata.parent, ignore_errors=True)
+
+
+def api(env: dict[str, str], method: str, path: str, body=None):
+    """One call of the stack's REST API; the decoded JSON answer (None if empty)."""
+    r = httpx.request(method, env["PREFECT_API_URL"] + path, json=body, timeout=30)
+    r.raise_for_status()
+    return r.json() if r.content else None
+
+
+def small_params(tmp: Path, out: str = "runs", epochs: int = 2, **train) -> dict:
+    """Deployment parameters of a run of a few seconds (4 MLPs, 512 digits, test split only)."""
+    return {
+        "data": {"data_dir": str(tmp / "tfds"), "max_train_examples": 512, "max_test_examples": 200},
+        "model": {"name": "mlp", "hidden_sizes": [64]},
+        "ensemble": {"size": 4},
+        "train": {"epochs": epochs, "batch_size": 64, **train},
+        "eval": {"evaluators": ["test"]},
+        "output_dir": str(tmp / out),
+    }
+
+
+def deployment_run(env, params, *extra, deployment="train-ensemble/adhoc", watch=True):
+    """``scripts/deployment-run.sh`` (``prefect deployment run``) with ``params``."""
+    cmd = ["scripts/deployment-run.sh", deployment, "--params", json.dumps(params), *extra]
+    if watch:
+        cmd += ["--watch", "--watch-timeout", "400"]
+    # A wide console: rich would wrap the one-line error at 80 columns.
+    return subprocess.run(cmd, cwd=ROOT, env={**env, "COLUMNS": "400"}, capture_output=True, text=True, timeout=450)
+
+
+def run_id_of(proc) -> str:
+    """The flow run id that ``prefect deployment run`` printed."""
+    return next(line.split("UUID:")[1].strip() for line in proc.stdout.splitlines() if "UUID:" in line)
+
+
+def engine_pids(env: dict[str, str], run_id: str | None = None) -> list[int]:
+    """pids of live flow-run processes of this stack (by their PREFECT_API_URL), or of
+    the flow run ``run_id`` only."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if b"prefect.engine" not in (proc / "cmdline").read_bytes():
+                continue
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            if f"PREFECT_API_URL={env['PREFECT_API_URL']}".encode() not in environ:
+                continue
+            if run_id is None or f"PREFECT__FLOW_RUN_ID={run_id}".encode() in environ:
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def wait_until(predicate, timeout: float, what: str, every: float = 2.0):
+    """The first truthy value of ``predicate()``; AssertionError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (or is a zombie waiting for its parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+def kill_group(pid_file: Path) -> None:
+    """SIGKILL the process group whose leader's pid ``pid_file`` holds; wait for it."""
+    pid = int(pid_file.read_text())
+    os.killpg(pid, signal.SIGKILL)
+    wait_until(lambda: gone(pid), 30, f"pid {pid} to die", every=0.2)
+
+
+def kill_stack(env: dict[str, str]) -> None:
+    """SIGKILL everything of the stack, as a lost machine: its flow-run processes, worker,
+    reconciler, server and PostgreSQL (the postmaster)."""
+    serve_dir = Path(env["ENSEMBLE_SERVE_DIR"])
+    for pid in engine_pids(env):
+        os.kill(pid, signal.SIGKILL)
+    for name in ("worker", "reconciler", "server"):
+        kill_group(serve_dir / f"{name}.pid")
+    # PostgreSQL: the postmaster and its server processes at once, as a machine loss does
+    # (a backend left alive holds the shared memory, and the next start refuses it).
+    postmaster = int((Path(env["ENSEMBLE_PGDATA"]) / "postmaster.pid").read_text().split()[0])
+    pids = [postmaster, *_children(postmaster)]
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    # Until reaped, not only dead: pg_ctl takes a zombie postmaster for a running server.
+    wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), 60, "PostgreSQL to be reaped", every=0.2)
+
+
+def _children(pid: int) -> list[int]:
+    """pids of the live child processes of ``pid``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(proc.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def state_names(env: dict[str, str], run_id: str) -> list[str]:
+    """The types of the flow run's states, oldest first."""
+    return [s["type"] for s in api(env, "GET", f"/flow_run_states/?flow_run_id={run_id}")]
+
+
+def heartbeats(env: dict[str, str], run_id: str) -> int:
+    """How many heartbeat events of the flow run the server has stored."""
+    body = {
+        "filter": {
+            "event": {"name": ["prefect.flow-run.heartbeat"]},
+            "resource": {"id": [f"prefect.flow-run.{run_id}"]},
+        }
+    }
+    return len(api(env, "POST", "/events/filter", body)["events"])
+
+
+def start_long_run(env: dict[str, str], tmp: Path, out: str, epochs: int = 12) -> str:
+    """Submit a run of about 1 s an epoch; return its id once it has saved its first
+    checkpoint and the server holds a heartbeat of it (the reconciler leaves runs that
+    never sent one alone)."""
+    params = small_params(tmp, out=out, epochs=epochs)
+    params["data"]["max_train_examples"] = 2048
+    params["model"]["hidden_sizes"] = [512, 512]
+    proc = deployment_run(env, params, watch=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run_id = run_id_of(proc)
+
+    def checkpointed():
+        return any(p.name.isdigit() for p in (tmp / out).glob("*/checkpoints/*"))
+
+    wait_until(checkpointed, 300, "the first checkpoint", every=0.5)
+    wait_until(lambda: heartbeats(env, run_id) >= 1, 120, "a heartbeat of the run", every=0.5)
+    assert api(env, "GET", f"/flow_runs/{run_id}")["state_type"] == "RUNNING"
+    return run_id
