@@ -99,41 +99,43 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
 
     Weight decay is optax's ``add_decayed_weights`` before SGD or Adam (an L2 term in the
     gradient) and AdamW's own decoupled decay (Loshchilov & Hutter 2019). Wrapped in
-    ``optax.inject_hyperparams`` (the optax way to change hyperparameters during
+    ``optax.schedules.inject_hyperparams`` (the optax way to change hyperparameters during
     training), so learning rate and weight decay live in the optimizer state: per member
     (leading axis E) once the state is stacked, set per member by :func:`init_ensemble`
     and, for the learning rate, by every train step.
     """
     if cfg.optimizer == "sgd":
-        return optax.inject_hyperparams(_sgd)(
+        return optax.schedules.inject_hyperparams(_sgd)(
             learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay, momentum=cfg.momentum or None
         )
     if cfg.optimizer == "adam":
-        return optax.inject_hyperparams(_adam)(learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        return optax.schedules.inject_hyperparams(_adam)(learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "adamw":
-        return optax.inject_hyperparams(optax.adamw)(learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        return optax.schedules.inject_hyperparams(optax.adamw)(
+            learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay
+        )
     raise ConfigError(f"unknown train.optimizer '{cfg.optimizer}'; fix: use sgd, adam or adamw")
 
 
 def learning_rate_schedule(hyperparameters: dict, steps_per_epoch: int, epochs: int) -> optax.Schedule:
     """One member's optax learning-rate schedule over ``epochs * steps_per_epoch`` steps.
 
-    ``constant``: ``optax.constant_schedule``; ``cosine``: ``optax.cosine_decay_schedule``
-    to 0 at the last step; ``warmup_cosine``: ``optax.warmup_cosine_decay_schedule`` from 0,
+    ``constant``: ``optax.schedules.constant_schedule``; ``cosine``: ``optax.schedules.cosine_decay_schedule``
+    to 0 at the last step; ``warmup_cosine``: ``optax.schedules.warmup_cosine_decay_schedule`` from 0,
     peak ``learning_rate`` after ``round(warmup_epochs * steps_per_epoch)`` steps (at least
     1, fewer than the total), then cosine decay to 0 (Loshchilov & Hutter 2017, SGDR).
     """
     lr, kind = hyperparameters["learning_rate"], hyperparameters["schedule"]
     total = max(1, epochs * steps_per_epoch)
     if kind == "constant":
-        return optax.constant_schedule(lr)
+        return optax.schedules.constant_schedule(lr)
     if kind == "cosine":
-        return optax.cosine_decay_schedule(lr, decay_steps=total)
+        return optax.schedules.cosine_decay_schedule(lr, decay_steps=total)
     if kind == "warmup_cosine":
         warmup = min(max(1, round(hyperparameters["warmup_epochs"] * steps_per_epoch)), total - 1)
         if warmup < 1:
-            return optax.cosine_decay_schedule(lr, decay_steps=total)
-        return optax.warmup_cosine_decay_schedule(0.0, lr, warmup_steps=warmup, decay_steps=total)
+            return optax.schedules.cosine_decay_schedule(lr, decay_steps=total)
+        return optax.schedules.warmup_cosine_decay_schedule(0.0, lr, warmup_steps=warmup, decay_steps=total)
     raise ConfigError(f"unknown train.schedule '{kind}'; fix: use constant, cosine or warmup_cosine")
 
 
@@ -258,7 +260,7 @@ def cross_entropy(
       params: one member's parameters (no member axis).
       images: uint8 ``[B, H, W, C]`` (scaled to [0, 1] here); labels: int ``[B]``.
       label_smoothing: ``a`` in [0, 1): the target is ``(1 - a) * onehot + a / C``
-        (Szegedy et al. 2016; ``optax.smooth_labels``), written as
+        (Szegedy et al. 2016; ``optax.losses.smooth_labels``), written as
         ``(1 - a) * CE + a * mean_c(-log p_c)``, so ``a = 0`` is exactly the plain loss.
 
     Returns:

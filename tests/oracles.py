@@ -27,7 +27,7 @@ def train_member_alone(
       params: one member's params (no member axis).
       images: uint8 ``[N, H, W, C]``; labels int ``[N]``.
       order: int ``[S, B]`` indices, one row per step.
-      label_smoothing: smooth the one-hot targets with ``optax.smooth_labels`` (the
+      label_smoothing: smooth the one-hot targets with ``optax.losses.smooth_labels`` (the
         textbook form of the loss, not the project's rewriting of it).
 
     Returns:
@@ -39,7 +39,7 @@ def train_member_alone(
         def loss_fn(p):  # written here, not taken from ensemble_core.train: an independent reference
             logits = model.apply({"params": p}, to_float(x))
             if label_smoothing:
-                targets = optax.smooth_labels(jax.nn.one_hot(y, logits.shape[-1]), label_smoothing)
+                targets = optax.losses.smooth_labels(jax.nn.one_hot(y, logits.shape[-1]), label_smoothing)
                 return optax.losses.softmax_cross_entropy(logits, targets).mean()
             return optax.losses.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 

@@ -72,8 +72,8 @@ def _optax_schedule(hp: dict, steps_per_epoch: int, epochs: int):
         return hp["learning_rate"]
     warmup = round(hp["warmup_epochs"] * steps_per_epoch)
     if hp["schedule"] == "cosine" or warmup == 0:
-        return optax.cosine_decay_schedule(hp["learning_rate"], total)
-    return optax.warmup_cosine_decay_schedule(0.0, hp["learning_rate"], warmup, total)
+        return optax.schedules.cosine_decay_schedule(hp["learning_rate"], total)
+    return optax.schedules.warmup_cosine_decay_schedule(0.0, hp["learning_rate"], warmup, total)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])

@@ -229,12 +229,16 @@ def test_stock_orbax_restores_on_one_device(tmp_path, tfds_dir, reference):
 import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
 import json, jax, numpy as np, orbax.checkpoint as ocp
-mngr = ocp.CheckpointManager(
-    {str(reference / "checkpoints")!r},
-    item_handlers={{"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}},
-)
+registry = ocp.DefaultCheckpointHandlerRegistry()
+for item, handler, save, restore in (
+    ("state", ocp.StandardCheckpointHandler(), ocp.args.StandardSave, ocp.args.StandardRestore),
+    ("meta", ocp.JsonCheckpointHandler(), ocp.args.JsonSave, ocp.args.JsonRestore),
+):
+    registry.add(item, save, handler)
+    registry.add(item, restore, handler)
+mngr = ocp.CheckpointManager({str(reference / "checkpoints")!r}, handler_registry=registry)
 step = mngr.latest_step()
-tree = mngr.item_metadata(step)["state"].tree
+tree = mngr.metadata(step).item_metadata["state"].tree
 dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=dev), tree)
 out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
@@ -244,7 +248,7 @@ print(json.dumps({{"devices": jax.device_count(), "step": step, "meta_step": out
                   "shape": list(kernel.shape), "abs_sum": float(np.abs(np.asarray(kernel)).sum())}}))
 """
     proc = subprocess.run(
-        [sys.executable, "-c", script],
+        [sys.executable, "-W", "error::DeprecationWarning", "-c", script],
         capture_output=True,
         text=True,
         timeout=120,

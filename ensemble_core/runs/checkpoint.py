@@ -44,7 +44,16 @@ class EnsembleCheckpointer:
             enable_async_checkpointing=True,
             cleanup_tmp_directories=True,
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+        # The items, each with one handler for its save and restore args: orbax's
+        # ``handler_registry``, the successor of the deprecated ``item_names``.
+        registry = ocp.DefaultCheckpointHandlerRegistry()
+        for item, handler, save, restore in (
+            ("state", ocp.StandardCheckpointHandler(), ocp.args.StandardSave, ocp.args.StandardRestore),
+            ("meta", ocp.JsonCheckpointHandler(), ocp.args.JsonSave, ocp.args.JsonRestore),
+        ):
+            registry.add(item, save, handler)
+            registry.add(item, restore, handler)
+        self._manager = ocp.CheckpointManager(self.directory, options=options, handler_registry=registry)
 
     def latest_step(self) -> int | None:
         """The newest saved step (completed epochs), or None."""
