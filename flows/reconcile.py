@@ -11,9 +11,10 @@ and #21932, open in 3.9.1; Prefect plans server-side zombie detection). This pro
 the server the same question itself, every ``--every`` seconds, with Prefect's client:
 
 - **Zombies.** A ``Running`` flow run tagged ``ensemble`` of the work pool whose newest
-  ``prefect.flow-run.heartbeat`` event is older than ``--zombie-after`` seconds is set
-  ``Crashed``. A run that never sent a heartbeat (heartbeats are off for it) is left
-  alone, as is one whose heartbeat arrives while it is being checked (checked twice).
+  ``prefect.flow-run.heartbeat`` event, and the start of its current execution, are older
+  than ``--zombie-after`` seconds is set ``Crashed``. A run that never sent a heartbeat
+  (heartbeats are off for it) is left alone, as is one whose heartbeat arrives while it is
+  being checked (checked twice).
   The server's own orchestration refuses ``Crashed`` for a run already in a terminal
   state, so a run that finished in the meantime stays finished.
 - **Re-runs.** A deployment run tagged ``ensemble`` that has stayed ``Crashed`` for
@@ -84,9 +85,9 @@ def _runs(client: SyncPrefectClient, state: StateType, pool: str | None) -> list
 
 
 def last_heartbeat(client: SyncPrefectClient, run: FlowRun) -> datetime | None:
-    """When the newest heartbeat event of ``run`` occurred (the sender's clock), or None
-    if it sent none since it started (or since it was created, before it started)."""
-    since = run.start_time or run.created or (_now() - timedelta(days=1))
+    """When the newest heartbeat event of ``run`` occurred (the sender's clock), in any of
+    its executions, or None if it never sent one."""
+    since = run.created or (_now() - timedelta(days=7))
     page = client.read_events(
         EventFilter(
             occurred=EventOccurredFilter(since=since, until=_now() + timedelta(days=1)),
@@ -99,8 +100,15 @@ def last_heartbeat(client: SyncPrefectClient, run: FlowRun) -> datetime | None:
 
 
 def _silent_for(client: SyncPrefectClient, run: FlowRun, now: datetime) -> float | None:
+    """Seconds since the run last showed life: its newest heartbeat, or entering its
+    current Running state if that is later (a re-run whose first heartbeat is still on its
+    way is not judged by the heartbeats of the execution before it). None if it never sent
+    a heartbeat."""
     beat = last_heartbeat(client, run)
-    return None if beat is None else (now - beat).total_seconds()
+    if beat is None:
+        return None
+    running_since = run.state.timestamp if run.state is not None else beat
+    return (now - max(beat, running_since)).total_seconds()
 
 
 def mark_zombies(client: SyncPrefectClient, zombie_after_s: float, pool: str | None = None) -> list[Action]:
@@ -110,7 +118,11 @@ def mark_zombies(client: SyncPrefectClient, zombie_after_s: float, pool: str | N
         silent = _silent_for(client, run, _now())
         if silent is None or silent < zombie_after_s:
             continue
-        # Checked again just before acting: a heartbeat persisted late cancels the verdict.
+        # Checked again just before acting, on a fresh read of the run: a heartbeat persisted
+        # late, or a new execution started meanwhile, cancels the verdict.
+        run = client.read_flow_run(run.id)
+        if run.state is None or run.state.type != StateType.RUNNING:
+            continue
         silent = _silent_for(client, run, _now())
         if silent is None or silent < zombie_after_s:
             continue

@@ -36,7 +36,7 @@ def mnist_test(tfds_dir):
 # The modules that mostly wait on real processes (a Prefect stack's heartbeats, timeouts
 # and scheduler; trainings killed and resumed) start first: under `make test`'s two
 # pytest-xdist workers, the other worker runs the CPU-bound modules during those waits.
-_WAITING_FIRST = ("test_deployment.py", "test_flow.py")
+_WAITING_FIRST = ("test_deployment_faults.py", "test_deployment.py", "test_flow.py")
 
 
 def pytest_collection_modifyitems(items):

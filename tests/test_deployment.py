@@ -1,6 +1,7 @@
 """Integration: a real Prefect server, work pool, deployments from prefect.yaml, the
-automations and a worker (scripts/serve.sh), driven by `prefect deployment run --watch`
-and by the scheduler, checked through the Prefect API, then stopped (scripts/stop.sh).
+retry automation, the reconciler and a worker (scripts/serve.sh), driven by `prefect
+deployment run --watch` and by the scheduler, checked through the Prefect API, then stopped
+(scripts/stop.sh). The infrastructure faults are in tests/test_deployment_faults.py.
 
 Every flow-run process of the stack carries tests/lazy_import_probe (it records the
 threads alive whenever TFDS swaps ``builtins.__import__``, and widens that window); a
@@ -9,36 +10,25 @@ second process keeps one CPU core busy during the first two runs, as on a shared
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from benchmarks._stack import (
     ROOT,
-    ZOMBIE_AFTER_S,
     api,
     deployment_run,
     engine_pids,
-    kill_group,
-    kill_stack,
     run_id_of,
-    serve,
     small_params,
-    start_long_run,
-    state_names,
     wait_until,
 )
 from ensemble_core.runs.processes import free_port
+from tests.deployment_records import assert_complete_records, events, flow_run, run_name, task_runs
 
 pytestmark = pytest.mark.slow  # a real Prefect stack: server, worker, scheduler
-
-CRASH_WAIT_S = ZOMBIE_AFTER_S + 150  # how long a zombie may wait to be marked crashed under load
-TASKS = {"prepare_dataset", "split_rngs", "train_ensemble", "evaluate", "compare_with_champion", "report"}
-TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
 @pytest.fixture(scope="module")
@@ -53,65 +43,6 @@ def stack(tmp_path_factory):
     }
     with stack(tmp, **probe) as env:
         yield tmp, env
-
-
-def _flow_run(env, run_id):
-    return api(env, "GET", f"/flow_runs/{run_id}")
-
-
-def _task_runs(env, run_id):
-    return api(env, "POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})
-
-
-def _events(env, prefix, run_name):
-    """Events named ``prefix*`` about the run directory ``run_name`` (the project's resource id)."""
-    body = {"filter": {"event": {"prefix": [prefix]}, "resource": {"id": [f"ensemble-pipeline.run.{run_name}"]}}}
-    return api(env, "POST", "/events/filter", body)["events"]
-
-
-def _wait_final(env, run_id, timeout=400, crashed_for=30.0):
-    """The flow run once final. Crashed counts only after ``crashed_for`` seconds, as the
-    retry-crashed-runs automation reschedules a crashed run within seconds."""
-    crashed_since = []
-
-    def final():
-        fr = _flow_run(env, run_id)
-        if fr["state_type"] != "CRASHED":
-            crashed_since.clear()
-            return fr["state_type"] in TERMINAL and fr
-        crashed_since[:] = crashed_since or [time.monotonic()]
-        return time.monotonic() - crashed_since[0] >= crashed_for and fr
-
-    return wait_until(final, timeout, f"flow run {run_id} to end")
-
-
-def _assert_complete_records(env, fr):
-    """COMPLETED, each stage's task run completed, its promotion event, its report artifacts."""
-    assert fr["state_type"] == "COMPLETED", (fr["name"], fr["state"])
-    tasks = _task_runs(env, fr["id"])
-    done = {t["name"].rsplit("-", 1)[0] for t in tasks if t["state_type"] == "COMPLETED"}
-    assert done >= TASKS, (fr["name"], sorted(done))
-    run_dir = Path(fr["parameters"]["output_dir"]) / _run_name(fr)
-    run_name = run_dir.name
-    assert (run_dir / "report.json").is_file()
-    # Prefect persists events asynchronously (the flow-run process sends them over a
-    # websocket, the server writes them in batches): under load the run's event can reach
-    # the database seconds after its final state. Wait for it; a lost one never comes.
-    events = wait_until(lambda: _events(env, "ensemble.", run_name), 90, f"the ensemble.* event of {run_name}")
-    assert len(events) == 1 and events[0]["event"] in {"ensemble.promoted", "ensemble.rejected"}, events
-    keys = {
-        a["key"]
-        for a in api(env, "POST", "/artifacts/filter", {"flow_runs": {"id": {"any_": [fr["id"]]}}})
-        if a.get("key")
-    }
-    assert {"ensemble-report", "ensemble-members", "ensemble-run-history", "training-progress"} <= keys, keys
-    return run_dir
-
-
-def _run_name(fr) -> str:
-    out = Path(fr["parameters"]["output_dir"])
-    (match,) = [d.name for d in out.iterdir() if d.is_dir() and d.name.endswith("-" + fr["name"])]
-    return match
 
 
 # MARK: two runs by `prefect deployment run`, under CPU load
@@ -130,14 +61,14 @@ def two_runs(stack):
         assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
     finally:
         burner.kill()
-    runs = [_flow_run(env, run_id_of(p)) for p in (first, second)]
+    runs = [flow_run(env, run_id_of(p)) for p in (first, second)]
     return tmp, env, runs
 
 
 def test_both_runs_completed_with_every_record(two_runs):
     _, env, flow_runs = two_runs
     for fr in flow_runs:
-        _assert_complete_records(env, fr)
+        assert_complete_records(env, fr)
 
 
 def test_flow_run_processes_exit(two_runs):
@@ -160,7 +91,7 @@ def test_second_run_used_the_cached_dataset(two_runs):
     _, env, flow_runs = two_runs
     states = []
     for fr in flow_runs:
-        tasks = _task_runs(env, fr["id"])
+        tasks = task_runs(env, fr["id"])
         states.append(next(t["state"]["name"] for t in tasks if t["name"].startswith("prepare_dataset")))
     assert states == ["Completed", "Cached"]
 
@@ -169,7 +100,7 @@ def test_promotion_kept_the_better_champion(two_runs):
     tmp, env, flow_runs = two_runs
     runs = tmp / "runs"
     champion = json.loads((runs / "champion.json").read_text())
-    first, second = (runs / _run_name(fr) for fr in flow_runs)
+    first, second = (runs / run_name(fr) for fr in flow_runs)
     assert champion["run_name"] == first.name
     rep1 = json.loads((first / "report.json").read_text())
     rep2 = json.loads((second / "report.json").read_text())
@@ -177,7 +108,7 @@ def test_promotion_kept_the_better_champion(two_runs):
     assert rep2["promotion"]["promoted"] is False
     assert rep2["promotion"]["champion"] == pytest.approx(rep1["ensemble"])
     assert rep2["ensemble"]["nll"] > rep1["ensemble"]["nll"]
-    assert [e["event"] for e in _events(env, "ensemble.", second.name)] == ["ensemble.rejected"]
+    assert [e["event"] for e in events(env, "ensemble.", second.name)] == ["ensemble.rejected"]
 
 
 def test_deployments_and_automations(two_runs):
@@ -230,7 +161,7 @@ def test_scheduled_runs_execute(two_runs):
         for s in api(env, "GET", "/deployments/name/train-ensemble/nightly")["schedules"]:
             api(env, "DELETE", f"/deployments/{dep['id']}/schedules/{s['id']}")
     assert all(r["auto_scheduled"] for r in runs)  # created by the scheduler, not by hand
-    dirs = [_assert_complete_records(env, r) for r in runs]
+    dirs = [assert_complete_records(env, r) for r in runs]
     assert dirs[0] != dirs[1]
     rep1, rep2 = (json.loads((d / "report.json").read_text()) for d in dirs)
     assert rep1["promotion"]["champion"] is None
@@ -290,7 +221,7 @@ def test_bad_parameters_fail_at_once_with_one_line(bad_runs, case):
     lines = [line for line in proc.stdout.splitlines() if "error: " in line and "fix:" in line]
     assert lines and expected in lines[0], proc.stdout[-3000:]
     assert "Traceback" not in proc.stdout
-    fr = _flow_run(env, run_id_of(proc))
+    fr = flow_run(env, run_id_of(proc))
     assert fr["state_type"] == "FAILED" and fr["run_count"] == 1
     assert fr["state"]["message"].startswith("error: ") and expected in fr["state"]["message"]
     assert elapsed < 150  # no retry delay: all four ran side by side, each failing at once
@@ -309,81 +240,3 @@ def test_server_unreachable_is_one_line(tmp_path):
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: the Prefect server at ") and "fix:" in lines[0]
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
-
-
-# MARK: infrastructure faults while a run trains
-
-
-def test_worker_killed_while_training(stack):
-    """(a) SIGKILL of the worker's process group: the run still ends COMPLETED with every
-    record (the flow-run process carries on, or, as Prefect 3.9's flow-run process does
-    when its worker's control session closes, it ends Crashed and is re-run)."""
-    tmp, env = stack
-    run_id = start_long_run(env, tmp, "fault-worker")
-    serve_dir = Path(env["ENSEMBLE_SERVE_DIR"])
-    kill_group(serve_dir / "worker.pid")
-    serve(env)  # a new worker, as a supervisor would start
-    fr = _wait_final(env, run_id)
-    _assert_complete_records(env, fr)
-    wait_until(lambda: not engine_pids(env), 30, "flow-run processes to exit")
-
-
-def _assert_crashed_and_resumed(env, run_id, killed, marked_by=None):
-    """The run is marked Crashed (its state message naming ``marked_by`` if given), re-run
-    once and resumed (not restarted) to completion with every record; returns seconds
-    from the kill to Crashed."""
-    # The behaviour is what is proven here, not the latency (the README gives the
-    # distribution of benchmarks/recovery.py): the bound only says "marked, not forgotten".
-    wait_until(lambda: "CRASHED" in state_names(env, run_id), CRASH_WAIT_S, "the run to be marked crashed")
-    crashed_after = time.monotonic() - killed
-    crashed = next(s for s in api(env, "GET", f"/flow_run_states/?flow_run_id={run_id}") if s["type"] == "CRASHED")
-    assert marked_by is None or marked_by in crashed["message"], crashed
-    fr = _wait_final(env, run_id)
-    run_dir = _assert_complete_records(env, fr)
-    report = json.loads((run_dir / "report.json").read_text())
-    assert report["resumed_from_epoch"] is not None  # resumed, not restarted
-    assert fr["run_count"] == 2
-    assert not list(run_dir.glob("checkpoints/*.orbax-checkpoint-tmp*"))
-    return crashed_after
-
-
-def test_worker_and_flow_run_killed_is_crashed_and_resumed(stack):
-    """(b) SIGKILL of the worker and of the flow-run process (a lost machine): the run is
-    marked Crashed (by what is left of its process, or by the reconciler once its heartbeats
-    stop), rescheduled, run again by the new worker and resumed from its checkpoint."""
-    tmp, env = stack
-    run_id = start_long_run(env, tmp, "fault-both")
-    (engine,) = engine_pids(env, run_id)
-    kill_group(Path(env["ENSEMBLE_SERVE_DIR"]) / "worker.pid")
-    os.kill(engine, signal.SIGKILL)
-    killed = time.monotonic()
-    serve(env)
-    assert _assert_crashed_and_resumed(env, run_id, killed) < CRASH_WAIT_S
-
-
-def test_whole_stack_killed_is_crashed_and_resumed(stack):
-    """(d) SIGKILL of the whole stack while a run trains (the machine that held it all is
-    lost): flow-run process, worker, reconciler, server and database. `make serve` on the
-    same state brings it back; nothing is left to report the run, so the reconciler marks
-    it Crashed when its heartbeats are overdue, and it is re-run and resumed."""
-    tmp, env = stack
-    run_id = start_long_run(env, tmp, "fault-stack")
-    kill_stack(env)
-    killed = time.monotonic()
-    serve(env)
-    assert _assert_crashed_and_resumed(env, run_id, killed, marked_by="reconcile-lost-runs") < CRASH_WAIT_S
-
-
-def test_server_restarted_while_training(stack):
-    """(c) The server is stopped and started again while a run trains: the run finishes
-    with every record (or is crashed and re-run); no checkpoint is lost."""
-    tmp, env = stack
-    run_id = start_long_run(env, tmp, "fault-server")
-    serve_dir = Path(env["ENSEMBLE_SERVE_DIR"])
-    kill_group(serve_dir / "server.pid")
-    time.sleep(5)
-    serve(env)  # the same database: the server comes back with every record
-    fr = _wait_final(env, run_id)
-    _assert_complete_records(env, fr)
-    log = (serve_dir / "server.log").read_text()
-    assert log.count("started by scripts/serve.sh") >= 2  # the log of the first server survived

@@ -116,6 +116,31 @@ def test_marks_only_runs_whose_heartbeats_stopped(client, deployment_id, later):
         client.set_flow_run_state(run.id, Cancelled(), force=True)
 
 
+def test_a_new_execution_is_not_judged_by_the_heartbeats_of_the_last(client, deployment_id):
+    """A re-run whose first heartbeat has not reached the server yet keeps running; the
+    same silence without a new execution is a zombie (real clocks, a 4 s timeout)."""
+    from prefect.states import Cancelled, Crashed, Pending, Running
+
+    from flows import reconcile
+
+    rerun = _run(client, deployment_id, "RUNNING")
+    lost = _run(client, deployment_id, "RUNNING")
+    for run in (rerun, lost):
+        _heartbeat(client, run, datetime.now(UTC))
+    _wait_persisted(client, [rerun, lost])
+    time.sleep(5)
+    client.set_flow_run_state(rerun.id, Crashed(message="the process died"))
+    client.set_flow_run_state(rerun.id, Pending(), force=True)
+    client.set_flow_run_state(rerun.id, Running(), force=True)  # the next execution starts
+
+    actions = reconcile.mark_zombies(client, zombie_after_s=4.0)
+
+    assert [(a.kind, a.flow_run_id) for a in actions] == [("crashed", str(lost.id))]
+    assert _state(client, rerun) == "RUNNING"
+    for run in (rerun, lost):
+        client.set_flow_run_state(run.id, Cancelled(), force=True)
+
+
 def test_reschedules_crashed_deployment_runs_within_the_attempts(client, deployment_id, later):
     from flows import reconcile
 
