@@ -52,8 +52,8 @@ def assert_complete_records(env, fr):
     # Prefect persists events asynchronously (the flow-run process sends them over a
     # websocket, the server writes them in batches): under load the run's event can reach
     # the database seconds after its final state. Wait for it; a lost one never comes.
-    events = wait_until(lambda: events(env, "ensemble.", name), 90, f"the ensemble.* event of {name}")
-    assert len(events) == 1 and events[0]["event"] in {"ensemble.promoted", "ensemble.rejected"}, events
+    found = wait_until(lambda: events(env, "ensemble.", name), 90, f"the ensemble.* event of {name}")
+    assert len(found) == 1 and found[0]["event"] in {"ensemble.promoted", "ensemble.rejected"}, found
     keys = {
         a["key"]
         for a in api(env, "POST", "/artifacts/filter", {"flow_runs": {"id": {"any_": [fr["id"]]}}})
