@@ -169,7 +169,10 @@ def kill_stack(env: dict[str, str]) -> None:
     postmaster = int((Path(env["ENSEMBLE_PGDATA"]) / "postmaster.pid").read_text().split()[0])
     pids = [postmaster, *_children(postmaster)]
     for pid in pids:
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # a server process that exited since it was listed
+            pass
     # Until reaped, not only dead: pg_ctl takes a zombie postmaster for a running server.
     wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), 60, "PostgreSQL to be reaped", every=0.2)
 
