@@ -4,6 +4,7 @@ write errors, concurrent runs, and restoring with stock orbax on another device 
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -145,7 +146,11 @@ def test_write_error_during_save_is_clear_and_keeps_earlier_checkpoints(tmp_path
     assert rc == 2
     # orbax's writer thread may also print its traceback; our one-line error is among the lines.
     (line,) = [x for x in err.splitlines() if x.startswith("error: ")]
-    assert line.startswith("error: saving a checkpoint in") and "Error writing" in line
+    # It names the underlying error, type and text. Which write hits the limit first varies
+    # (orbax writes the state and metadata items concurrently): usually tensorstore's
+    # "Error writing ...", but one fresh-clone CI run in three got another failing write.
+    assert line.startswith("error: saving a checkpoint in")
+    assert re.search(r" failed( \[E[A-Z]+\])? \(\w+: .+\); the finished checkpoints", line), line
     assert "finished checkpoints ['16'] are intact" in line and "fix: free disk space" in line
     # The earlier checkpoint is intact: a resume from it completes.
     rc, out, err = _finish(_proc(run, tfds_dir))
