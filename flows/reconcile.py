@@ -47,6 +47,7 @@ from prefect.client.schemas.filters import (
 )
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
+from prefect.flow_engine import MINIMUM_HEARTBEAT_INTERVAL  # Prefect's shortest heartbeat interval
 from prefect.states import Crashed, Scheduled
 
 from flows.automations import DEFAULT_MAX_ATTEMPTS, RETRY_MESSAGE, TAG
@@ -54,7 +55,6 @@ from flows.automations import DEFAULT_MAX_ATTEMPTS, RETRY_MESSAGE, TAG
 NAME = "reconcile-lost-runs"
 HEARTBEAT = "prefect.flow-run.heartbeat"
 DEFAULT_EVERY_S = 10.0
-MIN_HEARTBEAT_S = 30  # prefect.flow_engine.MINIMUM_HEARTBEAT_INTERVAL
 DEFAULT_ZOMBIE_AFTER_S = 120.0  # 4 missed heartbeats at 30 s (Prefect's minimum interval)
 DEFAULT_RETRY_WITHIN_S = 24 * 3600.0  # a crash older than a day is history, not a run to resume
 RETRY_GRACE_S = 30.0  # the retry automation's turn first
@@ -180,10 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retry-within", type=float, default=DEFAULT_RETRY_WITHIN_S, metavar="SECONDS")
     parser.add_argument("--once", action="store_true", help="one pass, then exit")
     args = parser.parse_args(argv)
-    if args.zombie_after <= MIN_HEARTBEAT_S or args.every <= 0 or args.max_attempts < 1:
+    if args.zombie_after <= MINIMUM_HEARTBEAT_INTERVAL or args.every <= 0 or args.max_attempts < 1:
         print(
             f"error: --zombie-after {args.zombie_after:g} must exceed Prefect's shortest heartbeat interval "
-            f"({MIN_HEARTBEAT_S} s), --every be above 0 and --max-attempts at least 1; fix: pass such values",
+            f"({MINIMUM_HEARTBEAT_INTERVAL} s), --every be above 0 and --max-attempts at least 1; "
+            f"fix: pass such values",
             file=sys.stderr,
         )
         return 2
