@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from ensemble_core.runs.processes import free_port
+from ensemble_core.processutil import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 ZOMBIE_AFTER_S = 50  # the reconciler's heartbeat timeout here (heartbeats every 30 s, Prefect's minimum)

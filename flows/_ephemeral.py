@@ -12,10 +12,8 @@ when the command that started it dies (Linux ``prctl(PR_SET_PDEATHSIG)``), howev
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+
+from ensemble_core.processutil import die_with_parent, free_port
 
 PARENT_ENV = "ENSEMBLE_EPHEMERAL_PARENT_PID"
 # The server imports Prefect's whole API and migrates its database before it answers:
@@ -35,24 +35,11 @@ class ServerStartError(RuntimeError):
     """The temporary Prefect server did not start (its output is in the message)."""
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the server process: SIGTERM when the parent dies (at once if it already has)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: Prefect's own exit hook still applies
-        return
-    expected = os.environ.get(PARENT_ENV)
-    if expected and os.getppid() != int(expected):  # the parent died before prctl
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def create_app():
-    """uvicorn app factory of the temporary server: Prefect's app, tied to the parent."""
-    _die_with_parent()
+    """uvicorn app factory of the temporary server: Prefect's app, tied to the parent
+    (SIGTERM when it dies; where that is not available, Prefect's own exit hook applies)."""
+    expected = os.environ.get(PARENT_ENV)
+    die_with_parent(signal.SIGTERM, int(expected) if expected else None)
     from prefect.server.api.server import create_app as prefect_create_app
 
     return prefect_create_app()
@@ -62,12 +49,6 @@ def _configured_api_url() -> str | None:
     from prefect.settings import get_current_settings
 
     return get_current_settings().api.url
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -93,7 +74,7 @@ def temporary_server() -> Iterator[str | None]:
 
     timeout = max(MIN_STARTUP_TIMEOUT_S, float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()))
 
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         **get_current_settings().to_environment_variables(exclude_unset=True),

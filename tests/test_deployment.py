@@ -25,7 +25,7 @@ from benchmarks._stack import (
     small_params,
     wait_until,
 )
-from ensemble_core.runs.processes import free_port
+from ensemble_core.processutil import free_port
 from tests.deployment_records import assert_complete_records, events, flow_run, run_name, task_runs
 
 pytestmark = pytest.mark.slow  # a real Prefect stack: server, worker, scheduler

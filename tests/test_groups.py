@@ -16,9 +16,9 @@ import pytest
 from ensemble_core import runs
 from ensemble_core.config import load_config
 from ensemble_core.errors import ConfigError, IncompatibleRunError
+from ensemble_core.processutil import free_port
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.evaluation import restore
-from ensemble_core.runs.processes import free_port
 from ensemble_core.runs.training import group_keys
 from ensemble_core.setup import build
 from tests.ensembles import predictions, tiny_config

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ensemble_core.runs.processes import free_port
+from ensemble_core.processutil import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

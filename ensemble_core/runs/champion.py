@@ -28,7 +28,6 @@ real I/O failures (a read-only or full disk, missing permissions) raise ``OSErro
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
 import json
 import logging
 import math
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ensemble_core.config import TEST_METRICS, PipelineConfig, figure_direction
+from ensemble_core.filelock import flocked
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.layout import CHAMPION_FILE, HISTORY_FILE, OutputDir, RunDir, atomic_write_bytes
 from ensemble_core.runs.results import Evaluation, PromotionDecision
@@ -295,12 +295,8 @@ def _unreserve(dest: Path) -> None:
 @contextmanager
 def _locked(out: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``<out>/.champion-state.lock``."""
-    with open(OutputDir(out).champion_lock, "a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    with flocked(OutputDir(out).champion_lock):
+        yield
 
 
 # MARK: the promotion policy

@@ -1,4 +1,4 @@
-"""An exclusive, advisory lock on a run directory (``<run>/.lock``, ``fcntl.flock``).
+"""An exclusive, advisory lock on a run directory (``<run>/.lock``, :mod:`ensemble_core.filelock`).
 
 The kernel releases the lock when its holder exits, even on SIGKILL, so a crashed run
 never leaves a stale lock behind.
@@ -7,41 +7,38 @@ never leaves a stale lock behind.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 from ensemble_core.errors import RunLockedError
+from ensemble_core.filelock import LockHeldError, flocked
 from ensemble_core.runs.layout import RunDir
 
 
 @contextlib.contextmanager
 def run_lock(run_dir: str | Path) -> Iterator[None]:
-    """Hold the run directory's lock (creating the directory) for the ``with`` block.
+    """Hold the run directory's lock (creating the directory) for the ``with`` block; the
+    lock file holds the holder's pid.
 
     Raises:
       RunLockedError: another process holds it; names that process's pid.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(RunDir(run_dir).lock, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    with contextlib.ExitStack() as stack:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise _refusal(run_dir, fd) from None
+            fd = stack.enter_context(flocked(RunDir(run_dir).lock, blocking=False))
+        except LockHeldError as held:
+            raise _refusal(run_dir, held.holder) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
-def _refusal(run_dir: Path, fd: int) -> RunLockedError:
-    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+def _refusal(run_dir: Path, holder: str) -> RunLockedError:
     return RunLockedError(
-        f"run directory '{run_dir}' is in use by another run (pid {holder}); fix: wait for it to "
+        f"run directory '{run_dir}' is in use by another run (pid {holder or 'unknown'}); fix: wait for it to "
         f"finish or choose another run_name"
     )
 
@@ -55,11 +52,8 @@ def ensure_unlocked(run_dir: str | Path) -> None:
     path = RunDir(Path(run_dir)).lock
     if not path.exists():
         return
-    fd = os.open(path, os.O_RDONLY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise _refusal(Path(run_dir), fd) from None
-    finally:
-        os.close(fd)
+        with flocked(path, shared=True, blocking=False, create=False):
+            pass
+    except LockHeldError as held:
+        raise _refusal(Path(run_dir), held.holder) from None

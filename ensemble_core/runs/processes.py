@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,7 @@ from pathlib import Path
 from ensemble_core.config import HOST_DEVICES, PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import EnsembleError, PreemptedError
+from ensemble_core.processutil import die_with_parent, free_port
 from ensemble_core.runs.layout import RunDir
 from ensemble_core.runs.results import TrainingSummary
 
@@ -59,13 +59,6 @@ _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 def local_devices(num_processes: int) -> int:
     """Simulated CPU devices per process when N processes share one machine."""
     return HOST_DEVICES // num_processes
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _child_env(num_processes: int) -> dict[str, str]:
@@ -219,19 +212,6 @@ def _failure(failed: tuple[str, int], procs, tails: list[str], run: RunDir) -> E
     )
 
 
-def _die_with_parent() -> None:
-    """Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: this process is killed when its parent
-    (the launcher, which holds the run's lock) dies, so no process trains on unseen."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except OSError:  # not glibc Linux: the heartbeat timeout still ends it with the others
-        return
-    if os.getppid() == 1:  # the parent died before the call
-        os._exit(1)
-
-
 def main(argv: list[str] | None = None) -> int:
     """One JAX process of the program: join the others, train, print process 0's summary."""
     parser = argparse.ArgumentParser(prog="python -m ensemble_core.runs.processes", description=__doc__.split("\n")[0])
@@ -244,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--process-id", type=int, default=None)
     args = parser.parse_args(argv)
 
-    if args.spec:  # started by train_processes: die with it, never train on as an orphan
-        _die_with_parent()
+    if args.spec:  # started by train_processes: killed with the launcher (which holds the
+        # run's lock), so no process trains on unseen; elsewhere the heartbeat timeout applies
+        die_with_parent(signal.SIGKILL)
     import jax
 
     from ensemble_core.runs.training import train
