@@ -34,6 +34,11 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
+# Throughput against the per-member loop (docs/benchmarks.md); options in ARGS, e.g.
+# make bench ARGS="--models cnn --sizes 8". Writes benchmarks/results/latest.json and .png.
+bench: $(STAMP)
+	$(PY) -m benchmarks.bench $(ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
 

@@ -281,7 +281,7 @@ def default_donate(platform: str) -> bool:
     Donating lets XLA update parameters and optimizer state in place (no second copy of
     the state in device memory), which matters on GPU/TPU. On XLA:CPU (jaxlib 0.10) the
     donated HOWTO CNN step measured 1.3-1.5x slower than the same step without donation
-    (README, Performance), and host memory is not the constraint.
+    (docs/benchmarks.md), and host memory is not the constraint.
     """
     return platform != "cpu"
 
@@ -293,7 +293,7 @@ def train_compiler_options(platform: str) -> dict[str, str]:
     train step. With jaxlib 0.10, XLA:CPU hands convolutions, reductions and elementwise
     ops to YNNPACK fusions that materialise broadcast constants at full activation size
     and run the convolutions' backward passes slowly; without them the HOWTO CNN's step
-    measured 1.3-1.7x faster (README, Performance). Evaluation keeps them: its forward
+    measured 1.3-1.7x faster (docs/benchmarks.md). Evaluation keeps them: its forward
     convolutions are faster with YNNPACK. Other platforms: no options.
     """
     return {"xla_cpu_experimental_ynn_fusion_type": ""} if platform == "cpu" else {}

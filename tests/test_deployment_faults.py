@@ -59,8 +59,8 @@ def _assert_crashed_and_resumed(env, run_id, killed, marked_by=None):
     """The run is marked Crashed (its state message naming ``marked_by`` if given), re-run
     once and resumed (not restarted) to completion with every record; returns seconds
     from the kill to Crashed."""
-    # The behaviour is what is proven here, not the latency (the README gives the
-    # distribution of benchmarks/recovery.py): the bound only says "marked, not forgotten".
+    # The behaviour is what is proven here, not the latency (docs/reliability.md gives
+    # the distribution of benchmarks/recovery.py): the bound only says "marked, not forgotten".
     wait_until(lambda: "CRASHED" in state_names(env, run_id), CRASH_WAIT_S, "the run to be marked crashed")
     crashed_after = time.monotonic() - killed
     crashed = next(s for s in api(env, "GET", f"/flow_run_states/?flow_run_id={run_id}") if s["type"] == "CRASHED")

@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_prefect_server_with_an_auth_string_refuses_requests_without_credentials(tmp_path):
-    """Prefect 3's ``PREFECT_SERVER_API_AUTH_STRING`` (HTTP basic auth), as the README's
-    "Beyond one machine" section sets it: no or wrong credentials get 401, the client
+    """Prefect 3's ``PREFECT_SERVER_API_AUTH_STRING`` (HTTP basic auth), as docs/distributed.md
+    (security once the stack leaves loopback) sets it: no or wrong credentials get 401, the client
     setting ``PREFECT_API_AUTH_STRING`` gets through; the health probe stays open."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}

@@ -13,7 +13,7 @@ def avg_pool_2x2(x: jnp.ndarray) -> jnp.ndarray:
 
     The same function as ``flax.linen.avg_pool(x, (2, 2), strides=(2, 2))``, written as a
     reshape and a mean: its gradient is a broadcast instead of the transpose of a
-    ``reduce_window``, which measured faster on XLA:CPU (see README, Performance). An odd
+    ``reduce_window``, which measured faster on XLA:CPU (see docs/benchmarks.md). An odd
     last row or column is dropped, as by flax's ``'VALID'`` padding.
     """
     b, h, w, c = x.shape

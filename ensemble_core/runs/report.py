@@ -24,7 +24,7 @@ def build_report(
     run_dir: str | Path,
     promotion: PromotionDecision | None = None,
 ) -> dict:
-    """Assemble the ``report.json`` object (see the README for every key).
+    """Assemble the ``report.json`` object (docs/evaluation.md lists every key).
 
     The ``test`` evaluator's figures are the top-level ``ensemble``, ``members``,
     ``member_mean``, ``diversity`` and ``diverged_members``; any other evaluator's are

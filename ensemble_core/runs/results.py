@@ -1,7 +1,7 @@
 """What the stages of a run hand each other: small, typed, JSON-able (pydantic) values.
 
 Prefect passes them between tasks as they are, and :mod:`ensemble_core.runs.report`
-writes them into ``report.json`` (whose keys the README documents). Arrays never travel
+writes them into ``report.json`` (whose keys docs/evaluation.md documents). Arrays never travel
 here: they stay in the run directory's files.
 """
 
@@ -36,7 +36,7 @@ class TrainingSummary(_Result):
     ``history``: one record per epoch (``epoch``, ``train_loss``/``train_accuracy``: lists
     of E_trained floats, ``diverged_members``, and with a validation split
     ``validation_nll``). ``stretches``: one record per stretch of
-    training (the first run and each resume; see the README's resume policy).
+    training (the first run and each resume; see the resume policy in docs/evaluation.md).
     """
 
     checkpoint_dir: str
