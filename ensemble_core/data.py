@@ -9,7 +9,6 @@ memory than float32) and become float32 in [0, 1] inside the jitted step
 
 from __future__ import annotations
 
-import fcntl
 import gzip
 import importlib.util
 import json
@@ -37,6 +36,7 @@ from array_record.python import array_record_module
 from google.protobuf.message import DecodeError
 
 from ensemble_core.errors import DataError
+from ensemble_core.filelock import flocked
 
 EMBEDDED = "mnist5k"
 FILE_FORMAT = "array_record"
@@ -615,8 +615,7 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
     """
     root = Path(_builder(name, data_dir).data_dir).parents[1]
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{name}.prepare.lock", "a") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+    with flocked(root / f".{name}.prepare.lock"):
         return _prepare_locked(name, data_dir, manual_dir)
 
 
