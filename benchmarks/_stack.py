@@ -86,14 +86,14 @@ def api(env: dict[str, str], method: str, path: str, body=None):
 
 def small_params(tmp: Path, out: str = "runs", epochs: int = 2, **train) -> dict:
     """Deployment parameters of a run of a few seconds (4 MLPs, 512 digits, test split only)."""
-    return {
+    config = {
         "data": {"data_dir": str(tmp / "tfds"), "max_train_examples": 512, "max_test_examples": 200},
         "model": {"name": "mlp", "hidden_sizes": [64]},
         "ensemble": {"size": 4},
         "train": {"epochs": epochs, "batch_size": 64, **train},
         "eval": {"evaluators": ["test"]},
-        "output_dir": str(tmp / out),
     }
+    return {"config": config, "output_dir": str(tmp / out)}
 
 
 def deployment_run(env, params, *extra, deployment="train-ensemble/adhoc", watch=True):
@@ -210,8 +210,8 @@ def start_long_run(env: dict[str, str], tmp: Path, out: str, epochs: int = 12) -
     checkpoint and the server holds a heartbeat of it (the reconciler leaves runs that
     never sent one alone)."""
     params = small_params(tmp, out=out, epochs=epochs)
-    params["data"]["max_train_examples"] = 2048
-    params["model"]["hidden_sizes"] = [512, 512]
+    params["config"]["data"]["max_train_examples"] = 2048
+    params["config"]["model"]["hidden_sizes"] = [512, 512]
     proc = deployment_run(env, params, watch=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run_id = run_id_of(proc)

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="ensemble-soak-"))
     params = _stack.small_params(tmp)
-    del params["eval"]  # every evaluator of the default config, as a nightly run
+    del params["config"]["eval"]  # every evaluator of the default config, as a nightly run
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     rows = []
     try:

@@ -21,28 +21,15 @@ if __name__ == "__main__":
 import argparse
 import datetime as dt
 import sys
+from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
 
 from ensemble_core import runs
-from ensemble_core.config import (
-    CheckpointConfig,
-    DataConfig,
-    DistributedConfig,
-    EnsembleConfig,
-    EvalConfig,
-    MeshConfig,
-    ModelConfig,
-    PipelineConfig,
-    PromotionConfig,
-    TrainConfig,
-    load_config,
-    validate,
-)
-from ensemble_core.data import DatasetInfo
-from ensemble_core.errors import EnsembleError, PreemptedError
+from ensemble_core.config import PipelineConfig, load_config, validate
+from ensemble_core.errors import ConfigError, EnsembleError, PreemptedError
 from flows import _outcome
 from flows import _server
 from flows import _cli
@@ -56,21 +43,9 @@ from tasks.train import train_stage
 
 DEFAULT_OUTPUT_DIR = "runs"
 
-# The command line runs the preflight before it starts a Prefect server (a refusal is one
-# line and no server); it leaves the result here, keyed by what was checked, so that the
-# flow it then calls in the same process does not check it all again.
-_PREFLIGHTED: dict[tuple[str, str, str], DatasetInfo] = {}
-
-
-def _preflight(config: PipelineConfig, output_dir: str, run_name: str) -> DatasetInfo:
-    """The CLI's preflight result for exactly these inputs, or a fresh preflight."""
-    key = (config.model_dump_json(), str(output_dir), run_name)
-    return _PREFLIGHTED.pop(key, None) or runs.preflight(config, output_dir, run_name)
-
-
 # The sequence of ensemble_core.runs.run, each stage a Prefect task.
 STAGES = runs.Stages(
-    preflight=_preflight,
+    preflight=runs.preflight,
     prepare=prepare_dataset,
     split_keys=split_rngs,
     train=train_stage,
@@ -94,48 +69,105 @@ def default_run_name() -> str:
 @flow(
     name="train-ensemble",
     log_prints=True,
+    # The flow validates ``config`` itself (validate_parameters=False), once, so that a bad
+    # value from a deployment is refused with the same one-line message as from the
+    # command line; the parameter schema (the UI form, every field with its description)
+    # still comes from the annotation.
+    validate_parameters=False,
     # No flow retries: bad input fails at once (flows._outcome.refused); transient errors are
     # retried by the stage's task; a crash or preemption ends Crashed and the
     # retry-crashed-runs automation re-runs it, resuming from the latest checkpoint.
     timeout_seconds=6 * 3600,
 )
 def train_ensemble(
-    seed: int = 0,
-    data: DataConfig = DataConfig(),
-    model: ModelConfig = ModelConfig(),
-    ensemble: EnsembleConfig = EnsembleConfig(),
-    train: TrainConfig = TrainConfig(),
-    mesh: MeshConfig = MeshConfig(),
-    checkpoint: CheckpointConfig = CheckpointConfig(),
-    eval: EvalConfig = EvalConfig(),  # noqa: A002  (the config section's name)
-    promotion: PromotionConfig = PromotionConfig(),
-    distributed: DistributedConfig = DistributedConfig(),
+    config: PipelineConfig = PipelineConfig(),
     output_dir: str = DEFAULT_OUTPUT_DIR,
     run_name: str | None = None,
+    # Deprecated, removed in the next release: the config's sections as parameters of their own.
+    seed: int | None = None,
+    data: dict[str, Any] | None = None,
+    model: dict[str, Any] | None = None,
+    ensemble: dict[str, Any] | None = None,
+    train: dict[str, Any] | None = None,
+    mesh: dict[str, Any] | None = None,
+    checkpoint: dict[str, Any] | None = None,
+    eval: dict[str, Any] | None = None,  # noqa: A002  (the config section's name)
+    promotion: dict[str, Any] | None = None,
+    distributed: dict[str, Any] | None = None,
 ) -> str:
     """Train, checkpoint, evaluate and report a deep ensemble; returns the run directory.
 
-    Every parameter but ``output_dir``/``run_name`` is a section of
-    :class:`ensemble_core.config.PipelineConfig`; re-using a run name resumes that run.
-    Whatever the parameter schema cannot refuse (an unknown dataset, a batch larger than
+    Whatever the config's schema cannot refuse (an unknown dataset, a batch larger than
     the split, a mesh that does not fit, a run directory in use) ends the run ``Failed``
     before any compute, with nothing written under ``output_dir`` and the state message
     ``error: ...; fix: ...``.
+
+    Args:
+        config: The whole pipeline config (configs/default.yaml); from a deployment a nested
+            mapping, e.g. {"ensemble": {"size": 4}}; keys left out keep their defaults.
+        output_dir: Parent of run directories.
+        run_name: The run directory's name; re-using one resumes that run (default: the
+            scheduled start and the flow run's name).
+        seed: Deprecated: use config.seed.
+        data: Deprecated: use config.data.
+        model: Deprecated: use config.model.
+        ensemble: Deprecated: use config.ensemble.
+        train: Deprecated: use config.train.
+        mesh: Deprecated: use config.mesh.
+        checkpoint: Deprecated: use config.checkpoint.
+        eval: Deprecated: use config.eval.
+        promotion: Deprecated: use config.promotion.
+        distributed: Deprecated: use config.distributed.
     """
     services = _outcome.PrefectServices()
-    sections = dict(data=data, model=model, ensemble=ensemble, train=train, mesh=mesh, checkpoint=checkpoint)
-    sections.update(eval=eval, promotion=promotion, distributed=distributed)
     run_name = run_name or default_run_name()
+    legacy = dict(seed=seed, data=data, model=model, ensemble=ensemble, train=train, mesh=mesh)
+    legacy.update(checkpoint=checkpoint, eval=eval, promotion=promotion, distributed=distributed)
+    legacy = {k: v for k, v in legacy.items() if v is not None}
+    for name in legacy:
+        get_run_logger().warning(deprecated_parameter(name))
     try:
-        # Through validate(): a value the parameter schema let through (a seed out of range)
-        # is refused with the one-line message, as from the command line.
-        config = validate({"seed": seed, **{k: v.model_dump(mode="json") for k, v in sections.items()}})
+        config = as_config(config, legacy)
         result = runs.run(config, output_dir, run_name, STAGES)  # preflight first: refusals before any compute
     except PreemptedError as err:
         return _outcome.interrupted(err)
     except EnsembleError as err:
         return _outcome.refused(err)
     return services.outcome(str(result.run_dir.path))
+
+
+def as_config(config: PipelineConfig | dict[str, Any] | None, sections: dict[str, Any] | None = None) -> PipelineConfig:
+    """``config`` as a validated :class:`PipelineConfig`: a ``PipelineConfig`` (the command
+    line validated it) as it is, a nested dict (a deployment's parameter) through
+    :func:`ensemble_core.config.validate`, ``None`` as the defaults.
+
+    ``sections`` are the deprecated per-section flow parameters (``{"ensemble": {...}}``):
+    each replaces its section of ``config``, as it did when it was a parameter of its own
+    (the flow logs :func:`deprecated_parameter` for each).
+
+    Raises:
+      ConfigError: a value out of range or of the wrong type, an unknown key (one line).
+    """
+    if not sections and isinstance(config, PipelineConfig):
+        return config
+    if isinstance(config, PipelineConfig):
+        config = config.model_dump(mode="json")
+    if config is not None and not isinstance(config, dict):
+        raise ConfigError(
+            f"parameter config is a {type(config).__name__}; fix: pass the config as a mapping of its "
+            f'sections, e.g. {{"ensemble": {{"size": 4}}}}'
+        )
+    raw = dict(config or {})
+    raw.update(sections or {})
+    return validate(raw)
+
+
+def deprecated_parameter(name: str) -> str:
+    """The one-line warning for a deprecated per-section flow parameter ``name``."""
+    return (
+        f"warning: flow parameter {name!r} is deprecated and goes in the next release; "
+        f"fix: pass it inside config, e.g. -p config='{{\"{name}\": ...}}'"
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -176,20 +208,11 @@ def _main(args: argparse.Namespace, run_name: str) -> int:
         print(f"error: {down}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        dataset = runs.preflight(config, args.output_dir, run_name)
+        runs.preflight(config, args.output_dir, run_name)
     except EnsembleError as err:
         return report_error(err)
-    key = (config.model_dump_json(), str(args.output_dir), run_name)
-    _PREFLIGHTED[key] = dataset
-    try:
-        return _outcome.run_cli(
-            train_ensemble,
-            **{name: getattr(config, name) for name in PipelineConfig.model_fields},
-            output_dir=args.output_dir,
-            run_name=run_name,
-        )
-    finally:
-        _PREFLIGHTED.pop(key, None)  # used by the flow, or not at all (the server did not start)
+    # The flow preflights again (a dataset prepared just now is reused: milliseconds).
+    return _outcome.run_cli(train_ensemble, config=config, output_dir=args.output_dir, run_name=run_name)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `prefect deployment run`, but one line instead of a traceback when the server is down:
-#   scripts/deployment-run.sh 'train-ensemble/adhoc' -p ensemble='{"size": 4}' --watch
+#   scripts/deployment-run.sh 'train-ensemble/adhoc' -p config='{"ensemble": {"size": 4}}' --watch
 # Every argument is passed on to `prefect deployment run`.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -199,7 +199,7 @@ def bad_runs(two_runs):
             extra = ["--param", "run_name=busy"]
         else:
             for section, values in change.items():
-                params[section] = {**params.get(section, {}), **values}
+                params["config"][section] = {**params["config"].get(section, {}), **values}
         cases[case] = (out, params, extra)
     with run_lock(tmp / "bad-run-dir-in-use" / "busy"), ThreadPoolExecutor(len(cases)) as pool:
         before = {case: sorted(p.relative_to(out) for p in out.rglob("*")) for case, (out, _, _) in cases.items()}

@@ -506,9 +506,20 @@ def test_flow_parameters_outside_the_config_ranges_fail_with_one_line(prefect_se
     the run at once with the one-line message, as from the command line."""
     from flows.train_ensemble import train_ensemble
 
-    state = train_ensemble(seed=2**32, output_dir=str(tmp_path / "runs"), run_name="x", return_state=True)
+    state = train_ensemble(config={"seed": 2**32}, output_dir=str(tmp_path / "runs"), run_name="x", return_state=True)
     assert state.is_failed() and state.message.startswith("error: config key 'seed'") and "fix:" in state.message
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_deprecated_section_parameter_still_reaches_the_run(prefect_server, tmp_path):
+    """The last release's per-section parameter (``data=...``) is still honoured: its
+    unknown dataset is refused by the preflight, as inside ``config``."""
+    from flows.train_ensemble import train_ensemble
+
+    out = tmp_path / "runs"
+    state = train_ensemble(data={"name": "no_such"}, output_dir=str(out), run_name="x", return_state=True)
+    assert state.is_failed() and "unknown dataset 'no_such'" in state.message, state.message
+    assert not out.exists()
 
 
 def test_stage_tasks_retry_only_transient_failures(prefect_server):
