@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from jaxtyping import Array, Int, UInt8
+from jaxtyping import Array, Int, Key, UInt8
 
 from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS, host_value
 from ensemble_core.rngs import epoch_order
@@ -44,7 +44,7 @@ def fit(
     train_step: Callable,
     images: UInt8[Array, "N H W C"],
     labels: Int[Array, " N"],
-    data_keys: jax.Array,
+    data_keys: Key[Array, " E"],
     mesh: Mesh,
     *,
     epochs: int,

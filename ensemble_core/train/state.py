@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Bool, Float, Int, Key
 
 from ensemble_core.errors import ConfigError
 from ensemble_core.mesh import member_sharding, replicated
@@ -69,7 +69,7 @@ class EnsembleState:
 def init_ensemble(
     model: nn.Module,
     tx: optax.GradientTransformation,
-    init_keys: jax.Array,
+    init_keys: Key[Array, " E"],
     image_shape: tuple[int, ...],
     mesh: Mesh,
     hyperparameters: list[dict] | None = None,

@@ -168,7 +168,13 @@ def make_train_step(
         out_specs=(members,) * 5,
     )
 
-    def train_step(state: EnsembleState, images, labels, indices, learning_rates=None):
+    def train_step(
+        state: EnsembleState,
+        images: UInt8[Array, "N H W C"],
+        labels: Int[Array, " N"],
+        indices: Int[Array, "E B"],
+        learning_rates: Float[Array, " E"] | None = None,
+    ) -> tuple[EnsembleState, dict[str, Float[Array, " E"]]]:
         if learning_rates is None:
             learning_rates = state.opt_state.hyperparams["learning_rate"]
         params, opt_state, healthy, loss, accuracy = sharded(
