@@ -1,4 +1,5 @@
-"""Damaged champion/history state never blocks a later run (ensemble_core.runs.champion).
+"""Damaged champion/history state never blocks a later run (ensemble_core.runs.champion_state,
+through the names ensemble_core.runs.champion re-exports).
 
 Real files under tmp_path; what is read back is checked with the json module directly.
 """
@@ -14,7 +15,7 @@ import types
 
 import pytest
 
-from ensemble_core.runs import champion
+from ensemble_core.runs import champion, champion_state
 from ensemble_core.runs.layout import OutputDir
 
 LOGGER = "ensemble_core.runs.champion"
@@ -224,7 +225,7 @@ def test_set_aside_never_overwrites(tmp_path, monkeypatch, caplog):
         def now(cls, tz=None):
             return fixed
 
-    monkeypatch.setattr(champion, "dt", types.SimpleNamespace(datetime=Frozen, UTC=dt.UTC))
+    monkeypatch.setattr(champion_state, "dt", types.SimpleNamespace(datetime=Frozen, UTC=dt.UTC))
     paths = []
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         for i in range(3):
@@ -263,7 +264,7 @@ def test_write_champion_is_atomic(tmp_path, monkeypatch):
     def broken_replace(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(champion.os, "replace", broken_replace)
+    monkeypatch.setattr(champion_state.os, "replace", broken_replace)
     with pytest.raises(OSError):
         champion.write_champion(out, _record(run, run_name="other"))
     monkeypatch.undo()
@@ -353,7 +354,7 @@ def test_append_history_failure_keeps_the_old_file(tmp_path, monkeypatch):
     def broken_replace(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(champion.os, "replace", broken_replace)
+    monkeypatch.setattr(champion_state.os, "replace", broken_replace)
     with pytest.raises(OSError):
         champion.append_history(tmp_path, _row("r2"))
     monkeypatch.undo()

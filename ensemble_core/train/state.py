@@ -1,0 +1,141 @@
+"""The ensemble's train state: every member's parameters and optimizer state on a leading axis ``E``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh
+from jaxtyping import Array, Bool, Float, Int, Key
+
+from ensemble_core.errors import ConfigError
+from ensemble_core.mesh import member_sharding, replicated
+from ensemble_core.train.optimizer import set_hyperparameters
+
+
+@flax.struct.dataclass
+class BestTracking:
+    """Each member's best epoch so far on the validation split, and early stopping.
+
+    Attributes:
+      params: every member's parameters at its best epoch (leaves ``[E, ...]``).
+      nll: float32 ``[E]``: the validation NLL (nats) of that epoch (inf before the first).
+      epoch: int32 ``[E]``: the best epoch, 1-based (0 before the first).
+      stopped_epoch: int32 ``[E]``: the epoch after which the member stopped updating
+        (``train.patience`` epochs without improvement), 0 while it trains.
+    """
+
+    params: Any
+    nll: Float[Array, " E"]
+    epoch: Int[Array, " E"]
+    stopped_epoch: Int[Array, " E"]
+
+
+@flax.struct.dataclass
+class EnsembleState:
+    """Every member's parameters and optimizer state, stacked on a leading axis ``E``.
+
+    ``label_smoothing`` float32 ``[E]`` is each member's label smoothing (its learning
+    rate and weight decay live in ``opt_state.hyperparams``); ``best`` is None without a
+    validation split.
+    """
+
+    step: Int[Array, ""]
+    params: Any
+    opt_state: Any
+    healthy: Bool[Array, " E"]  # False once a member's loss or parameters went non-finite
+    label_smoothing: Float[Array, " E"]
+    best: BestTracking | None = None
+
+    @property
+    def active(self) -> Bool[Array, " E"]:
+        """Members still updating: not stopped early (diverged members are ``~healthy``)."""
+        if self.best is None:
+            return jnp.ones_like(self.healthy)
+        return self.best.stopped_epoch == 0
+
+    @property
+    def final_params(self) -> Any:
+        """The parameters evaluated: each member's best epoch's with a validation split,
+        else the latest."""
+        return self.params if self.best is None else self.best.params
+
+
+def init_ensemble(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    init_keys: Key[Array, " E"],
+    image_shape: tuple[int, ...],
+    mesh: Mesh,
+    hyperparameters: list[dict] | None = None,
+    track_best: bool = False,
+) -> EnsembleState:
+    """Initialise E members, member i from ``init_keys[i]`` only.
+
+    Args:
+      init_keys: typed keys ``[E]`` (see :func:`ensemble_core.rngs.member_keys`).
+      image_shape: ``(H, W, C)``.
+      hyperparameters: E dicts (:func:`ensemble_core.hyper.member_hyperparameters`):
+        member i's ``learning_rate`` and ``weight_decay`` go into its optimizer state
+        (:func:`~ensemble_core.train.optimizer.set_hyperparameters`; the train step
+        replaces the learning rate by each step's), its ``label_smoothing`` into the
+        state; None keeps ``tx``'s values and no smoothing.
+      track_best: start a :class:`BestTracking` (there is a validation split).
+
+    Returns:
+      An :class:`EnsembleState` whose leaves are ``[E, ...]``, sharded over ``'ensemble'``.
+
+    Raises:
+      ConfigError: ``hyperparameters`` does not hold E dicts.
+    """
+    e = init_keys.shape[0]
+    if hyperparameters is not None and len(hyperparameters) != e:
+        raise ConfigError(f"{len(hyperparameters)} members' hyperparameters for {e} members")
+
+    def column(name: str) -> np.ndarray | None:
+        return None if hyperparameters is None else np.asarray([hp[name] for hp in hyperparameters], np.float32)
+
+    def init_one(key):
+        params = model.init(key, jnp.zeros((1, *image_shape), jnp.float32))["params"]
+        return params, tx.init(params)
+
+    def init_all(keys, per_member):
+        params, opt_state = jax.vmap(init_one)(keys)
+        opt_state = set_hyperparameters(opt_state, {k: per_member[k] for k in ("learning_rate", "weight_decay")})
+        smoothing = per_member.get("label_smoothing")
+        best = None
+        if track_best:
+            best = BestTracking(
+                params=params,
+                nll=jnp.full(keys.shape, jnp.inf, jnp.float32),
+                epoch=jnp.zeros(keys.shape, jnp.int32),
+                stopped_epoch=jnp.zeros(keys.shape, jnp.int32),
+            )
+        return EnsembleState(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=opt_state,
+            healthy=jnp.ones(keys.shape, jnp.bool_),
+            label_smoothing=jnp.zeros(keys.shape, jnp.float32) if smoothing is None else smoothing,
+            best=best,
+        )
+
+    per_member = {name: column(name) for name in ("learning_rate", "weight_decay", "label_smoothing")}
+    abstract = jax.eval_shape(init_all, init_keys, per_member)
+    return jax.jit(init_all, out_shardings=state_shardings(abstract, mesh))(init_keys, per_member)
+
+
+def state_shardings(state: EnsembleState, mesh: Mesh) -> EnsembleState:
+    """The sharding of every leaf: step replicated, members over ``'ensemble'``."""
+    ms = member_sharding(mesh)
+    return jax.tree.map(lambda _: ms, state).replace(step=replicated(mesh))
+
+
+def unstacked(tree: Any, i: int) -> Any:
+    """Member ``i`` of a struct-of-arrays pytree (leaves ``[E, ...]`` -> ``[...]``)."""
+    return jax.tree.map(lambda x: x[i], tree)

@@ -1,0 +1,201 @@
+"""The loss and the jitted train step: one step updates every member.
+
+The step is a ``jax.shard_map`` over the mesh ``('ensemble', 'data')``: each device holds
+``E / ensemble`` members and ``B / data`` examples of each member's batch; gradients are
+averaged over ``'data'`` (the data-parallel pattern: a psum of each shard's share of the
+batch-mean loss gradient). The training split lives on device (uint8, replicated), so a
+step only ships its ``[E, B]`` int32 indices and ``[E]`` learning rates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+from jaxtyping import Array, Float, Int, UInt8
+
+from ensemble_core.data import to_float
+from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS
+from ensemble_core.train.members import map_members
+from ensemble_core.train.optimizer import set_hyperparameters
+from ensemble_core.train.state import EnsembleState
+
+# MARK: the loss
+
+
+def cross_entropy(
+    model: nn.Module,
+    params: Any,
+    images: UInt8[Array, "B H W C"],
+    labels: Int[Array, " B"],
+    label_smoothing: float | Float[Array, ""] = 0.0,
+) -> tuple[Float[Array, " B"], Float[Array, "B C"]]:
+    """One member's softmax cross-entropy on a batch: the loss every member trains on.
+
+    Args:
+      params: one member's parameters (no member axis).
+      images: uint8 ``[B, H, W, C]`` (scaled to [0, 1] here); labels: int ``[B]``.
+      label_smoothing: ``a`` in [0, 1): the target is ``(1 - a) * onehot + a / C``
+        (Szegedy et al. 2016; ``optax.losses.smooth_labels``), written as
+        ``(1 - a) * CE + a * mean_c(-log p_c)``, so ``a = 0`` is exactly the plain loss.
+
+    Returns:
+      ``(losses, logits)``: float32 ``[B]`` per-example losses in nats
+      (``optax.losses.softmax_cross_entropy_with_integer_labels`` when ``a = 0``) and
+      float32 ``[B, C]`` logits.
+    """
+    logits = model.apply({"params": params}, to_float(images))
+    losses = optax.losses.softmax_cross_entropy_with_integer_labels(logits, labels)
+    uniform = -jnp.mean(jax.nn.log_softmax(logits), axis=-1)
+    smoothed = losses + label_smoothing * (uniform - losses)
+    return jnp.where(label_smoothing > 0, smoothed, losses), logits
+
+
+# MARK: compilation
+
+
+def default_donate(platform: str) -> bool:
+    """Whether the train step donates the state buffers: yes, except on CPU.
+
+    Donating lets XLA update parameters and optimizer state in place (no second copy of
+    the state in device memory), which matters on GPU/TPU. On XLA:CPU (jaxlib 0.10) the
+    donated HOWTO CNN step measured 1.3-1.5x slower than the same step without donation
+    (docs/benchmarks.md), and host memory is not the constraint.
+    """
+    return platform != "cpu"
+
+
+def train_compiler_options(platform: str) -> dict[str, str]:
+    """XLA options the train step is compiled with on ``platform`` ('cpu', 'gpu', 'tpu').
+
+    On CPU: ``xla_cpu_experimental_ynn_fusion_type=""``, i.e. no YNNPACK fusions in the
+    train step. With jaxlib 0.10, XLA:CPU hands convolutions, reductions and elementwise
+    ops to YNNPACK fusions that materialise broadcast constants at full activation size
+    and run the convolutions' backward passes slowly; without them the HOWTO CNN's step
+    measured 1.3-1.7x faster (docs/benchmarks.md). Evaluation keeps them: its forward
+    convolutions are faster with YNNPACK. Other platforms: no options.
+    """
+    return {"xla_cpu_experimental_ynn_fusion_type": ""} if platform == "cpu" else {}
+
+
+# MARK: the step
+
+
+def make_train_step(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    mesh: Mesh,
+    strategy: str = "vmap",
+    donate: bool | None = None,
+) -> Callable:
+    """Build ``train_step(state, images, labels, indices, learning_rates=None) -> (state, metrics)``.
+
+    ``donate``: donate ``state`` to the step (None: :func:`default_donate` for the
+    mesh's platform). A donated state must not be used after the call. The step is
+    compiled with :func:`train_compiler_options` for the mesh's platform.
+
+    Args of the returned (jitted) function:
+      state: :class:`~ensemble_core.train.state.EnsembleState`, leaves ``[E, ...]``.
+      images: uint8 ``[N, H, W, C]``, the training split, replicated on the mesh.
+      labels: int32 ``[N]``, replicated.
+      indices: int32 ``[E, B]``: member e trains on ``images[indices[e]]``; sharded
+        ``P('ensemble', 'data')``.
+      learning_rates: float32 ``[E]``: each member's learning rate for this step (from
+        :func:`~ensemble_core.train.optimizer.learning_rate_table`), written into its
+        optimizer state before the update; None keeps the rates in the state.
+
+    Returns:
+      The new state and ``{"loss": float32 [E], "accuracy": float32 [E]}``: each member's
+      mean training loss (nats, with its label smoothing) and accuracy on its batch,
+      before the update. A member whose loss or updated parameters are not finite keeps
+      its previous parameters and optimizer state and is marked ``healthy=False`` for
+      good; a member stopped early (``state.active`` False) keeps them too.
+
+    Raises:
+      ConfigError: an unknown ``strategy`` (when the step is first traced).
+    """
+
+    data_size = mesh.shape[DATA_AXIS]
+
+    def member_update(params, opt_state, healthy, active, smoothing, lr, images, labels):
+        # Each data shard holds B / data examples; its share of the batch-mean loss is its
+        # sum over the global batch size. Params are invariant over 'data', so under
+        # shard_map's varying-manual-axes typing the gradient w.r.t. them is psum-ed over
+        # 'data' by JAX itself (the transpose of the implicit pvary): the sum of the
+        # shares' gradients is the gradient of the global batch mean.
+        global_batch = labels.shape[0] * data_size
+
+        def loss_fn(p):
+            losses, logits = cross_entropy(model, p, images, labels, smoothing)
+            return losses.sum() / global_batch, logits
+
+        (share, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        correct = jnp.sum(jnp.argmax(logits, -1) == labels) / global_batch
+        loss, accuracy = lax.psum((share, correct), DATA_AXIS)
+        opt_state = set_hyperparameters(opt_state, {"learning_rate": lr})
+        updates, new_opt_state = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        # A member whose loss or new parameters are not finite is frozen from now on: its
+        # update is masked out here, inside the step, and the other members train on.
+        finite = jnp.isfinite(loss) & jnp.all(
+            jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(new_params)])
+        )
+        keep = healthy & active & finite
+
+        def masked(new_tree, old_tree):
+            return jax.tree.map(lambda n, o: jnp.where(keep, n, o), new_tree, old_tree)
+
+        still_healthy = healthy & (finite | ~active)  # a stopped member's step is not its own
+        return masked(new_params, params), masked(new_opt_state, opt_state), still_healthy, loss, accuracy
+
+    def local(params, opt_state, healthy, active, smoothing, lr, images, labels, indices):
+        return map_members(member_update, strategy)(
+            params, opt_state, healthy, active, smoothing, lr, images[indices], labels[indices]
+        )
+
+    members = P(ENSEMBLE_AXIS)
+    sharded = jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(members,) * 6 + (P(), P(), P(ENSEMBLE_AXIS, DATA_AXIS)),
+        out_specs=(members,) * 5,
+    )
+
+    def train_step(
+        state: EnsembleState,
+        images: UInt8[Array, "N H W C"],
+        labels: Int[Array, " N"],
+        indices: Int[Array, "E B"],
+        learning_rates: Float[Array, " E"] | None = None,
+    ) -> tuple[EnsembleState, dict[str, Float[Array, " E"]]]:
+        if learning_rates is None:
+            learning_rates = state.opt_state.hyperparams["learning_rate"]
+        params, opt_state, healthy, loss, accuracy = sharded(
+            state.params,
+            state.opt_state,
+            state.healthy,
+            state.active,
+            state.label_smoothing,
+            learning_rates,
+            images,
+            labels,
+            indices,
+        )
+        new = state.replace(step=state.step + 1, params=params, opt_state=opt_state, healthy=healthy)
+        return new, {"loss": loss, "accuracy": accuracy}
+
+    platform = mesh.devices.flat[0].platform
+    if donate is None:
+        donate = default_donate(platform)
+    return jax.jit(
+        train_step,
+        donate_argnames=("state",) if donate else (),
+        compiler_options=train_compiler_options(platform),
+    )
