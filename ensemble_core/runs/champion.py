@@ -38,7 +38,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ensemble_core.config import TEST_METRICS, PipelineConfig, figure_direction
+from ensemble_core.config import PipelineConfig
+from ensemble_core.figures import TEST_METRICS, figure_direction
 from ensemble_core.filelock import flocked
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.layout import CHAMPION_FILE, HISTORY_FILE, OutputDir, RunDir, atomic_write_bytes
@@ -118,7 +119,7 @@ def decide(challenger: float, champion: float | None, metric: str) -> tuple[bool
     Args:
       challenger, champion: the figure ``metric`` of each, measured on the same data
         (``champion`` None: there is no champion, the challenger is promoted).
-      metric: ``promotion.metric`` (its direction: :func:`ensemble_core.config.figure_direction`).
+      metric: ``promotion.metric`` (its direction: :func:`ensemble_core.figures.figure_direction`).
 
     Returns:
       (promoted, a one-line reason).
