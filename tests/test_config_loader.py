@@ -61,18 +61,17 @@ OVERRIDES = [
 #: Cases whose meaning changed on purpose, with what they mean now and why.
 CHANGED = {
     # YAML 1.1 asks for a '.' in a float's mantissa and a sign in its exponent, so PyYAML read
-    # 1e3 and 1.0e3 as strings; ruamel.yaml reads them as the floats they look like. A float
+    # 1e3 and 1.0e3 as strings (1.0e+3 and 1.0e-3 as floats); ruamel.yaml reads them all as
+    # the floats they look like. A float
     # key got the same number either way (pydantic parses the string); now an int key accepts
     # an integral 1e3, a string key refuses it, and a list of per-member values holds numbers
     # instead of strings.
     "seed=1e3": {"seed": 1000},
     "seed=1.0e3": {"seed": 1000},
-    "seed=1.0e+3": {"seed": 1000},
     "train.epochs=1e1": {"train.epochs": 10},
     "data.max_train_examples=1e3": {"data.max_train_examples": 1000},
     "data.name=1e3": "config key 'data.name': Input should be a valid string (got 1000.0)",
     "data.name=1.0e3": "config key 'data.name': Input should be a valid string (got 1000.0)",
-    "data.name=1.0e-3": "config key 'data.name': Input should be a valid string (got 0.001)",
     f"ensemble.size=2{SEP}ensemble.search={{learning_rate: [1e-3, 2e-3]}}": {
         "ensemble.search.learning_rate": [0.001, 0.002]
     },
@@ -186,6 +185,40 @@ def test_a_duplicate_key_at_any_depth_is_a_one_line_error_naming_key_and_lines(t
     assert message.startswith(f"config file '{path}' has key '{key}' twice ({where}); fix: keep only one '{key}'"), (
         message
     )
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("a: &x 1\nb: &x 2\n", "is not valid YAML (found duplicate anchor 'x')"),
+        ("train: [1, 2\n", "is not valid YAML (line 2: while parsing a flow sequence, expected ',' or ']'"),
+        ("seed: 1\n---\nseed: 2\n", "is not valid YAML (line 2: expected a single document in the stream"),
+        ("seed: !!python/tuple [1]\n", "is not valid YAML (line 1: could not determine a constructor for the tag"),
+        ("seed: !!bool x\n", "cannot be read as a config (KeyError: 'x')"),
+        ("seed: 2001-13-45\n", "cannot be read as a config (ValueError: month must be in 1..12)"),
+        ("? [a, {b: 1}]\n: 1\n", "cannot be read as a config (TypeError: unhashable type: 'dict')"),
+        ("seed: !!omap [a: 1, a: 2]\n", "cannot be read as a config (AssertionError"),
+        ("seed: " + "[" * 5000 + "]" * 5000 + "\n", "cannot be read as a config (RecursionError: nesting too deep)"),
+        ("seed: 1" + "0" * 5000 + "\n", "cannot be read as a config (ValueError: a number with too many digits)"),
+        ("{1: a, 1.0: b}\n", "has key '1.0' twice (both on line 1)"),
+        ("{[1, 2]: 3}\n", "config key '(1, 2)': Keys should be strings"),
+    ],
+)
+def test_yaml_the_library_refuses_or_cannot_build_is_a_one_line_error(tmp_path, text, fragment):
+    path = tmp_path / "odd.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert len(message.splitlines()) == 1 and fragment in message and "fix:" in message, message
+
+
+def test_loading_warns_about_nothing(tmp_path, recwarn):
+    path = tmp_path / "floats.yaml"
+    path.write_text("train:\n  learning_rate: 1e-1\n  weight_decay: 1E-4\n")
+    cfg = load_config(path, ["train.label_smoothing=1e-2"])
+    assert (cfg.train.learning_rate, cfg.train.weight_decay, cfg.train.label_smoothing) == (0.1, 1e-4, 0.01)
+    assert not recwarn.list
 
 
 if __name__ == "__main__":

@@ -8,13 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from ensemble_core.config.limits import MAX_CONFIG_BYTES
 from ensemble_core.config.messages import config_error, show
 from ensemble_core.config.pipeline import PipelineConfig
-from ensemble_core.config.strict_yaml import DuplicateKeyError, load_yaml
+from ensemble_core.config.strict_yaml import DuplicateKeyError, UnreadableValueError, YAMLError, describe, load_yaml
 
 #: At most this many invalid values are described; the rest are counted.
 _MAX_ERRORS = 8
@@ -53,37 +52,46 @@ def validate(raw: dict[str, Any]) -> PipelineConfig:
         raise config_error("config nests too deeply; fix: use the layout of configs/default.yaml") from None
 
 
+# Kept by hand: the libraries that set a dotted key (OmegaConf.from_dotlist, glom.assign,
+# pydash.set_) parse values with their own grammar or none, do not refuse a duplicate key in a
+# value, and replace a scalar in the way silently instead of naming it.
 def _set_dotted(raw: dict[str, Any], assignment: str) -> None:
+    """Apply one ``dotted.key=value`` override to ``raw`` in place; the value is parsed as YAML
+    (text that is not YAML is taken as a string, an empty value as null) and absent or empty
+    sections on the way are created.
+
+    Raises:
+      ConfigError: no ``=``, an empty key part, a non-mapping on the path, a key twice in the
+        value, or a value Python cannot build.
+    """
     if "=" not in assignment:
         raise config_error(f"override '{assignment}' has no '='; fix: write it as dotted.key=value")
     key, text = assignment.split("=", 1)
     key = key.strip()
-    parts = key.split(".")
+    *sections, last = parts = key.split(".")
     if not all(parts):
         raise config_error(f"override key '{key}' is malformed; fix: e.g. train.epochs=3")
     node = raw
-    for depth, p in enumerate(parts[:-1]):
-        child = node.get(p)
-        if child is None:  # absent, or an empty section ('train:' in a file)
-            child = node[p] = {}
-        if not isinstance(child, dict):
+    for depth, p in enumerate(sections):
+        if node.get(p) is None:  # absent, or an empty section ('train:' in a file)
+            node[p] = {}
+        if not isinstance(node[p], dict):
             section = ".".join(parts[: depth + 1])
             raise config_error(
-                f"config key '{section}' is not a section (got {show(child)}), so '{key}' cannot be set; "
+                f"config key '{section}' is not a section (got {show(node[p])}), so '{key}' cannot be set; "
                 f"fix: make '{section}' a mapping of keys or drop the override '{key}'"
             )
-        node = child
+        node = node[p]
     try:
-        node[parts[-1]] = load_yaml(text) if text.strip() else None
+        node[last] = load_yaml(text) if text.strip() else None
     except DuplicateKeyError as err:
         raise config_error(f"override '{key}' has key '{err.key}' twice; fix: give each key of '{key}' once") from None
-    except yaml.YAMLError:
-        node[parts[-1]] = text
-    except (RecursionError, ValueError) as err:  # nesting too deep; an int with too many digits
+    except UnreadableValueError as err:
         raise config_error(
-            f"config key '{key}': override value cannot be read ({type(err).__name__}: nesting too deep "
-            f"or a number with too many digits); fix: set a valid '{key}'"
+            f"config key '{key}': override value cannot be read ({err.reason}); fix: set a valid '{key}'"
         ) from None
+    except YAMLError:
+        node[last] = text
 
 
 def _read_text(p: Path) -> str:
@@ -141,13 +149,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 f"config file '{p}' has key '{err.key}' twice ({err.lines}); "
                 f"fix: keep only one '{err.key}' (YAML would silently use the last one)"
             ) from None
-        except yaml.YAMLError as err:
-            first = (str(err).splitlines() or [type(err).__name__])[0]
-            raise config_error(f"config file '{p}' is not valid YAML ({first}); fix: correct the syntax") from None
-        except (RecursionError, ValueError) as err:  # nesting too deep; an int with too many digits
+        except UnreadableValueError as err:
             raise config_error(
-                f"config file '{p}' cannot be read as a config ({type(err).__name__}: nesting too deep or a "
-                f"number with too many digits); fix: use the layout of configs/default.yaml"
+                f"config file '{p}' cannot be read as a config ({err.reason}); "
+                f"fix: use the layout of configs/default.yaml"
+            ) from None
+        except YAMLError as err:
+            raise config_error(
+                f"config file '{p}' is not valid YAML ({describe(err)}); fix: correct the syntax"
             ) from None
         if loaded is None:
             loaded = {}
