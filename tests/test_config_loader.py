@@ -6,8 +6,9 @@ SafeLoader with a duplicate-key check, before ruamel.yaml replaced it) made of e
 numbers, merge keys, per-member hyperparameter lists): the validated config's
 ``model_dump(mode="json")``, each member's hyperparameters where ``ensemble.search`` is set, or
 the one-line error. The test fails if the loader changes any of them, except the few cases
-listed in ``CHANGED`` with the reason. Re-record (only when a change is meant):
-``python -m tests.test_config_loader``.
+listed in ``CHANGED`` with the reason. It was recorded with the PyYAML loader by
+``python -m tests.test_config_loader > tests/data/config_loader_recorded.json``; re-record
+only when a change of meaning is intended, and say so in the commit.
 """
 
 import json

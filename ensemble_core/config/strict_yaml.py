@@ -70,7 +70,7 @@ class UnreadableValueError(YAMLError):
 def _yaml() -> YAML:
     """A fresh loader (a ``YAML`` instance keeps per-document state)."""
     yaml = YAML(typ="safe", pure=True)  # plain dicts, lists and scalars; no Python object tags
-    yaml.version = (1, 1)
+    yaml.version = (1, 1)  # as PyYAML read every config (module docstring)
     return yaml
 
 
@@ -81,9 +81,11 @@ def load_yaml(text: str) -> Any:
     Raises:
       DuplicateKeyError: a mapping, at any depth, holds a key twice.
       UnreadableValueError: see there.
-      YAMLError: not YAML (its ``problem_mark`` says where), more than one document, or a
-        tag outside YAML's safe ones (``!!python/tuple``).
+      YAMLError: not YAML (its ``problem_mark`` says where), more than one document, an
+        anchor defined twice, or a tag outside YAML's safe ones (``!!python/tuple``).
     """
+    # catch_warnings changes the process's warning filters for the duration: fine for a
+    # config read once at start-up, not meant for concurrent loads in many threads.
     with warnings.catch_warnings():
         # ruamel.yaml reads 1e-3 as the float 0.001 and warns that YAML 1.1 wants a '.' in a
         # float's mantissa. A number is what a config means by it (PyYAML read the string
