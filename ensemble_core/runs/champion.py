@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ensemble_core.config import TEST_METRICS, PipelineConfig, figure_direction
+from ensemble_core.config import PipelineConfig
+from ensemble_core.figures import TEST_METRICS, figure_direction
 from ensemble_core.runs.champion_state import (
     HIGHER_IS_BETTER,
     NO_CHAMPION,
@@ -52,7 +53,7 @@ def decide(challenger: float, champion: float | None, metric: str) -> tuple[bool
     Args:
       challenger, champion: the figure ``metric`` of each, measured on the same data
         (``champion`` None: there is no champion, the challenger is promoted).
-      metric: ``promotion.metric`` (its direction: :func:`ensemble_core.config.figure_direction`).
+      metric: ``promotion.metric`` (its direction: :func:`ensemble_core.figures.figure_direction`).
 
     Returns:
       (promoted, a one-line reason).

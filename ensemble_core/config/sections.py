@@ -1,0 +1,377 @@
+"""The sections of the run configuration: one pydantic model per concern (data, model,
+ensemble, train, mesh, distributed, checkpoint, eval, promotion).
+
+Each field's description is what the Prefect deployment form and ``configs/default.yaml``
+show. Unknown keys are errors, so a typo never silently falls back to a default; every float
+refuses inf and NaN. :class:`~ensemble_core.config.pipeline.PipelineConfig` nests them and
+checks across them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ensemble_core import hyper
+from ensemble_core.config.limits import (
+    FLOAT32_MAX,
+    FLOAT32_MIN_NORMAL,
+    HOST_DEVICES,
+    MAX_DEPTH,
+    MAX_DIM,
+    MAX_EPOCHS,
+    MAX_HIDDEN_WEIGHTS,
+    MAX_WIDTH,
+    as_float32,
+)
+from ensemble_core.config.messages import show
+from ensemble_core.figures import figure_direction
+from ensemble_core.registry import EVALUATOR_NAMES, MODEL_NAMES
+
+
+class Section(BaseModel):
+    """The base of every section: unknown keys are errors, instances are frozen."""
+
+    # allow_inf_nan=False: every float field refuses inf and NaN (also '.inf'/'nan' strings).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class DataConfig(Section):
+    """Which dataset to train and evaluate on."""
+
+    name: str = Field(
+        "mnist5k",
+        min_length=1,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="TFDS dataset name. 'mnist5k' is the embedded offline MNIST subset "
+        "(4,000 train / 1,000 test); any TFDS catalog image dataset (mnist, "
+        "fashion_mnist, cifar10, ...) works when prepared in data_dir.",
+    )
+    data_dir: str | None = Field(
+        None,
+        min_length=1,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="TFDS data directory (prepared array_record files live here). "
+        "Default: TFDS's own default (~/tensorflow_datasets or $TFDS_DATA_DIR).",
+    )
+    manual_dir: str | None = Field(
+        None,
+        min_length=1,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="Where the original dataset files were put by hand for offline "
+        "preparation of a catalog dataset. Default: <data_dir>/downloads/manual.",
+    )
+    max_train_examples: int | None = Field(
+        None, ge=1, description="Use only the first N training examples (None: all)."
+    )
+    max_test_examples: int | None = Field(None, ge=1, description="Use only the first N test examples (None: all).")
+    validation_fraction: float = Field(
+        0.1,
+        ge=0,
+        le=0.5,
+        description="Fraction of the training split held out as the validation split (stratified by label, "
+        "the same examples for every seed; data.max_train_examples applies first). Per-member validation, "
+        "early stopping, ensemble selection and temperature scaling use it, never the test split. "
+        "0: train on the whole split (no validation).",
+    )
+
+
+class ModelConfig(Section):
+    """Which network each member is, looked up by name in ensemble_core.models."""
+
+    name: Literal[MODEL_NAMES] = Field(  # type: ignore[valid-type]
+        "cnn",
+        description="A module of ensemble_core/models/: 'cnn', the Flax ensembling HOWTO CNN; 'mlp', a ReLU MLP.",
+    )
+    hidden_sizes: tuple[Annotated[int, Field(ge=1, le=MAX_WIDTH)], ...] = Field(
+        (512, 512),
+        max_length=MAX_DEPTH,
+        description=f"MLP only: widths of the hidden layers (each 1..{MAX_WIDTH}, at most {MAX_DEPTH} "
+        f"layers, at most {MAX_HIDDEN_WEIGHTS} hidden-to-hidden weights; [] is a linear model).",
+    )
+
+    @field_validator("hidden_sizes")
+    @classmethod
+    def _hidden_weights_fit(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
+        weights = sum(a * b for a, b in zip(sizes, sizes[1:], strict=False))
+        if weights > MAX_HIDDEN_WEIGHTS:
+            raise ValueError(
+                f"{weights} hidden-to-hidden weights per member is more than the {MAX_HIDDEN_WEIGHTS} allowed "
+                f"(a width x the next width, summed over the layers)"
+            )
+        return sizes
+
+
+class Distribution(Section):
+    """A distribution one hyperparameter of ``ensemble.search`` is drawn from, per member."""
+
+    distribution: Literal[hyper.DISTRIBUTIONS] = Field(  # type: ignore[valid-type]
+        ..., description="log_uniform (low, high > 0), uniform (low, high) or choice (values)."
+    )
+    low: float | None = Field(None, description="log_uniform / uniform: the lower bound.")
+    high: float | None = Field(None, description="log_uniform / uniform: the upper bound.")
+    values: tuple[float | str, ...] | None = Field(None, min_length=1, description="choice: the values.")
+
+    @model_validator(mode="after")
+    def _complete(self) -> Distribution:
+        if self.distribution == "choice":
+            if self.values is None or self.low is not None or self.high is not None:
+                raise ValueError("a choice takes 'values' (a list) and no 'low'/'high'")
+            return self
+        if self.low is None or self.high is None or self.values is not None:
+            raise ValueError(f"{self.distribution} takes 'low' and 'high' and no 'values'")
+        if not self.low < self.high:
+            raise ValueError(f"low={self.low!r} must be below high={self.high!r}")
+        if self.distribution == "log_uniform" and self.low <= 0:
+            raise ValueError(f"log_uniform needs low > 0 (got {self.low!r})")
+        return self
+
+
+#: ``ensemble.search``: hyperparameter -> a :class:`Distribution` or one value per member.
+SearchSpace = dict[Literal[hyper.SEARCHABLE], Any]  # type: ignore[valid-type]
+
+
+def _search_entry(name: str, spec: Any) -> Distribution | tuple[float | str, ...]:
+    if isinstance(spec, Distribution):
+        return spec
+    if isinstance(spec, dict):
+        try:
+            return Distribution.model_validate(spec)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ValueError(
+                f"'{name}': {first['msg'].removeprefix('Value error, ')}{f' ({where})' if where else ''}"
+            ) from None
+    if isinstance(spec, list | tuple) and spec and all(isinstance(v, int | float | str) for v in spec):
+        return tuple(float(v) if isinstance(v, int | float) and not isinstance(v, bool) else v for v in spec)
+    raise ValueError(
+        f"'{name}' is {show(spec)}; it must be a distribution ({{distribution: log_uniform, low: 1e-3, "
+        f"high: 1e-1}}, uniform likewise, or {{distribution: choice, values: [...]}}) or a list of one value "
+        f"per member"
+    )
+
+
+class EnsembleConfig(Section):
+    """How many members to train, with which hyperparameters, and which of them form the ensemble."""
+
+    size: int = Field(8, ge=1, le=4096, description="Number of ensemble members E.")
+    pad: bool = Field(
+        False,
+        description="If E does not divide over an explicit mesh.ensemble axis, train "
+        "extra members to fill it (they are dropped from evaluation).",
+    )
+    search: SearchSpace | None = Field(
+        None,
+        description="Per-member hyperparameters (hyper-deep ensembles, Wenzel et al. 2020): a mapping from "
+        f"{', '.join(hyper.SEARCHABLE)} to a distribution ({{distribution: log_uniform|uniform, low, high}} or "
+        "{distribution: choice, values: [...]}) or to a list of E values. Member i's values depend on "
+        "(seed, i) only. None: every member has the train section's values.",
+    )
+
+    @field_validator("search")
+    @classmethod
+    def _search_entries(cls, search: dict | None) -> dict | None:
+        return None if search is None else {name: _search_entry(name, spec) for name, spec in search.items()}
+
+    select_size: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="Greedy ensemble selection with replacement (Caruana et al. 2004) of this many members "
+        "from the trained pool, on validation NLL; evaluation, prediction and promotion use the selected "
+        "multiset. None: the ensemble is every healthy member.",
+    )
+
+
+class TrainConfig(Section):
+    """Optimisation settings: every member's, except those ``ensemble.search`` varies per member."""
+
+    epochs: int = Field(10, ge=1, le=MAX_EPOCHS, description="Passes over the training split.")
+    batch_size: int = Field(128, ge=1, le=MAX_DIM, description="Examples per member per step.")
+    learning_rate: float = Field(
+        0.1,
+        gt=0,
+        le=FLOAT32_MAX,
+        description="Optimizer learning rate: finite, > 0 and a float32 number (optax holds it as float32).",
+    )
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (sgd only), 0 <= momentum < 1 in float32.")
+    optimizer: Literal["sgd", "adam", "adamw"] = Field(
+        "sgd", description="optax optimizer: sgd (with momentum), adam or adamw."
+    )
+    weight_decay: float = Field(
+        0.0,
+        ge=0,
+        le=FLOAT32_MAX,
+        description="Weight decay: decoupled for adamw, an L2 term added to the gradient (optax "
+        "add_decayed_weights) for sgd and adam; finite, >= 0 and a float32 number.",
+    )
+    label_smoothing: float = Field(
+        0.0, ge=0, lt=1, description="Label smoothing of the training loss (Szegedy et al. 2016), 0 <= a < 1."
+    )
+    schedule: Literal[hyper.SCHEDULES] = Field(  # type: ignore[valid-type]
+        "constant",
+        description="Learning-rate schedule over the whole training (optax): constant, cosine (decay to 0) "
+        "or warmup_cosine (linear warm-up from 0 over train.warmup_epochs, then cosine decay to 0).",
+    )
+    warmup_epochs: float = Field(
+        0.0, ge=0, le=MAX_EPOCHS, description="warmup_cosine only: epochs of linear warm-up (below train.epochs)."
+    )
+    patience: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_EPOCHS,
+        description="Early stopping: a member whose validation NLL has not improved for this many epochs "
+        "stops updating (masked, like a diverged member). None: every member trains every epoch. Either "
+        "way, with a validation split each member's parameters of its best epoch (by validation NLL) are "
+        "the ones evaluated.",
+    )
+    on_divergence: Literal["freeze", "fail"] = Field(
+        "freeze",
+        description="When a member's loss or parameters become non-finite: 'freeze' it (its "
+        "updates are masked, it is left out of the ensemble metrics) or 'fail' the run.",
+    )
+
+    @field_validator("learning_rate", "weight_decay")
+    @classmethod
+    def _not_lost_in_float32(cls, value: float) -> float:
+        if 0 < value < FLOAT32_MIN_NORMAL:
+            raise ValueError(
+                f"{value!r} is below {FLOAT32_MIN_NORMAL!r}, the smallest normal float32, and is lost as the "
+                f"float32 hyperparameter optax holds"
+            )
+        return value
+
+    @field_validator("momentum")
+    @classmethod
+    def _below_one_in_float32(cls, value: float) -> float:
+        if as_float32(value) >= 1:
+            raise ValueError(
+                f"{value!r} becomes 1.0 as the float32 hyperparameter optax holds (0.9999999 stays below 1)"
+            )
+        return value
+
+
+class MeshConfig(Section):
+    """The device mesh, axes ('ensemble', 'data')."""
+
+    data: int = Field(1, ge=1, description="Devices that split each batch (gradients averaged).")
+    ensemble: int | None = Field(
+        None,
+        ge=1,
+        description="Devices that split the members. None: the largest divisor of E that fits in devices // data.",
+    )
+    member_strategy: Literal["auto", "vmap", "unroll"] = Field(
+        "auto",
+        description="How the members on one device are computed: 'vmap' (one batched "
+        "kernel per layer), 'unroll' (one kernel per member). 'auto': unroll on CPU, where "
+        "a vmapped convolution becomes a slow grouped convolution; vmap on GPU/TPU.",
+    )
+
+
+class DistributedConfig(Section):
+    """Training beyond one process: the ensemble split into member groups, each trained by
+    its own Prefect task run, locally or on a Dask cluster (prefect-dask's ``DaskTaskRunner``)."""
+
+    member_groups: int = Field(
+        1,
+        ge=1,
+        le=4096,
+        description="G: the E members split into G groups of E/G consecutive members, each trained on its own "
+        "(own process with task_runner=dask) and checkpointed under <run>/groups/<g>/; evaluation gathers "
+        "them. The mesh settings apply within a group. 1: one program trains every member.",
+    )
+    task_runner: Literal["local", "dask"] = Field(
+        "local",
+        description="Where the groups' task runs run: 'local' (one after another in the flow's process) or "
+        "'dask' (a Dask cluster: a local cluster of worker processes, or the scheduler at `address`).",
+    )
+    address: str | None = Field(
+        None,
+        description="The Dask scheduler's address (tcp://host:8786 or tls://host:8786); None: a local cluster "
+        "of `workers` processes on loopback, started for the run and closed after it.",
+    )
+    workers: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Worker processes of the local cluster (one thread each). None: min(G, CPU cores).",
+    )
+    pin_cores: bool = Field(
+        True,
+        description="Pin local worker k's process to CPU core k mod cores (so G workers on G cores do not "
+        "oversubscribe each other's XLA thread pools).",
+    )
+    num_processes: int = Field(
+        1,
+        ge=1,
+        le=HOST_DEVICES,
+        description=f"N > 1: training is one program across N JAX processes on this machine (loopback, gloo "
+        f"collectives), each with {HOST_DEVICES}/N of the {HOST_DEVICES} simulated CPU devices, the mesh spanning "
+        "all of them; the "
+        "command starts and coordinates them itself. 1: one process.",
+    )
+    tls_ca_file: str | None = Field(None, description="CA certificate of a TLS Dask cluster (tls:// address).")
+    tls_cert: str | None = Field(None, description="This client's TLS certificate for a tls:// address.")
+    tls_key: str | None = Field(None, description="This client's TLS private key for a tls:// address.")
+
+
+class CheckpointConfig(Section):
+    """orbax checkpointing under <run>/checkpoints/."""
+
+    every_epochs: int = Field(1, ge=1, description="Save a checkpoint every N epochs.")
+    keep: int = Field(3, ge=1, description="Keep the latest N checkpoints.")
+
+
+class EvalConfig(Section):
+    """Evaluation on the test split."""
+
+    batch_size: int = Field(
+        250, ge=1, le=MAX_DIM, description="Test examples per device per forward pass (250 measured fastest on CPU)."
+    )
+    ece_bins: int = Field(15, ge=2, le=1000, description="Equal-width bins for ECE (2..1000).")
+    temperature_scaling: bool = Field(
+        False,
+        description="Fit one temperature for the ensemble on the validation NLL (Guo et al. 2017, applied to "
+        "the log of the ensemble's mean probabilities) and report the test and shift figures before and after; "
+        "predictions then carry the scaled probabilities.",
+    )
+    evaluators: tuple[Literal[EVALUATOR_NAMES], ...] = Field(  # type: ignore[valid-type]
+        ("test", "rotation", "translation", "corruptions", "letters", "fashion_mnist"),
+        description="Evaluators run after training, by module name in ensemble_core/evaluators/: 'test' (the "
+        "test split: accuracy, NLL, Brier, ECE, diversity; required), 'rotation', 'translation', 'corruptions' "
+        "(MNIST-C) under dataset shift, 'letters' and 'fashion_mnist' out of distribution.",
+    )
+
+    @field_validator("evaluators")
+    @classmethod
+    def _test_first(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        if "test" not in names:
+            raise ValueError("'test' must be one of the evaluators (the report and the champion are judged on it)")
+        if len(set(names)) != len(names):
+            raise ValueError("an evaluator is listed twice")
+        return names
+
+
+class PromotionConfig(Section):
+    """Champion/challenger: when a new ensemble replaces the current champion."""
+
+    metric: str = Field(
+        "nll",
+        min_length=1,
+        max_length=200,
+        description="The figure compared with the champion's on this run's data: an ensemble test metric "
+        "(nll, brier, ece, accuracy) or a dotted path into report.json's evaluations.<name>.metrics, e.g. "
+        "rotation.mean.ensemble.nll (mean NLL over rotations) or letters.ensemble.auroc.mutual_information; "
+        "accuracy, AUROC and AUPR: higher is better; NLL, Brier, ECE, FPR@95%TPR, AURC and the confident-OOD "
+        "fraction: lower is better.",
+    )
+
+    @field_validator("metric")
+    @classmethod
+    def _a_known_figure(cls, metric: str) -> str:
+        figure_direction(metric)  # raises ValueError for an unknown figure
+        return metric
+
+    enabled: bool = Field(True, description="Compare with (and maybe replace) the champion after evaluation.")

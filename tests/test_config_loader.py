@@ -1,0 +1,227 @@
+"""The YAML loader keeps what every config means.
+
+``tests/data/config_loader_recorded.json`` holds what the previous loader (PyYAML's
+SafeLoader with a duplicate-key check, before ruamel.yaml replaced it) made of every file in
+``configs/`` and of tricky ``--set`` overrides (YAML 1.1 booleans, octal and sexagesimal
+numbers, merge keys, per-member hyperparameter lists): the validated config's
+``model_dump(mode="json")``, each member's hyperparameters where ``ensemble.search`` is set, or
+the one-line error. The test fails if the loader changes any of them, except the few cases
+listed in ``CHANGED`` with the reason. It was recorded with the PyYAML loader by
+``python -m tests.test_config_loader > tests/data/config_loader_recorded.json``; re-record
+only when a change of meaning is intended, and say so in the commit.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from ensemble_core.config import load_config
+from ensemble_core.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDED = ROOT / "tests" / "data" / "config_loader_recorded.json"
+SEP = " ;; "  # several overrides of one case
+
+OVERRIDES = [
+    # YAML 1.1 booleans and null
+    *(f"ensemble.pad={v}" for v in ("yes", "no", "on", "off", "True", "y", "n")),
+    *(f"data.name={v}" for v in ("no", "yes", "on", "null", "~", "NULL", "y", "n", "Y")),
+    # scalars that look like other types
+    *(f"data.name={v}" for v in ("2001-12-14", "1:30", "0x1f", "foo: bar: baz", "a # c", "'quoted'", "[a]")),
+    *(f"data.name={v}" for v in ("!!str 3", "&a x", "*a", "%x", "@x", "`x", " spaced ", "1e3", "1.0e3", "1.0e-3")),
+    # YAML 1.1 integers: octal 017, hex, binary, underscores, sexagesimal
+    *(f"seed={v}" for v in ("0o17", "017", "0x1f", "1_000", "1:30", "+5", "0b101", "1e3", "1.0e3", "1.0e+3")),
+    *(f"seed={v}" for v in ("1.0", ".5", "", "~", "true")),
+    # floats
+    *(f"train.learning_rate={v}" for v in ("1e-3", "1E-3", "1.e-3", ".1", "1_0.5", "1:30.5", "+.5", "0.")),
+    "train.learning_rate=1.0e-1",
+    "train.learning_rate=1.0E+0",
+    "train.warmup_epochs=1e0",
+    "train.epochs=1e1",
+    *(f"data.max_train_examples={v}" for v in ("null", "1e3", "0o10")),
+    # sequences
+    *(f"model.hidden_sizes={v}" for v in ("[0o10, 0x10, 010]", "[1_0]", "!!python/tuple [1]", "[]", "")),
+    "eval.evaluators=[test, test]",
+    # merge keys
+    "train={epochs: 2, <<: {batch_size: 4}}",
+    "train={<<: [{epochs: 2}, {epochs: 3, batch_size: 5}]}",
+    "train={<<: {batch_size: 4}, <<: {epochs: 2}}",
+    f"train={{epochs: 2, <<: {{batch_size: 4}}}}{SEP}train.epochs=5",
+    # per-member hyperparameters
+    "ensemble.search={learning_rate: [0.1, 0.2]}",
+    f"ensemble.size=2{SEP}ensemble.search={{learning_rate: [1e-3, 2e-3]}}",
+    f"ensemble.size=2{SEP}ensemble.search={{learning_rate: [0.001, 0.002]}}",
+    f"ensemble.size=2{SEP}ensemble.search={{learning_rate: {{distribution: choice, values: [1e-3, 2e-3]}}}}",
+    f"ensemble.size=2{SEP}ensemble.search={{schedule: {{distribution: choice, values: [constant, cosine]}}}}",
+    "distributed.address=tcp://h:1",
+    "train.optimizer=adam",
+]
+
+#: Cases whose meaning changed on purpose, with what they mean now and why.
+CHANGED = {
+    # YAML 1.1 asks for a '.' in a float's mantissa and a sign in its exponent, so PyYAML read
+    # 1e3 and 1.0e3 as strings (1.0e+3 and 1.0e-3 as floats); ruamel.yaml reads them all as
+    # the floats they look like. A float
+    # key got the same number either way (pydantic parses the string); now an int key accepts
+    # an integral 1e3, a string key refuses it, and a list of per-member values holds numbers
+    # instead of strings.
+    "seed=1e3": {"seed": 1000},
+    "seed=1.0e3": {"seed": 1000},
+    "train.epochs=1e1": {"train.epochs": 10},
+    "data.max_train_examples=1e3": {"data.max_train_examples": 1000},
+    "data.name=1e3": "config key 'data.name': Input should be a valid string (got 1000.0)",
+    "data.name=1.0e3": "config key 'data.name': Input should be a valid string (got 1000.0)",
+    f"ensemble.size=2{SEP}ensemble.search={{learning_rate: [1e-3, 2e-3]}}": {
+        "ensemble.search.learning_rate": [0.001, 0.002]
+    },
+    f"ensemble.size=2{SEP}ensemble.search={{learning_rate: {{distribution: choice, values: [1e-3, 2e-3]}}}}": {
+        "ensemble.search.learning_rate.values": [0.001, 0.002]
+    },
+    # ruamel.yaml's YAML 1.1 booleans include y/Y/n/N (the YAML 1.1 type repository lists
+    # them); PyYAML left them out. A bool key reads them the same either way.
+    "data.name=y": "config key 'data.name': Input should be a valid string (got True)",
+    "data.name=n": "config key 'data.name': Input should be a valid string (got False)",
+    "data.name=Y": "config key 'data.name': Input should be a valid string (got True)",
+    # YAML's merge: in a list of merged mappings an earlier one wins; PyYAML let the later one
+    # win for these keys.
+    "train={<<: [{epochs: 2}, {epochs: 3, batch_size: 5}]}": {"train.epochs": 2},
+    # A mapping may hold one merge key '<<' (a list merges several); PyYAML merged both.
+    "train={<<: {batch_size: 4}, <<: {epochs: 2}}": "override 'train' has key '<<' twice",
+}
+
+
+def _outcome(case: str) -> dict:
+    try:
+        cfg = load_config(None, case.split(SEP))
+    except ConfigError as err:
+        return {"error": str(err)}
+    out = {"ok": cfg.model_dump(mode="json")}
+    if cfg.ensemble.search:
+        out["members"] = cfg.member_hyperparameters()
+    return out
+
+
+def _record() -> dict:
+    return {
+        "configs": {p.name: load_config(p).model_dump(mode="json") for p in sorted((ROOT / "configs").glob("*.yaml"))},
+        "overrides": {case: _outcome(case) for case in OVERRIDES},
+    }
+
+
+def _flat(tree, prefix=""):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _flat(v, f"{prefix}.{k}" if prefix else k)
+    else:
+        yield prefix, tree
+
+
+@pytest.fixture(scope="module")
+def recorded() -> dict:
+    return json.loads(RECORDED.read_text())
+
+
+def test_the_recording_covers_every_config_and_case(recorded):
+    assert sorted(recorded["configs"]) == sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+    assert sorted(recorded["overrides"]) == sorted(OVERRIDES)
+    assert set(CHANGED) <= set(OVERRIDES)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_every_config_file_means_what_it_meant(recorded, name):
+    assert load_config(ROOT / "configs" / name).model_dump(mode="json") == recorded["configs"][name]
+
+
+@pytest.mark.parametrize("case", [c for c in OVERRIDES if c not in CHANGED])
+def test_every_override_means_what_it_meant(recorded, case):
+    assert _outcome(case) == recorded["overrides"][case]
+
+
+@pytest.mark.parametrize("case", sorted(CHANGED))
+def test_deliberate_changes_are_exactly_the_listed_ones(recorded, case):
+    now, then, expected = _outcome(case), recorded["overrides"][case], CHANGED[case]
+    assert now != then
+    if isinstance(expected, str):
+        assert "error" in now and now["error"].startswith(expected), now
+        return
+    assert "ok" in now, now
+    changed = {k: v for k, v in _flat(now["ok"]) if dict(_flat(then.get("ok", {}))).get(k, object()) != v}
+    if "ok" in then:
+        assert changed == expected
+    else:
+        assert expected.items() <= changed.items()
+
+
+BASE = ["seed: 0", "data:", "  name: mnist5k", "train:", "  epochs: 2", "  batch_size: 4"]
+
+
+@pytest.mark.parametrize(
+    "lines, key, first, second",
+    [
+        ([*BASE, "seed: 1"], "seed", 1, 7),
+        ([*BASE, "data:", "  name: x"], "data", 2, 7),
+        ([*BASE[:3], "  name: x", *BASE[3:]], "data.name", 3, 4),
+        ([*BASE, "  epochs: 3"], "train.epochs", 5, 7),
+        ([*BASE, "  batch_size: 4"], "train.batch_size", 6, 7),
+        (
+            ["data:", "  name:", "    a:", "      - {b: 1}", "      - b: {c: 1,", "            c: 2}"],
+            "data.name.a.1.b.c",
+            5,
+            6,
+        ),
+        (["train: {epochs: 1, epochs: 2}"], "train.epochs", 1, 1),
+        (["x: &a {k: 1}", "train:", "  <<: *a", "  <<: {epochs: 2}"], "train.<<", 3, 4),
+    ],
+)
+def test_a_duplicate_key_at_any_depth_is_a_one_line_error_naming_key_and_lines(tmp_path, lines, key, first, second):
+    path = tmp_path / "dup.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    where = f"both on line {first}" if first == second else f"lines {first} and {second}"
+    assert len(message.splitlines()) == 1, message
+    assert message.startswith(f"config file '{path}' has key '{key}' twice ({where}); fix: keep only one '{key}'"), (
+        message
+    )
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("a: &x 1\nb: &x 2\n", "is not valid YAML (found duplicate anchor 'x')"),
+        ("train: [1, 2\n", "is not valid YAML (line 2: while parsing a flow sequence, expected ',' or ']'"),
+        ("seed: 1\n---\nseed: 2\n", "is not valid YAML (line 2: expected a single document in the stream"),
+        ("seed: !!python/tuple [1]\n", "is not valid YAML (line 1: could not determine a constructor for the tag"),
+        ("seed: !!bool x\n", "cannot be read as a config (KeyError: 'x')"),
+        ("seed: 2001-13-45\n", "cannot be read as a config (ValueError: month must be in 1..12)"),
+        ("? [a, {b: 1}]\n: 1\n", "cannot be read as a config (TypeError: unhashable type: 'dict')"),
+        ("seed: !!omap [a: 1, a: 2]\n", "cannot be read as a config (AssertionError"),
+        ("seed: " + "[" * 5000 + "]" * 5000 + "\n", "cannot be read as a config (RecursionError: nesting too deep)"),
+        ("seed: 1" + "0" * 5000 + "\n", "cannot be read as a config (ValueError: a number with too many digits)"),
+        ("{1: a, 1.0: b}\n", "has key '1.0' twice (both on line 1)"),
+        ("{[1, 2]: 3}\n", "config key '(1, 2)': Keys should be strings"),
+    ],
+)
+def test_yaml_the_library_refuses_or_cannot_build_is_a_one_line_error(tmp_path, text, fragment):
+    path = tmp_path / "odd.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert len(message.splitlines()) == 1 and fragment in message and "fix:" in message, message
+
+
+def test_loading_warns_about_nothing(tmp_path, recwarn):
+    path = tmp_path / "floats.yaml"
+    path.write_text("train:\n  learning_rate: 1e-1\n  weight_decay: 1E-4\n")
+    cfg = load_config(path, ["train.label_smoothing=1e-2"])
+    assert (cfg.train.learning_rate, cfg.train.weight_decay, cfg.train.label_smoothing) == (0.1, 1e-4, 0.01)
+    assert not recwarn.list
+
+
+if __name__ == "__main__":
+    json.dump(_record(), sys.stdout, indent=1, sort_keys=True)
+    sys.stdout.write("\n")
