@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 from ensemble_core.config import PipelineConfig
 from ensemble_core.figures import TEST_METRICS, figure_direction
 from ensemble_core.runs.champion_state import (
-    HIGHER_IS_BETTER,
     NO_CHAMPION,
     append_history,
     log,
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
     from ensemble_core.data import DatasetInfo
 
 __all__ = [
-    "HIGHER_IS_BETTER",
     "NO_CHAMPION",
     "append_history",
     "decide",

@@ -38,11 +38,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ensemble_core.figures import TEST_METRICS
 from ensemble_core.filelock import flocked
 from ensemble_core.runs.layout import CHAMPION_FILE, HISTORY_FILE, OutputDir, RunDir, atomic_write_bytes
 
 #: The ensemble test metrics every champion record holds, and whether higher is better.
-HIGHER_IS_BETTER = {"accuracy": True, "nll": False, "brier": False, "ece": False}
 NO_CHAMPION = "this run will be judged as if there were no champion"
 
 # The logger of the champion/challenger state, whichever of its modules warns.
@@ -111,7 +111,7 @@ def _parse_champion(raw: bytes) -> tuple[dict | None, str | None]:
     for key in ("data", "metrics"):
         if not isinstance(record.get(key), dict):
             return None, f"'{key}' is missing or not a JSON object"
-    for key in HIGHER_IS_BETTER:
+    for key in TEST_METRICS:
         value = record["metrics"].get(key)
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             return None, f"metrics['{key}'] is {value!r}, not a finite number"
