@@ -21,6 +21,7 @@ One home per concern:
 ``launcher``        that program's launcher: N child processes of ``processes``
 ``processes``       one JAX process of that program (``python -m``)
 ``evaluation``      restore; the evaluators (:mod:`ensemble_core.evaluators`); prediction
+``prediction``      the prediction flow's files: which run, which images, the ``.npz``
 ``champion``        the champion/challenger state files and the promotion policy
 ``report``          ``report.json``, ``report.md``, the training curves
 ``results``         the typed values stages hand each other
