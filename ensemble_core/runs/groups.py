@@ -12,6 +12,7 @@ processes), so this module, like all of ``ensemble_core``, imports neither Prefe
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -76,7 +77,7 @@ def train_groups(
     """The training stage of :func:`ensemble_core.runs.run` (the one loop over groups).
 
     With ``distributed.num_processes > 1``: one program across JAX processes
-    (:func:`~ensemble_core.runs.processes.train_processes`, forwarding ``on_epoch`` and
+    (:func:`~ensemble_core.runs.launcher.train_processes`, forwarding ``on_epoch`` and
     ``should_stop``). With one member group: :func:`~ensemble_core.runs.training.train`.
     Else each group's ``group_call(cfg, dataset, group_keys, run_dir, g)`` through
     :func:`map_groups`, then ``gather(cfg, dataset, run_dir, summaries)``.
@@ -97,11 +98,7 @@ def train_groups(
         return train_processes(cfg, dataset, keys, run_dir, on_epoch=hooks.get("on_epoch"), should_stop=stop)
     if dist.member_groups == 1:
         return train(cfg, dataset, keys, run_dir, **hooks)
-    if group_call is None:
-
-        def group_call(*args):
-            return train_group(*args, **hooks)
-
+    group_call = group_call or functools.partial(train_group, **hooks)
     calls = [(cfg, dataset, group_keys(cfg, keys, g), str(run_dir), g) for g in range(dist.member_groups)]
     summaries = map_groups(group_call, calls, mapper)
     return (gather or gather_groups)(cfg, dataset, str(run_dir), summaries)
