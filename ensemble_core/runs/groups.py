@@ -28,8 +28,8 @@ from ensemble_core.runs.keys import MemberKeyData, group_keys
 from ensemble_core.runs.launcher import train_processes
 from ensemble_core.runs.layout import RunDir
 from ensemble_core.runs.lock import run_lock
-from ensemble_core.runs.results import TrainingSummary, TrainingTiming
-from ensemble_core.runs.summary import images_per_s
+from ensemble_core.runs.results import TrainingSummary
+from ensemble_core.runs.summary import join_summaries
 from ensemble_core.runs.training import train
 from ensemble_core.setup import build, group_size
 
@@ -196,28 +196,12 @@ def gather_groups(
             )
             ckpt.save(step, state, meta)
             ckpt.wait()
-    first = summaries[0]
-    seconds = max(s.timing.train_seconds for s in summaries)
-    return TrainingSummary(
+    return join_summaries(
+        summaries,
         checkpoint_dir=str(run.checkpoints),
-        checkpoint_step=step,
         history=history,
-        timing=TrainingTiming(
-            compile_seconds=max(s.timing.compile_seconds for s in summaries),
-            train_seconds=seconds,
-            steps=first.timing.steps,
-            train_member_images_per_s=images_per_s(
-                sum(s.timing.steps for s in summaries), cfg.train.batch_size, size, seconds
-            ),
-        ),
-        mesh=first.mesh,
-        members_trained=whole.plan.padded_members,
-        strategy=first.strategy,
-        backend=first.backend,
-        devices=first.devices,
-        resumed_from=min((s.resumed_from for s in summaries if s.resumed_from is not None), default=None),
         stretches=stretches,
+        members_trained=whole.plan.padded_members,
         diverged_members=np.flatnonzero(~healthy[: cfg.ensemble.size]).tolist(),
-        members=[row for s in summaries for row in s.members],
-        topology=[row for s in summaries for row in s.topology],
+        images_per_step=cfg.train.batch_size * size,
     )

@@ -1,9 +1,12 @@
-"""The rows of a training summary that describe members and processes.
+"""The parts of a training summary: its member and topology rows, its throughput, and
+the member groups' summaries joined into the run's.
 
 :func:`member_records` (per member: hyperparameters, best epoch, early stop, health) and
 :func:`where_trained` (per member group: host, process, devices, speed) are the
 ``members`` and ``topology`` of :class:`~ensemble_core.runs.results.TrainingSummary`;
-:func:`images_per_s` is its throughput figure.
+:func:`images_per_s` is its throughput figure. A training call builds its summary
+(:mod:`ensemble_core.runs.training`); :func:`join_summaries` derives the run's from its
+groups' ones.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import socket
 import jax
 
 from ensemble_core.mesh import host_value
+from ensemble_core.runs.results import TrainingSummary, TrainingTiming
 
 
 def images_per_s(steps: int, batch_size: int, members: int, seconds: float) -> float | None:
@@ -75,3 +79,46 @@ def member_records(state, hyperparameters: list[dict], first: int = 0) -> list[d
             )
         rows.append(row)
     return rows
+
+
+def join_summaries(
+    summaries: list[TrainingSummary],
+    *,
+    checkpoint_dir: str,
+    history: list[dict],
+    stretches: list[dict],
+    members_trained: int,
+    diverged_members: list[int],
+    images_per_step: int,
+) -> TrainingSummary:
+    """The run's summary from its member groups' summaries (in group order): group 0's
+    mesh, strategy, backend, devices and steps; the longest compile and training times
+    (the groups run side by side); the earliest epoch resumed from; every group's member
+    and topology rows; the throughput of all groups over the longest training time.
+
+    Args:
+      checkpoint_dir, history, stretches, members_trained, diverged_members: the joined
+        checkpoint's (``diverged_members`` global member indices).
+      images_per_step: member-images of one group's step, ``batch_size * E/G``.
+    """
+    first = summaries[0]
+    seconds = max(s.timing.train_seconds for s in summaries)
+    steps = sum(s.timing.steps for s in summaries)
+    return first.model_copy(
+        update={
+            "checkpoint_dir": checkpoint_dir,
+            "history": history,
+            "timing": TrainingTiming(
+                compile_seconds=max(s.timing.compile_seconds for s in summaries),
+                train_seconds=seconds,
+                steps=first.timing.steps,
+                train_member_images_per_s=images_per_s(steps, images_per_step, 1, seconds),
+            ),
+            "members_trained": members_trained,
+            "resumed_from": min((s.resumed_from for s in summaries if s.resumed_from is not None), default=None),
+            "stretches": stretches,
+            "diverged_members": diverged_members,
+            "members": [row for s in summaries for row in s.members],
+            "topology": [row for s in summaries for row in s.topology],
+        }
+    )
