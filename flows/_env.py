@@ -12,7 +12,9 @@ import os
 import sys
 from pathlib import Path
 
-HOST_DEVICES = 8
+from ensemble_core.config import HOST_DEVICES  # pydantic and numpy, no JAX
+
+__all__ = ["HOST_DEVICES", "apply"]
 _FLAG = "--xla_force_host_platform_device_count"
 
 

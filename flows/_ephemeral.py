@@ -117,7 +117,7 @@ def temporary_server() -> Iterator[str | None]:
             finally:
                 os.environ.pop("PREFECT_API_URL", None)
     finally:
-        from flows._outcome import DRAIN_TIMEOUT_S, drain_services
+        from flows._services import DRAIN_TIMEOUT_S, drain_services
 
         drain_services(DRAIN_TIMEOUT_S)  # what the run still has to send goes to this server first
         server.terminate()

@@ -11,9 +11,17 @@ One home per concern:
 ``dataset``         the config's data section applied (prepare, load a split)
 ``resume``          which config changes a run's checkpoints allow
 ``preflight``       every check before any compute or write
-``training``        member keys; training with resume, checkpoints and stop signals;
-                    member groups trained on their own and gathered
+``keys``            member keys as raw key data (whole ensemble, one member group)
+``training``        one training call: resume, checkpoints and stop signals as the
+                    epoch loop's callbacks
+``summary``         the members and topology rows of a training summary
+``groups``          the training stage: one loop over member groups through a mapper
+                    (sequential here; the task layer's submits to Prefect), gathered
+                    into one checkpoint; or one program across JAX processes
+``launcher``        that program's launcher: N child processes of ``processes``
+``processes``       one JAX process of that program (``python -m``)
 ``evaluation``      restore; the evaluators (:mod:`ensemble_core.evaluators`); prediction
+``prediction``      the prediction flow's files: which run, which images, the ``.npz``
 ``champion``        the champion/challenger state files and the promotion policy
 ``report``          ``report.json``, ``report.md``, the training curves
 ``results``         the typed values stages hand each other
@@ -35,11 +43,13 @@ from ensemble_core.config import PipelineConfig
 from ensemble_core.runs.champion import promote
 from ensemble_core.runs.dataset import prepare
 from ensemble_core.runs.evaluation import evaluate, predict_images
+from ensemble_core.runs.groups import gather_groups, train_groups
+from ensemble_core.runs.keys import split_keys
 from ensemble_core.runs.layout import OutputDir, RunDir
 from ensemble_core.runs.preflight import preflight
 from ensemble_core.runs.report import write_report
 from ensemble_core.runs.results import Evaluation, PromotionDecision, TrainingSummary
-from ensemble_core.runs.training import gather_groups, split_keys, train, train_groups
+from ensemble_core.runs.training import train
 from ensemble_core.setup import plan
 
 __all__ = [
@@ -59,6 +69,7 @@ __all__ = [
     "run",
     "split_keys",
     "train",
+    "train_groups",
     "write_report",
 ]
 

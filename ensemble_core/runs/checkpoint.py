@@ -15,7 +15,7 @@ import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -23,6 +23,58 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 from ensemble_core.errors import CheckpointError, EnsembleError
 from ensemble_core.runs.layout import RunDir
+
+if TYPE_CHECKING:
+    from ensemble_core.config import PipelineConfig
+    from ensemble_core.data import DatasetInfo
+    from ensemble_core.train import DataPosition
+
+
+def dataset_record(dataset: DatasetInfo) -> dict:
+    """The dataset as a checkpoint's metadata records it: ``name``, ``num_classes``,
+    ``image_shape`` (``[H, W, C]``)."""
+    return {"name": dataset.name, "num_classes": dataset.num_classes, "image_shape": list(dataset.image_shape)}
+
+
+def checkpoint_meta(
+    cfg: PipelineConfig,
+    *,
+    step: int,
+    position: DataPosition,
+    members_trained: int,
+    healthy: list[bool],
+    dataset: dict,
+    history: list[dict],
+    stretches: list[dict],
+    gathered_from: list[str] | None = None,
+) -> dict:
+    """The JSON metadata saved beside every checkpoint's state (the one schema; resume,
+    evaluation and gathering read it).
+
+    Args:
+      step: the global optimizer step (the checkpoint's name).
+      position: the :class:`~ensemble_core.train.DataPosition` training resumes from;
+        its ``epoch`` (completed epochs) is recorded as ``epoch`` too.
+      members_trained: E' (E plus padding members), the rows of the state.
+      healthy: per member of E', False once it diverged.
+      dataset: :func:`dataset_record`.
+      history, stretches: the epoch records and stretches of training so far.
+      gathered_from: a gathered checkpoint: the member groups' checkpoint directories.
+    """
+    meta = {
+        "config": cfg.model_dump(mode="json"),
+        "epoch": position["epoch"],
+        "step": step,
+        "data_position": position,
+        "members_trained": members_trained,
+        "healthy": healthy,
+        "dataset": dataset,
+        "history": history,
+        "stretches": stretches,
+    }
+    if gathered_from is not None:
+        meta["gathered_from"] = gathered_from
+    return meta
 
 
 class EnsembleCheckpointer:

@@ -31,7 +31,8 @@ class TrainingTiming(_Result):
 
 
 class TrainingSummary(_Result):
-    """What training did (:func:`ensemble_core.runs.training.train`).
+    """What training did (:func:`ensemble_core.runs.training.train`, or the member groups joined by
+    :func:`ensemble_core.runs.groups.gather_groups`).
 
     ``history``: one record per epoch (``epoch``, ``train_loss``/``train_accuracy``: lists
     of E_trained floats, ``diverged_members``, and with a validation split
@@ -51,8 +52,8 @@ class TrainingSummary(_Result):
     resumed_from: int | None  # the epoch of the checkpoint this call resumed from
     stretches: list[dict]
     diverged_members: list[int]
-    members: list[dict] = []  # per member: hyperparameters, best_epoch, stopped_epoch (training.member_records)
-    topology: list[dict] = []  # per member group: its members, host, process, worker (training.where_trained)
+    members: list[dict] = []  # per member: hyperparameters, best_epoch, stopped_epoch (summary.member_records)
+    topology: list[dict] = []  # per member group: its members, host, process, worker (summary.where_trained)
 
 
 class EvaluatorResult(_Result):

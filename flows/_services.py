@@ -1,0 +1,102 @@
+"""Prefect's background services of a flow-run process: watched during the run, drained
+(boundedly) at its end.
+
+Prefect's events and log workers are background threads of the flow-run process. If one
+dies (as the events worker did when TFDS swapped the import machinery under it), the
+run's events, task runs or logs never reach the server and the process used to hang at
+exit in the services' unbounded drain. :class:`PrefectServices` notices the death, so the
+run ends ``Crashed`` (and is re-run) instead of ``Completed`` with records missing, and
+:func:`drain_services` bounds the drain at exit (also used by :mod:`flows._ephemeral`
+before it stops its temporary server).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from prefect.events.worker import EventsWorker
+from prefect.logging.handlers import APILogWorker
+from prefect.states import Crashed, State
+
+DRAIN_TIMEOUT_S = 30.0  # at exit: longest wait for the last events and logs to be sent
+
+
+class PrefectServices:
+    """Watches Prefect's events and API-log workers of this process during a flow run.
+
+    Create it at the start of the flow (it starts both services, as the first event or log
+    would) and call :meth:`outcome` at the end.
+    """
+
+    def __init__(self) -> None:
+        self._services = {"events": EventsWorker.instance(), "logs": APILogWorker.instance()}
+        _register_bounded_drain()
+
+    def dead(self) -> list[str]:
+        """Names of the watched services whose thread has stopped."""
+        return [name for name, svc in self._services.items() if getattr(svc, "_stopped", False)]
+
+    def outcome(self, result: str) -> str | State:
+        """``result`` if every service is alive; else a ``Crashed`` state naming them.
+
+        A dead events worker means some of this run's events and task-run records were
+        lost; a re-run (the ``retry-crashed-runs`` automation) resumes from the latest
+        checkpoint and publishes them again.
+        """
+        dead = self.dead()
+        if not dead:
+            return result
+        message = (
+            f"Prefect's {' and '.join(dead)} worker stopped during this flow run, so some of its "
+            f"records did not reach the server; the work itself is saved and a re-run resumes it"
+        )
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        return Crashed(message=message)
+
+
+_DRAIN_REGISTERED = threading.Event()
+
+
+def drain_services(timeout: float) -> int:
+    """Wait at most ``timeout`` s for Prefect's API-log and events workers to send what
+    they hold (this stops them); returns how many items were still not sent."""
+    pending = 0
+    for service in (APILogWorker, EventsWorker):
+        try:
+            _, not_done = service.drain_all(timeout=timeout)
+            pending += len(not_done)
+        except Exception:  # noqa: BLE001  (none started, or already stopped)
+            pass
+    return pending
+
+
+def _register_bounded_drain() -> None:
+    """At interpreter exit, drain Prefect's services for at most ``DRAIN_TIMEOUT_S``.
+
+    Prefect's own at-exit drain waits without a timeout; a service that cannot send (the
+    server gone, a dead thread) kept the flow-run process alive forever. Still so in
+    Prefect 3.9.1: ``QueueService._at_exit`` calls ``drain(at_exit=True)``, which waits on
+    the service's future with no timeout. Upstream bounded only ``drain_all``'s explicit
+    ``timeout`` and ``APILogHandler.flush`` (PrefectHQ/prefect#9345, #9354, #9399); 3.9's
+    fix for forked children (a service never started in the child) does not cover a
+    started service that cannot send. Registered after
+    the services started, this runs before their drains (threading runs its exit callbacks
+    in reverse order) and ends the process if they do not finish in time.
+    """
+    if _DRAIN_REGISTERED.is_set():
+        return
+    _DRAIN_REGISTERED.set()
+
+    def drain() -> None:
+        if drain_services(DRAIN_TIMEOUT_S):
+            print(
+                f"error: Prefect's services did not finish sending within {DRAIN_TIMEOUT_S:.0f} s at exit; "
+                f"exiting without them (the run's final state was already reported)",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(1)
+
+    threading._register_atexit(drain)  # type: ignore[attr-defined]  (what Prefect's services use)

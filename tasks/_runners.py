@@ -1,0 +1,103 @@
+"""Where member groups run: the Prefect task runner of ``distributed.task_runner``, the
+mapper that submits the groups to it, and the Dask worker a group runs on (its address,
+its CPU core). Everything Dask-specific of the project is here, not in ``ensemble_core``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from prefect import get_run_logger
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from ensemble_core.config import PipelineConfig
+
+
+def submit_each(task, calls: Sequence[tuple]) -> list:
+    """The mapper of :func:`ensemble_core.runs.groups.map_groups` for a Prefect task:
+    submit ``task(*args)`` for every call to the flow's task runner, then wait for all
+    (results in call order; the first failure raises)."""
+    futures = [task.submit(*args) for args in calls]
+    return [f.result() for f in futures]
+
+
+def dask_worker():
+    """The ``distributed.Worker`` running the caller, or None outside a Dask worker."""
+    try:
+        from distributed import get_worker
+
+        return get_worker()
+    except (ImportError, ValueError):
+        return None
+
+
+def pin_to_core(index: int) -> int:
+    """Pin every thread of this process to CPU core ``index`` mod the cores it may use
+    (Linux; threads started later inherit it). Returns the core."""
+    cores = sorted(os.sched_getaffinity(0))
+    core = cores[index % len(cores)]
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), {core})
+        except OSError:  # a thread that just ended
+            pass
+    return core
+
+
+def place_group(config: PipelineConfig) -> str | None:
+    """In a worker of the run's own local Dask cluster with ``distributed.pin_cores``:
+    pin worker k to CPU core k. Returns the Dask worker's address (None outside one)."""
+    dist = config.distributed
+    worker = dask_worker()
+    local_cluster = dist.task_runner == "dask" and dist.address is None  # its workers are named 0..n-1
+    if worker is not None and local_cluster and dist.pin_cores and str(worker.name).isdigit():
+        core = pin_to_core(int(worker.name))
+        get_run_logger().info("Dask worker %s pinned to CPU core %d", worker.name, core)
+    return None if worker is None else worker.address
+
+
+def task_runner(config: PipelineConfig):
+    """The Prefect task runner the member groups run on (``distributed.task_runner``).
+
+    'local': one group after another in this process. 'dask': prefect-dask's
+    ``DaskTaskRunner`` on the scheduler at ``distributed.address`` (TLS with the
+    configured certificates for a tls:// address), or on a local cluster of worker
+    processes (one thread each) that listens on loopback only, with temporary TLS
+    certificates (mutual authentication: a client without them is refused) and no
+    dashboard.
+    """
+    dist = config.distributed
+    if dist.task_runner == "local":
+        return ThreadPoolTaskRunner(max_workers=1)
+    from prefect_dask import DaskTaskRunner
+
+    if dist.address is not None:
+        client_kwargs = {}
+        if dist.address.startswith("tls://"):
+            from distributed.security import Security
+
+            client_kwargs["security"] = Security(
+                tls_ca_file=dist.tls_ca_file,
+                tls_client_cert=dist.tls_cert,
+                tls_client_key=dist.tls_key,
+                require_encryption=True,
+            )
+        return DaskTaskRunner(address=dist.address, client_kwargs=client_kwargs)
+    workers = dist.workers or min(dist.member_groups, os.cpu_count() or 1)
+    return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=local_cluster_kwargs(workers))
+
+
+def local_cluster_kwargs(workers: int) -> dict:
+    """``distributed.LocalCluster`` arguments of a run's own cluster: ``workers`` worker
+    processes of one thread each, everything on loopback, no dashboard, and TLS with
+    temporary self-signed certificates between every party (a client or worker without
+    them is refused)."""
+    return {
+        "n_workers": workers,
+        "threads_per_worker": 1,
+        "processes": True,
+        "host": "127.0.0.1",
+        "dashboard_address": None,
+        "security": True,
+    }
