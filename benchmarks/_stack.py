@@ -26,6 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 ZOMBIE_AFTER_S = 50  # the reconciler's heartbeat timeout here (heartbeats every 30 s, Prefect's minimum)
 
 
+# The task runs of one training flow run, by their names in the Prefect UI.
+TASK_NAMES = frozenset(
+    {"prepare_dataset", "split_keys", "train_members", "evaluate_members", "compare_with_champion", "publish_report"}
+)
+
+
 def stack_env(tmp: Path, pgdata: Path, zombie_after_s: float = ZOMBIE_AFTER_S, **extra: str) -> dict[str, str]:
     """The environment of a stack under ``tmp`` on a free port, its database in ``pgdata``,
     with ``extra`` variables on top."""

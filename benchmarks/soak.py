@@ -32,7 +32,7 @@ import httpx
 from benchmarks import _stack
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = {"prepare_dataset", "split_rngs", "train_ensemble", "evaluate", "compare_with_champion", "report"}
+STAGES = _stack.TASK_NAMES
 
 
 def _group_rss_mib(pgid: int) -> float:

@@ -27,8 +27,7 @@ from prefect import flow
 
 from ensemble_core.errors import EnsembleError
 from flows import _cli, _outcome
-from tasks.predict import load_images, resolve_run
-from tasks.predict import predict as predict_task
+from tasks.predict import load_images, predict_images, resolve_run
 
 
 @flow(name="predict", log_prints=True)
@@ -54,7 +53,7 @@ def predict(
         run = resolve_run(run_dir, output_dir)
         images = load_images(images_npy, tfds_name, tfds_split, data_dir)
         out = output or str(Path(run) / f"predictions-{Path(images).stem}.npz")
-        path = predict_task(run, images, out)
+        path = predict_images(run, images, out)
     except EnsembleError as err:  # bad input: Failed at once with the one-line message
         return _outcome.refused(err)
     return services.outcome(path)

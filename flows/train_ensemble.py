@@ -3,7 +3,8 @@
     python -m flows.train_ensemble [--config FILE] [--set dotted.key=value ...]
                                    [--output-dir DIR] [--run-name NAME]
 
-prepare_dataset -> split_rngs -> train_ensemble (orbax checkpoints) -> evaluate -> report.
+prepare_dataset -> split_keys -> train_members (orbax checkpoints) -> evaluate_members
+-> compare_with_champion -> publish_report.
 The last line printed is the run directory ``DIR/NAME``. Bad input exits with code 2 and
 a one-line message before anything is computed or written.
 """
@@ -38,7 +39,7 @@ from tasks.champion import compare_with_champion
 from tasks.evaluate import evaluate_members
 from tasks.prepare_dataset import prepare_dataset
 from tasks.report import publish_report
-from tasks.split_rngs import split_rngs
+from tasks.split_keys import split_keys
 from tasks.train import train_stage
 
 DEFAULT_OUTPUT_DIR = "runs"
@@ -47,7 +48,7 @@ DEFAULT_OUTPUT_DIR = "runs"
 STAGES = runs.Stages(
     preflight=runs.preflight,
     prepare=prepare_dataset,
-    split_keys=split_rngs,
+    split_keys=split_keys,
     train=train_stage,
     evaluate=evaluate_members,
     promote=compare_with_champion,

@@ -1,11 +1,10 @@
 """One thin Prefect task per stage of :func:`ensemble_core.runs.run`; the work is in
 :mod:`ensemble_core.runs`.
 
-A task is named after its stage in the Prefect UI (``prepare_dataset``, ``split_rngs``,
-``train_ensemble``, ``evaluate``, ``compare_with_champion``, ``report``: the names
-dashboards, automations and the soak benchmark filter on) and its Python function is
-named for what it does to the run (``train_members``, ``evaluate_members``,
-``publish_report``), never like the core function it wraps.
+A task has one name, in the Prefect UI and in Python (``prepare_dataset``, ``split_keys``,
+``train_members``, ``evaluate_members``, ``compare_with_champion``, ``publish_report``;
+``resolve_run``, ``load_images``, ``predict_images`` for prediction): what it does to the
+run, never the name of the flow (``train-ensemble``, ``predict``) it is part of.
 """
 
 from __future__ import annotations

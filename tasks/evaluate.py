@@ -11,7 +11,7 @@ from ensemble_core.data import DatasetInfo
 from tasks import TRANSIENT_RETRIES
 
 
-@task(name="evaluate", **TRANSIENT_RETRIES)
+@task(name="evaluate_members", **TRANSIENT_RETRIES)
 def evaluate_members(config: PipelineConfig, dataset: DatasetInfo, run_dir: str) -> runs.Evaluation:
     """Score the latest checkpoint; logs the test split's headline figures."""
     result = runs.evaluate(config, dataset, run_dir)

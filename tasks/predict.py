@@ -29,8 +29,8 @@ def load_images(images_npy: str | None, tfds_name: str | None, tfds_split: str, 
     return prediction.images_file(images_npy, tfds_name, tfds_split, data_dir)
 
 
-@task(name="predict")
-def predict(run_dir: str, images_npy: str, output: str) -> str:
+@task(name="predict_images")
+def predict_images(run_dir: str, images_npy: str, output: str) -> str:
     """Ensemble probabilities, predictive entropy and mutual information to ``output`` (.npz)."""
     result = prediction.predict_file(run_dir, images_npy, output)
     get_run_logger().info(

@@ -23,7 +23,7 @@ def evaluation_key(name: str) -> str:
     return "ensemble-eval-" + name.replace("_", "-")
 
 
-@task(name="report", **TRANSIENT_RETRIES)
+@task(name="publish_report", **TRANSIENT_RETRIES)
 def publish_report(
     run_name: str,
     config: dict,

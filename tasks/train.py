@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 
-@task(name="train_ensemble", **TRANSIENT_RETRIES)
+@task(name="train_members", **TRANSIENT_RETRIES)
 def train_members(config: PipelineConfig, dataset: DatasetInfo, keys: dict, run_dir: str) -> runs.TrainingSummary:
     """Train ``config.ensemble.size`` members (one process, or one program across JAX
     processes); returns the training summary."""

@@ -4,9 +4,9 @@ through the Prefect API; shared by the deployment test modules."""
 import time
 from pathlib import Path
 
-from benchmarks._stack import api, wait_until
+from benchmarks._stack import TASK_NAMES, api, wait_until
 
-TASKS = {"prepare_dataset", "split_rngs", "train_ensemble", "evaluate", "compare_with_champion", "report"}
+TASKS = TASK_NAMES
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 

@@ -150,7 +150,7 @@ def test_artifacts_and_task_runs(finished_run):
     assert [row["member"] for row in pool] == [0, 1, 2, 3] and all(row["selected"] == 1 for row in pool)
     assert all(row["learning_rate"] == 0.1 for row in pool)  # no search: the train section's value
     names = {r.name.rsplit("-", 1)[0] for r in runs if r.state and r.state.is_completed()}
-    assert {"prepare_dataset", "split_rngs", "train_ensemble", "evaluate", "report"} <= names
+    assert {"prepare_dataset", "split_keys", "train_members", "evaluate_members", "publish_report"} <= names
 
 
 def test_rerun_same_name_resumes_without_training(finished_run, tfds_dir):

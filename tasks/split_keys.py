@@ -11,8 +11,8 @@ from ensemble_core.config import PipelineConfig
 from tasks import TRANSIENT_RETRIES
 
 
-@task(name="split_rngs", **TRANSIENT_RETRIES)
-def split_rngs(config: PipelineConfig, num_members: int) -> dict[str, list[list[int]]]:
+@task(name="split_keys", **TRANSIENT_RETRIES)
+def split_keys(config: PipelineConfig, num_members: int) -> dict[str, list[list[int]]]:
     """Raw uint32 key data ``{purpose: [[k0, k1]] * E}`` for ``num_members`` members."""
     layout = runs.split_keys(config, num_members)
     logger = get_run_logger()
