@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ensemble_core import data
+from ensemble_core.data import preparation
 from ensemble_core.errors import DataError
 
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -132,7 +133,7 @@ def test_fashion_mnist_prepares_from_the_debian_files(fashion_dir):
     assert Path(info.data_dir) == tfds_dir / "fashion_mnist" / "1.0.0"
     assert data.idx_files_available("fashion_mnist") == FASHION_DIR
     assert data.prepare("fashion_mnist", str(tfds_dir)) == info  # prepared once, then reused
-    names = data._builder("fashion_mnist", str(tfds_dir)).info.features["label"].names
+    names = preparation._builder("fashion_mnist", str(tfds_dir)).info.features["label"].names
     assert names == list(data.FASHION_MNIST_CLASSES) and names[0] == "T-shirt/top" and names[9] == "Ankle boot"
 
 
@@ -215,7 +216,7 @@ def test_bad_idx_file_in_manual_dir_is_refused_before_anything_is_written(tmp_pa
 
 def test_idx_names_take_precedence_over_the_catalog():
     for name in ("mnist", "fashion_mnist"):
-        builder = data._builder(name, None)
+        builder = preparation._builder(name, None)
         assert builder.name == name and str(builder.version) == "1.0.0"
         assert builder.info.features["image"].shape == (28, 28, 1)
     with pytest.raises(DataError, match="not an IDX dataset"):

@@ -1,0 +1,58 @@
+"""Datasets through TFDS: the embedded offline MNIST subset, MNIST and Fashion-MNIST from
+their original IDX files, and any TFDS catalog dataset.
+
+Everything is read with ``tfds.data_source`` from array_record files, which needs no
+TensorFlow. Images are kept as uint8 ``[N, H, W, C]`` on the host and on device (4x less
+memory than float32) and become float32 in [0, 1] inside the jitted step
+(:func:`to_float`).
+
+One concern per module: :mod:`.sources` (the datasets known without the catalog and
+where their files are), :mod:`.mnist5k` (the embedded dataset and its builder),
+:mod:`.idx` (the IDX reader and builder), :mod:`.integrity` (damage checks of prepared
+datasets), :mod:`.preparation` (prepare, load a split) and :mod:`.validation_split`.
+"""
+
+from __future__ import annotations
+
+# TFDS is imported here, when this module is imported, and never later inside a function.
+# tensorflow_datasets imports itself inside ``etils.epy.lazy_imports()``, which replaces
+# ``builtins.__import__`` for the whole process while it runs: an import made by another
+# thread in that window gets a lazy proxy. Inside a Prefect task run, Prefect's events and
+# log workers are such threads; the events worker died of it and the run lost its task
+# runs and events and never exited. At module import (the flow's entrypoint is loaded
+# before Prefect starts those threads) no other thread is importing. dataset_metadata is
+# the one TFDS module that opens such a window and is otherwise imported only while a
+# dataset is prepared. tests/test_data.py::test_no_lazy_import_window_left_for_run_time
+# and tests/test_deployment.py (every flow-run process, probed) check it.
+import tensorflow_datasets  # noqa: F401  (see above)
+import tensorflow_datasets.core.dataset_metadata  # noqa: F401  (see above)
+
+from ensemble_core.data.idx import idx_dir, idx_files_available, read_idx, read_idx_split
+from ensemble_core.data.integrity import verify_prepared
+from ensemble_core.data.mnist5k import mnist5k_split_indices, read_mnist5k_csv
+from ensemble_core.data.preparation import DatasetInfo, check_examples, load_split, prepare, to_float
+from ensemble_core.data.sources import EMBEDDED, FASHION_MNIST_CLASSES, FILE_FORMAT, IDX_FILES, IDX_SOURCES
+from ensemble_core.data.validation_split import VALIDATION_SEED, validation_size, validation_split
+
+__all__ = [
+    "EMBEDDED",
+    "FASHION_MNIST_CLASSES",
+    "FILE_FORMAT",
+    "IDX_FILES",
+    "IDX_SOURCES",
+    "VALIDATION_SEED",
+    "DatasetInfo",
+    "check_examples",
+    "idx_dir",
+    "idx_files_available",
+    "load_split",
+    "mnist5k_split_indices",
+    "prepare",
+    "read_idx",
+    "read_idx_split",
+    "read_mnist5k_csv",
+    "to_float",
+    "validation_size",
+    "validation_split",
+    "verify_prepared",
+]

