@@ -33,6 +33,8 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy ensemble_core flows tasks
 
 # Throughput against the per-member loop (docs/benchmarks.md); options in ARGS, e.g.
 # make bench ARGS="--models cnn --sizes 8". Writes benchmarks/results/latest.json and .png.

@@ -130,7 +130,7 @@ def reliability_curve(probs: np.ndarray, labels: np.ndarray, num_bins: int = 15)
     conf = p.max(-1)
     correct = (np.argmax(p, -1) == labels).astype(np.float64)
     bins = np.clip(np.ceil(conf * num_bins).astype(int) - 1, 0, num_bins - 1)
-    out = {"confidence": [], "accuracy": [], "count": []}
+    out: dict[str, list[float | None]] = {"confidence": [], "accuracy": [], "count": []}
     for b in range(num_bins):
         mask = bins == b
         out["count"].append(int(mask.sum()))

@@ -39,6 +39,8 @@ def track_best(state: EnsembleState, nll: jax.Array, epoch: jax.Array, patience:
     epochs back stops: ``stopped_epoch = epoch``.
     """
     best = state.best
+    if best is None:
+        raise ValueError("the state tracks no best epoch; fix: init_ensemble(..., track_best=True)")
     training = best.stopped_epoch == 0
     improved = training & (nll < best.nll)
 

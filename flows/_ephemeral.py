@@ -93,6 +93,7 @@ def temporary_server() -> Iterator[str | None]:
         deadline = time.monotonic() + timeout
         while True:
             if server.poll() is not None:
+                assert server.stderr is not None  # stderr=PIPE
                 last = (server.stderr.read().decode(errors="replace").strip().splitlines() or ["no output"])[-1]
                 raise ServerStartError(
                     f"Prefect's temporary server exited with code {server.returncode} ({last}); fix: check "

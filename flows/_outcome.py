@@ -25,7 +25,7 @@ import sys
 
 from prefect import get_run_logger
 from prefect.exceptions import FailedRun
-from prefect.logging.handlers import APILogHandler
+from prefect.logging.handlers import APILogWorker
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, Crashed, Failed, State
 
@@ -68,7 +68,9 @@ logging.getLogger("prefect.flow_runs").addFilter(_RefusalTraceback())
 
 def _flush_logs() -> None:
     try:
-        APILogHandler.flush()  # bounded (5 s) by Prefect
+        # What APILogHandler.flush does outside an event loop (it is an instance method: called
+        # on the class it raised TypeError, swallowed below, and flushed nothing).
+        APILogWorker.drain_all(timeout=5)
     except Exception:  # noqa: BLE001  (no API log handler, e.g. logging to the API is off)
         pass
 
@@ -124,10 +126,12 @@ def _cancelling() -> bool:
     if not run_id:
         return False
     try:
+        from uuid import UUID
+
         from prefect.client.orchestration import get_client
 
         with get_client(sync_client=True) as client:
-            state = client.read_flow_run(run_id).state
+            state = client.read_flow_run(UUID(run_id)).state
         return state is not None and state.is_cancelling()
     except Exception:  # noqa: BLE001  (server unreachable: treat as a preemption)
         return False

@@ -65,7 +65,7 @@ def drain_services(timeout: float) -> int:
     pending = 0
     for service in (APILogWorker, EventsWorker):
         try:
-            _, not_done = service.drain_all(timeout=timeout)
+            _, not_done = service.drain_all(timeout=timeout)  # type: ignore[misc]  # sync: no event loop here
             pending += len(not_done)
         except Exception:  # noqa: BLE001  (none started, or already stopped)
             pass
@@ -99,4 +99,4 @@ def _register_bounded_drain() -> None:
             )
             os._exit(1)
 
-    threading._register_atexit(drain)  # type: ignore[attr-defined]  (what Prefect's services use)
+    threading._register_atexit(drain)  # type: ignore[attr-defined]  # what Prefect's services use

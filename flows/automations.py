@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 from datetime import timedelta
+from typing import Any
 
 from prefect.automations import Automation
 from prefect.client.orchestration import get_client
@@ -107,7 +108,8 @@ def ensure(max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> list[str]:
                     kept = existing
                 else:
                     client.delete_automation(existing.id)
-            ids.append(str(kept.id if kept else automation.create().id))
+            created: Any = kept or automation.create()
+            ids.append(str(created.id))
     return ids
 
 

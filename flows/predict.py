@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from prefect import flow
+from prefect.states import State
 
 from ensemble_core.errors import EnsembleError
 from flows import _cli, _outcome
@@ -39,7 +40,7 @@ def predict(
     run_dir: str | None = None,
     output_dir: str = "runs",
     output: str | None = None,
-) -> str:
+) -> str | State:
     """Predict with the champion (or ``run_dir``); returns the path of the ``.npz`` written.
 
     Args:

@@ -35,6 +35,7 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.filters import (
@@ -127,7 +128,7 @@ def mark_zombies(client: SyncPrefectClient, zombie_after_s: float, pool: str | N
         if silent is None or silent < zombie_after_s:
             continue
         message = f"no heartbeat for {silent:.0f} s: the flow-run process is gone (marked by {NAME})"
-        result = client.set_flow_run_state(run.id, Crashed(message=message))
+        result: Any = client.set_flow_run_state(run.id, Crashed(message=message))
         if result.state is not None and result.state.type == StateType.CRASHED:
             actions.append(Action("crashed", str(run.id), run.name, message))
     return actions
@@ -149,7 +150,7 @@ def retry_crashed(
             continue
         if not grace_s <= (now - crashed_at).total_seconds() <= retry_within_s:
             continue
-        result = client.set_flow_run_state(run.id, Scheduled(message=f"{RETRY_MESSAGE} ({NAME})"))
+        result: Any = client.set_flow_run_state(run.id, Scheduled(message=f"{RETRY_MESSAGE} ({NAME})"))
         if result.state is not None and result.state.type == StateType.SCHEDULED:
             detail = f"execution {run.run_count + 1} of at most {max_attempts}"
             actions.append(Action("rescheduled", str(run.id), run.name, detail))

@@ -27,6 +27,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
+from prefect.states import State
 
 from ensemble_core import runs
 from ensemble_core.config import PipelineConfig, load_config, validate
@@ -95,7 +96,7 @@ def train_ensemble(
     eval: dict[str, Any] | None = None,  # noqa: A002  (the config section's name)
     promotion: dict[str, Any] | None = None,
     distributed: dict[str, Any] | None = None,
-) -> str:
+) -> str | State:
     """Train, checkpoint, evaluate and report a deep ensemble; returns the run directory.
 
     Whatever the config's schema cannot refuse (an unknown dataset, a batch larger than

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from prefect import get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -34,7 +35,7 @@ def train_with_progress(
     members = config.ensemble.size if group is None else group_size(config)
     first = 0 if group is None else group * members
     what = f"{members} members" if group is None else f"members {first}..{first + members - 1} (group {group})"
-    artifact_id = create_progress_artifact(
+    artifact_id: Any = create_progress_artifact(
         progress=0.0,
         key=PROGRESS_KEY if group is None else f"{PROGRESS_KEY}-group-{group}",
         description=f"Training {what}",

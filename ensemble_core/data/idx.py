@@ -15,7 +15,7 @@ import tensorflow_datasets as tfds
 from ensemble_core.data.sources import FASHION_MNIST_CLASSES, IDX_FILES, IDX_SOURCES, one_line
 from ensemble_core.errors import DataError
 
-_IDX_DTYPES = {
+_IDX_DTYPES: dict[int, np.dtype] = {
     0x08: np.dtype(np.uint8),
     0x09: np.dtype(np.int8),
     0x0B: np.dtype(">i2"),
@@ -173,7 +173,7 @@ def _idx_builder_class(name: str):
     default_dir, install = _idx_source(name)
     dataset_name = name
 
-    class IdxDataset(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    class IdxDataset(tfds.core.GeneratorBasedBuilder, skip_registration=True):  # type: ignore[call-arg]
         """Images and labels from the four original IDX files; train and test in file order."""
 
         name = dataset_name

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import traceback
 from pathlib import Path
+from types import CodeType, FrameType
 
 import tensorflow_datasets as tfds
 from array_record.python import array_record_module
@@ -19,7 +20,7 @@ _READ_METADATA = tfds.core.DatasetInfo.read_from_directory.__code__
 _SET_FILE_FORMAT = tfds.core.DatasetInfo.set_file_format.__code__
 
 
-def _frame_of(err: BaseException, code) -> object | None:
+def _frame_of(err: BaseException, code: CodeType) -> FrameType | None:
     """The frame of ``code`` in ``err``'s traceback (None if ``err`` did not pass it).
 
     Constructing a builder reads the prepared dataset's ``dataset_info.json``

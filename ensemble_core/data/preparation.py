@@ -184,7 +184,7 @@ def _prepare_locked(name: str, data_dir: str | None, manual_dir: str | None) -> 
         data_dir=str(builder.data_dir),
         tfds_data_dir=None if data_dir is None else str(data_dir),
         num_classes=int(features["label"].num_classes),
-        image_shape=shape,  # type: ignore[arg-type]
+        image_shape=shape,
         num_train=int(builder.info.splits["train"].num_examples),
         num_test=int(builder.info.splits["test"].num_examples),
     )
@@ -232,7 +232,9 @@ def load_split(
     n = len(source) if limit is None else min(limit, len(source))
     splits = builder.info.splits
     if split in splits and len(source) == splits[split].num_examples:
-        shards = [(Path(p), int(k)) for p, k in zip(splits[split].filepaths, splits[split].shard_lengths, strict=True)]
+        shards: list[tuple[Path | None, int]] = [
+            (Path(p), int(k)) for p, k in zip(splits[split].filepaths, splits[split].shard_lengths, strict=True)
+        ]
     else:  # a sliced or combined split spec: read in one piece
         shards = [(None, len(source))]
     records: list = []

@@ -136,8 +136,8 @@ def promote(
                 "figures": {metric: challenger_value},
             },
         )
-    figures = (challenger_value, champion_value)
-    return _decision(promoted, reason, metric, run_name, evaluation, output_dir, champion_metrics, current, figures)
+    pair = (challenger_value, champion_value)
+    return _decision(promoted, reason, metric, run_name, evaluation, output_dir, champion_metrics, current, pair)
 
 
 def figure_value(evaluation: Evaluation, metric: str) -> float:

@@ -160,12 +160,13 @@ def gather_groups(
     run = RunDir(Path(run_dir))
     groups, size = cfg.distributed.member_groups, group_size(cfg)
     steps = {s.checkpoint_step for s in summaries}
-    if len(summaries) != groups or len(steps) != 1:
+    if len(summaries) != groups or len(steps) != 1 or None in steps:
         raise ConfigError(
             f"{len(summaries)} group summaries at steps {sorted(map(str, steps))} for distributed.member_groups="
             f"{groups}; fix: train every group to the end (rerun the run name to resume them)"
         )
     step = steps.pop()
+    assert step is not None  # refused above
     whole = build(cfg, dataset.num_classes)
     parts, metas = _restore_groups(cfg, dataset, run, step)
     pad = whole.plan.padded_members - cfg.ensemble.size

@@ -185,7 +185,7 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 def atomic_savez(path: Path, **arrays: np.ndarray) -> None:
     """:func:`atomic_write` of ``np.savez`` (uncompressed ``.npz``) of ``arrays``."""
-    atomic_write(path, lambda f: np.savez(f, **arrays))
+    atomic_write(path, lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]  # numpy stubs: a **dict may hold allow_pickle
 
 
 # MARK: checks of the places a run writes to

@@ -37,7 +37,7 @@ from ensemble_core.runs.results import TrainingSummary, TrainingTiming
 from ensemble_core.runs.resume import check_resumable, config_changes, resumable_settings
 from ensemble_core.runs.summary import images_per_s, member_records, where_trained
 from ensemble_core.setup import EnsembleSetup, build, group_size
-from ensemble_core.train import DataPosition, data_position, fit
+from ensemble_core.train import DataPosition, EnsembleState, data_position, fit
 
 __all__ = ["Hooks", "MemberKeyData", "TrainingRun", "group_keys", "split_keys", "stop_signals", "train"]
 
@@ -134,7 +134,7 @@ class _Record:
     resumed_from: int | None = None  # the epoch of the checkpoint this call resumed from
 
 
-def _resume(ckpt: EnsembleCheckpointer, state, ctx: TrainingRun) -> tuple[object, _Record]:
+def _resume(ckpt: EnsembleCheckpointer, state: EnsembleState, ctx: TrainingRun) -> tuple[EnsembleState, _Record]:
     """The newest readable compatible checkpoint (or ``state`` from scratch), and a new
     stretch of training: the keys that may change on resume, what changed since the
     checkpoint, and the devices."""

@@ -110,7 +110,8 @@ def fit(
         first = staged(first_step)
         if compiled is None:
             t0 = time.perf_counter()
-            compiled = train_step.lower(state, images, labels, *first).compile()
+            lower = train_step.lower  # type: ignore[attr-defined]  # a jax.jit-wrapped function
+            compiled = lower(state, images, labels, *first).compile()
             timing["compile_seconds"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         resumed = start if epoch == start_epoch and first_step else None

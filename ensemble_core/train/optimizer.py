@@ -9,7 +9,7 @@ stacked; :func:`set_hyperparameters` is the one place member values enter that s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -113,7 +113,7 @@ def learning_rate_schedule(hyperparameters: Mapping[str, Any], steps_per_epoch: 
 
 
 def learning_rate_table(
-    hyperparameters: list[Mapping[str, Any]], steps_per_epoch: int, epochs: int
+    hyperparameters: Sequence[Mapping[str, Any]], steps_per_epoch: int, epochs: int
 ) -> Callable[[int], np.ndarray]:
     """``rates(epoch) -> float32 [steps_per_epoch, E]``: every member's learning rate at
     each step of ``epoch`` (0-based), from its :func:`learning_rate_schedule` evaluated on

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax.linen as nn
 import flax.struct
@@ -30,6 +30,10 @@ class BestTracking:
         (``train.patience`` epochs without improvement), 0 while it trains.
     """
 
+    if TYPE_CHECKING:  # flax.struct.dataclass adds it; declared for the type checker
+
+        def replace(self, **changes: Any) -> BestTracking: ...
+
     params: Any
     nll: Float[Array, " E"]
     epoch: Int[Array, " E"]
@@ -44,6 +48,10 @@ class EnsembleState:
     rate and weight decay live in ``opt_state.hyperparams``); ``best`` is None without a
     validation split.
     """
+
+    if TYPE_CHECKING:  # flax.struct.dataclass adds it; declared for the type checker
+
+        def replace(self, **changes: Any) -> EnsembleState: ...
 
     step: Int[Array, ""]
     params: Any

@@ -51,7 +51,7 @@ def cross_entropy(
       (``optax.losses.softmax_cross_entropy_with_integer_labels`` when ``a = 0``) and
       float32 ``[B, C]`` logits.
     """
-    logits = model.apply({"params": params}, to_float(images))
+    logits: Array = model.apply({"params": params}, to_float(images))  # type: ignore[assignment]  # no mutable collections
     losses = optax.losses.softmax_cross_entropy_with_integer_labels(logits, labels)
     uniform = -jnp.mean(jax.nn.log_softmax(logits), axis=-1)
     smoothed = losses + label_smoothing * (uniform - losses)
