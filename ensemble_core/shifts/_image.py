@@ -1,0 +1,31 @@
+"""The image layout every shift takes and returns: uint8 ``[N, 28, 28, 1]`` (MNIST's,
+white strokes on black); float64 ``[N, 28, 28]`` in [0, 1] inside (``x / 255``, the
+reference code's scaling)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+H = W = 28
+_CENTRE = 13.5  # MNIST-C keeps the image centre (13.5, 13.5) fixed in its affine maps.
+
+
+def _check(images: np.ndarray) -> np.ndarray:
+    images = np.asarray(images)
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != (H, W, 1):
+        raise ValueError(f"expected uint8 [N, 28, 28, 1], got {images.dtype} {images.shape}")
+    return images
+
+
+def _to01(images: np.ndarray) -> np.ndarray:
+    """uint8 ``[N, 28, 28, 1]`` -> float64 ``[N, 28, 28]`` in [0, 1]."""
+    return _check(images)[..., 0].astype(np.float64) / 255.0
+
+
+def _to_uint8(x01: np.ndarray) -> np.ndarray:
+    """float ``[N, 28, 28]`` in [0, 1] (clipped) -> uint8 ``[N, 28, 28, 1]`` (rounded).
+
+    Rounding, as the reference's ``visualize_corruptions.ipynb`` does
+    (``np.round(x).astype(np.uint8)``) with the float32 [0, 255] its functions return.
+    """
+    return np.round(np.clip(x01, 0.0, 1.0) * 255.0).astype(np.uint8)[..., None]
