@@ -10,6 +10,7 @@ using Deep Ensembles"). Logarithms are natural (nats).
 from __future__ import annotations
 
 import numpy as np
+from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
 _TINY = np.finfo(np.float64).tiny
 
@@ -189,20 +190,18 @@ def detection(score: np.ndarray, is_ood: np.ndarray) -> dict[str, float]:
     """Threshold-free OOD detection metrics of a score where higher means "more OOD".
 
     OOD examples are the positive class; an example is flagged OOD at threshold t when
-    ``score >= t``. Computed by sorting (no scikit-learn); equal scores are one threshold.
+    ``score >= t``; equal scores are one threshold. Computed with scikit-learn:
 
-    - ``"auroc"``: area under the ROC curve = the Mann-Whitney statistic
-      ``P(s_ood > s_id) + 0.5 * P(s_ood == s_id)`` (ties counted half); as scikit-learn's
-      ``roc_auc_score``.
-    - ``"aupr"``: average precision with OOD positive,
+    - ``"auroc"``: ``roc_auc_score``, the area under the ROC curve = the Mann-Whitney
+      statistic ``P(s_ood > s_id) + 0.5 * P(s_ood == s_id)`` (ties counted half).
+    - ``"aupr"``: ``average_precision_score`` with OOD positive,
       ``sum_k (R_k - R_{k-1}) * P_k`` over distinct thresholds in descending order (the
-      step-wise definition of scikit-learn's ``average_precision_score``, not the
-      trapezoidal area). Its chance level is the OOD fraction.
+      step-wise average precision, not the trapezoidal area). Its chance level is the
+      OOD fraction.
     - ``"fpr_at_95_tpr"``: the fraction of in-distribution examples with
       ``score >= t*``, where ``t*`` is the largest threshold flagging at least 95% of the
-      OOD examples (Hendrycks & Gimpel 2017), i.e. the smallest FPR among the thresholds
-      of scikit-learn's ``roc_curve`` with TPR >= 0.95. The 95% test is done exactly in
-      integers (``100 * TP >= 95 * #OOD``).
+      OOD examples (Hendrycks & Gimpel 2017): the smallest FPR among the thresholds of
+      ``roc_curve`` (all of them, ``drop_intermediate=False``) with TPR >= 0.95.
 
     Args:
       score: float ``[N]``, finite or +-inf (NaN is rejected).
@@ -230,27 +229,12 @@ def detection(score: np.ndarray, is_ood: np.ndarray) -> dict[str, float]:
             f"{n_pos} OOD and {n_neg} in-distribution"
         )
 
-    order = np.argsort(-s, kind="stable")  # descending score
-    s_sorted, y_sorted = s[order], y[order]
-    # Last index of each group of equal scores = one threshold (descending).
-    last = np.r_[np.flatnonzero(np.diff(s_sorted) != 0), s.size - 1]
-    tps = np.cumsum(y_sorted)[last]  # OOD flagged at each threshold (int)
-    fps = (last + 1) - tps  # in-distribution flagged at each threshold
-
-    # AUROC: per group, each positive beats every negative with a strictly lower score.
-    # Descending order: for group g, negatives strictly below = n_neg - fps[g]; ties half.
-    pos_g = np.diff(np.r_[0, tps])
-    neg_g = np.diff(np.r_[0, fps])
-    wins = np.sum(pos_g * (n_neg - fps)) + 0.5 * np.sum(pos_g * neg_g)
-    auroc = float(wins / (n_pos * n_neg))
-
-    precision = tps / (tps + fps)
-    recall = tps / n_pos
-    aupr = float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
-
-    k = int(np.argmax(100 * tps >= 95 * n_pos))  # first (largest) threshold with TPR >= .95
-    fpr95 = float(fps[k] / n_neg)
-    return {"auroc": auroc, "aupr": aupr, "fpr_at_95_tpr": fpr95}
+    fpr, tpr, _ = roc_curve(y, s, drop_intermediate=False)
+    return {
+        "auroc": float(roc_auc_score(y, s)),
+        "aupr": float(average_precision_score(y, s)),
+        "fpr_at_95_tpr": float(fpr[tpr >= 0.95].min()),
+    }
 
 
 def confident_fraction(probs: np.ndarray, tau: float = 0.9) -> float:
