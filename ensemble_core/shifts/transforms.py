@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 from scipy import ndimage as ndi
+from skimage import transform
 
 from ensemble_core.shifts._image import _CENTRE, H, W
 
@@ -22,21 +23,20 @@ def _gauss(x: np.ndarray, sigma: float, mode: str = "nearest", axes: tuple[int, 
 
 
 def _warp_affine(x: np.ndarray, mats: np.ndarray) -> np.ndarray:
-    """skimage ``transform.warp(x, inverse_map=AffineTransform)`` per image, order 1.
+    """skimage ``transform.warp(x_i, AffineTransform(matrix=m_i), order=1)`` per image, as
+    the reference warps (bilinear, zeros outside: ``mode='constant', cval=0``).
 
-    ``mats`` float ``[N, 3, 3]`` (one per image, or ``[3, 3]`` for all): the inverse map in
-    skimage's ``(col, row)`` convention, so output pixel ``(r, c)`` samples the input at
-    ``col = m00 c + m01 r + m02``, ``row = m10 c + m11 r + m12`` with bilinear interpolation
-    and zeros outside (skimage's ``mode='constant', cval=0``; its bilinear kernel mixes in
-    cval between the border pixel and the outside, which is scipy's ``'grid-constant'``).
+    ``x`` float ``[N, 28, 28]``; ``mats`` float ``[N, 3, 3]`` (one per image, or ``[3, 3]``
+    for all): the inverse map in skimage's ``(col, row)`` convention, so output pixel
+    ``(r, c)`` samples the input at ``col = m00 c + m01 r + m02``,
+    ``row = m10 c + m11 r + m12``. Returns float64 ``[N, 28, 28]``.
     """
-    n = x.shape[0]
-    mats = np.broadcast_to(mats, (n, 3, 3))
-    r, c = np.mgrid[0:H, 0:W].astype(np.float64)
-    src_c = mats[:, 0, 0, None, None] * c + mats[:, 0, 1, None, None] * r + mats[:, 0, 2, None, None]
-    src_r = mats[:, 1, 0, None, None] * c + mats[:, 1, 1, None, None] * r + mats[:, 1, 2, None, None]
-    idx = np.broadcast_to(np.arange(n, dtype=np.float64)[:, None, None], src_r.shape)
-    return ndi.map_coordinates(x, np.stack([idx, src_r, src_c]), order=1, mode="grid-constant", cval=0.0)
+    mats = np.broadcast_to(mats, (x.shape[0], 3, 3))
+    warped = [
+        transform.warp(xi, transform.AffineTransform(matrix=m), order=1, mode="constant", cval=0.0)
+        for xi, m in zip(x, mats, strict=True)
+    ]
+    return np.stack(warped) if warped else np.zeros_like(x, dtype=np.float64)
 
 
 def _centred(lin: np.ndarray) -> np.ndarray:
