@@ -6,6 +6,7 @@ its flow runs. Everything stays on loopback and in the given directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -36,7 +37,7 @@ def stack_env(tmp: Path, pgdata: Path, zombie_after_s: float = ZOMBIE_AFTER_S, *
     """The environment of a stack under ``tmp`` on a free port, its database in ``pgdata``,
     with ``extra`` variables on top."""
     port = free_port()
-    env = {
+    return {
         **{k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "XLA_FLAGS"},
         "PREFECT_HOME": str(tmp / "prefect-home"),
         "PREFECT_PORT": str(port),
@@ -52,7 +53,6 @@ def stack_env(tmp: Path, pgdata: Path, zombie_after_s: float = ZOMBIE_AFTER_S, *
         "JAX_COMPILATION_CACHE_DIR": str(tmp / "jax-cache"),
         **extra,
     }
-    return env
 
 
 def serve(env: dict[str, str]) -> None:
@@ -175,10 +175,8 @@ def kill_stack(env: dict[str, str]) -> None:
     postmaster = int((Path(env["ENSEMBLE_PGDATA"]) / "postmaster.pid").read_text().split()[0])
     pids = [postmaster, *_children(postmaster)]
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # a server process that exited since it was listed
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:  # a server process that exited since it was listed
-            pass
     # Until reaped, not only dead: pg_ctl takes a zombie postmaster for a running server.
     wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), 60, "PostgreSQL to be reaped", every=0.2)
 

@@ -21,7 +21,6 @@ Throughput is in member-images per second at batch 128 per member, steady state
 Writes JSON (``--out``) and a PNG plot of throughput against E, and prints a table.
 """
 
-# ruff: noqa: I001  (flows._env must be imported before JAX)
 from __future__ import annotations
 
 import argparse

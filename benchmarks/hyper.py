@@ -16,7 +16,6 @@
 Writes ``benchmarks/results/hyper-<backend>.json`` (``--out``) and prints a summary.
 """
 
-# ruff: noqa: I001  (flows._env must be imported before JAX)
 from __future__ import annotations
 
 import argparse

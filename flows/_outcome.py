@@ -20,6 +20,7 @@ A flow watches Prefect's background services with :class:`PrefectServices`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 
@@ -67,12 +68,10 @@ logging.getLogger("prefect.flow_runs").addFilter(_RefusalTraceback())
 
 
 def _flush_logs() -> None:
-    try:
+    with contextlib.suppress(Exception):
         # What APILogHandler.flush does outside an event loop (it is an instance method: called
         # on the class it raised TypeError, swallowed below, and flushed nothing).
         APILogWorker.drain_all(timeout=5)
-    except Exception:  # noqa: BLE001  (no API log handler, e.g. logging to the API is off)
-        pass
 
 
 def exit_code(state: State) -> tuple[int, str | None]:

@@ -9,7 +9,6 @@ run. Writes ``ensemble_probs`` [N, C], ``predictive_entropy`` [N], ``mutual_info
 output path.
 """
 
-# ruff: noqa: I001  (flows._env must be imported before anything that imports JAX)
 from __future__ import annotations
 
 from flows import _env  # noqa: F401  (must precede every JAX import)

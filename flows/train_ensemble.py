@@ -123,7 +123,7 @@ def train_ensemble(
     """
     services = _outcome.PrefectServices()
     run_name = run_name or default_run_name()
-    legacy = dict(seed=seed, data=data, model=model, ensemble=ensemble, train=train, mesh=mesh)
+    legacy = {"seed": seed, "data": data, "model": model, "ensemble": ensemble, "train": train, "mesh": mesh}
     legacy.update(checkpoint=checkpoint, eval=eval, promotion=promotion, distributed=distributed)
     legacy = {k: v for k, v in legacy.items() if v is not None}
     for name in legacy:

@@ -5,6 +5,7 @@ its CPU core). Everything Dask-specific of the project is here, not in ``ensembl
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 
@@ -38,10 +39,8 @@ def pin_to_core(index: int) -> int:
     cores = sorted(os.sched_getaffinity(0))
     core = cores[index % len(cores)]
     for tid in os.listdir("/proc/self/task"):
-        try:
+        with contextlib.suppress(OSError):  # a thread that just ended
             os.sched_setaffinity(int(tid), {core})
-        except OSError:  # a thread that just ended
-            pass
     return core
 
 

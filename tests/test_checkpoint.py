@@ -32,7 +32,7 @@ def _params(cfg, dataset, run_dir):
 
 def test_round_trip_and_keep_last(tmp_path, tfds_dir):
     cfg = _cfg(tfds_dir)
-    summary, dataset = _run(cfg, tmp_path / "run")
+    summary, _dataset = _run(cfg, tmp_path / "run")
     ckpt = EnsembleCheckpointer(tmp_path / "run" / "checkpoints", keep=2)
     assert ckpt.all_steps() == [16, 24]  # global steps: 8 per epoch
     meta = ckpt.read_meta()
@@ -82,7 +82,7 @@ def test_resume_under_another_config_is_refused_and_writes_nothing(tmp_path, tfd
 
 def test_fewer_epochs_than_done_is_refused(tmp_path, tfds_dir):
     _run(_cfg(tfds_dir, "train.epochs=2"), tmp_path / "run")
-    with pytest.raises(IncompatibleRunError, match="already trained 2 epochs.*train.epochs >= 2"):
+    with pytest.raises(IncompatibleRunError, match=r"already trained 2 epochs.*train.epochs >= 2"):
         _run(_cfg(tfds_dir, "train.epochs=1"), tmp_path / "run")
 
 
@@ -110,7 +110,7 @@ def test_stretches_record_what_each_part_of_training_used(tmp_path, tfds_dir):
 
 def test_restore_onto_fewer_devices(tmp_path, tfds_dir):
     cfg = _cfg(tfds_dir, "train.epochs=1")
-    _, dataset = _run(cfg, tmp_path / "run")  # saved sharded over 4 devices
+    _, _dataset = _run(cfg, tmp_path / "run")  # saved sharded over 4 devices
     ckpt = EnsembleCheckpointer(tmp_path / "run" / "checkpoints")
     one = setup.build(cfg, 10, num_devices=1)
     target = one.init_state(one.member_keys()["init"], (28, 28, 1))

@@ -184,7 +184,7 @@ def test_the_copy_loads_like_the_shared_fixture(copied, mnist_train, mnist_test)
 
 def test_unknown_split_and_unknown_dataset_stay_what_they_are(copied):
     data_dir, _ = copied
-    with pytest.raises(DataError, match="no split 'validation'.*fix:"):
+    with pytest.raises(DataError, match=r"no split 'validation'.*fix:"):
         data.load_split(data.EMBEDDED, "validation", data_dir)
     with pytest.raises(DataError, match="unknown dataset 'no_such_dataset'"):
         data.load_split("no_such_dataset", "train", data_dir)

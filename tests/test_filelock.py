@@ -23,9 +23,13 @@ def test_an_exclusive_lock_refuses_a_second_open_and_names_its_holder(tmp_path):
 
 def test_shared_locks_coexist_and_keep_out_an_exclusive_one(tmp_path):
     path = tmp_path / "x.lock"
-    with flocked(path, shared=True), flocked(path, shared=True, blocking=False):
-        with pytest.raises(LockHeldError), flocked(path, blocking=False):
-            pass
+    with (
+        flocked(path, shared=True),
+        flocked(path, shared=True, blocking=False),
+        pytest.raises(LockHeldError),
+        flocked(path, blocking=False),
+    ):
+        pass
 
 
 def test_without_create_a_missing_file_is_not_made(tmp_path):

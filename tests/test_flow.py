@@ -472,7 +472,7 @@ def test_cli_killed_leaves_no_temporary_server(tmp_path, tfds_dir):
             if f.read().split()[2] == "Z":
                 break
         time.sleep(0.2)
-    alive = Path(f"/proc/{servers[0]}").exists() and open(f"/proc/{servers[0]}/stat").read().split()[2] != "Z"
+    alive = Path(f"/proc/{servers[0]}").exists() and Path(f"/proc/{servers[0]}/stat").read_text().split()[2] != "Z"
     assert not alive, f"temporary server {servers[0]} outlived its command"
 
 

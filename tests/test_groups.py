@@ -75,7 +75,7 @@ def test_a_groups_keys_and_hyperparameters_are_its_members_in_the_whole_ensemble
         for purpose, k in part.member_keys().items():
             assert np.asarray(jax.random.key_data(k)).tolist() == keys[purpose][2 * g : 2 * g + 2]
         assert group_keys(cfg, keys, g) == {p: rows[2 * g : 2 * g + 2] for p, rows in keys.items()}
-    with pytest.raises(ConfigError, match="member group 3 of distributed.member_groups=3"):
+    with pytest.raises(ConfigError, match=r"member group 3 of distributed.member_groups=3"):
         build(cfg, 10, group=3)
 
 
@@ -265,14 +265,14 @@ def test_a_killed_dask_worker_is_replaced_and_its_group_resumes(tfds_dir, tmp_pa
         pid = int((group0 / ".lock").read_text())
         assert pid != proc.pid
         os.kill(pid, signal.SIGKILL)
-        out, err = proc.communicate(timeout=420)
+        _out, err = proc.communicate(timeout=420)
         assert proc.returncode == 0, err[-3000:]
         histories = asyncio.run(state_histories())
     assert histories["train_member_group-0"] == ["PENDING", "RUNNING", "PENDING", "RUNNING", "COMPLETED"]
     assert histories["train_member_group-1"] == ["PENDING", "RUNNING", "COMPLETED"]
     run = tmp_path / "runs" / "kill"
     report = json.loads((run / "report.json").read_text())
-    restarted = [t for t in report["topology"] if t["group"] == 0][0]
+    restarted = next(t for t in report["topology"] if t["group"] == 0)
     assert restarted["pid"] != pid
     stretches = [s for s in report["training_stretches"] if s.get("group") == 0]
     assert len(stretches) == 2 and stretches[1]["start_epoch"] >= 1  # resumed, not restarted

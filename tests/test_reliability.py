@@ -56,7 +56,7 @@ def _wait_for_epoch(p, epoch: int) -> None:
 def reference(tmp_path_factory, tfds_dir):
     """An uninterrupted run: its predictions and final checkpoint arrays."""
     run = tmp_path_factory.mktemp("ref") / "run"
-    rc, out, err = _finish(_proc(run, tfds_dir))
+    rc, _out, err = _finish(_proc(run, tfds_dir))
     assert rc == 0, err[-2000:]
     return run
 
@@ -107,7 +107,7 @@ def test_sigterm_saves_at_the_step_boundary_and_resumes(tmp_path, tfds_dir, refe
     meta = json.loads((run / "checkpoints" / str(latest) / "meta" / "metadata").read_text())
     pos = meta["data_position"]
     assert latest == pos["epoch"] * 16 + pos["step_in_epoch"]  # the exact step boundary
-    rc, out, err = _finish(_proc(run, tfds_dir))
+    rc, _out, err = _finish(_proc(run, tfds_dir))
     assert rc == 0, err[-2000:]
     np.testing.assert_array_equal(predictions(run)["member_probs"], predictions(reference)["member_probs"])
 

@@ -64,7 +64,7 @@ def test_schedule_is_the_textbook_one_at_every_step(lr, kind, warmup_epochs, ste
 
 
 def test_an_unknown_schedule_is_refused():
-    with pytest.raises(ConfigError, match="unknown train.schedule 'linear'"):
+    with pytest.raises(ConfigError, match=r"unknown train.schedule 'linear'"):
         learning_rate_schedule({"learning_rate": 0.1, "schedule": "linear", "warmup_epochs": 0.0}, 4, 2)
 
 

@@ -77,7 +77,7 @@ def test_the_runs_dask_cluster_refuses_clients_without_its_certificates():
         with pytest.raises(Exception):  # noqa: B017  (the comm layer's error type varies)
             Client(address.replace("tls://", "tcp://"), timeout="3s")
         stranger = Security.temporary()  # valid TLS certificates, but not signed by the cluster's CA
-        with pytest.raises(OSError, match="Timed out|certificate|SSL|closed"):
+        with pytest.raises(OSError, match=r"Timed out|certificate|SSL|closed"):
             Client(address, security=stranger, timeout="3s")
         with Client(cluster) as client:
             assert client.submit(lambda x: x + 1, 1).result(timeout=30) == 2

@@ -40,7 +40,7 @@ def test_rotate_matches_direct_scipy_call(mnist):
 
 def test_rotate_grid_shape_and_identity(mnist):
     images, _ = mnist
-    assert shifts.ROTATION_DEGREES == tuple(range(0, 181, 15))
+    assert tuple(range(0, 181, 15)) == shifts.ROTATION_DEGREES
     np.testing.assert_array_equal(shifts.rotate(images, 0), images)
     for deg in (15, 90, 180):
         out = shifts.rotate(images[:5], deg)
@@ -60,7 +60,7 @@ def test_rotate_direction_counterclockwise():
 
 def test_translate(mnist):
     images, _ = mnist
-    assert shifts.TRANSLATION_PIXELS == tuple(range(15))
+    assert tuple(range(15)) == shifts.TRANSLATION_PIXELS
     np.testing.assert_array_equal(shifts.translate(images, 0), images)
     np.testing.assert_array_equal(shifts.translate(images, 28), images)
     for k in (1, 5, 14):
@@ -91,7 +91,7 @@ def test_corruption_contract(mnist, name):
     a = shifts.corrupt(images, name, seed=0)
     np.testing.assert_array_equal(images, before)  # input untouched
     assert a.shape == images.shape and a.dtype == np.uint8  # uint8: 0..255 by construction
-    assert 0 <= a.min() and a.max() <= 255 and a.max() > 0
+    assert a.min() >= 0 and a.max() <= 255 and a.max() > 0
     np.testing.assert_array_equal(a, shifts.corrupt(images, name, seed=0))
     np.testing.assert_array_equal(
         a, shifts.CORRUPTIONS[name](images, np.random.default_rng([0, MNIST_C_NAMES.index(name)]))

@@ -11,16 +11,16 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
-import functools  # noqa: E402
-import json  # noqa: E402
-import resource  # noqa: E402
-import signal  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+import functools
+import json
+import resource
+import signal
+import sys
+from pathlib import Path
 
-from ensemble_core import runs  # noqa: E402
-from ensemble_core.config import load_config  # noqa: E402
-from ensemble_core.errors import EnsembleError, PreemptedError  # noqa: E402
+from ensemble_core import runs
+from ensemble_core.config import load_config
+from ensemble_core.errors import EnsembleError, PreemptedError
 
 BASE = [
     # 1,280 digits, 256 of them held out: members train on 1,024 (16 steps per epoch) and

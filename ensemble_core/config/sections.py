@@ -9,6 +9,7 @@ checks across them.
 
 from __future__ import annotations
 
+import itertools
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -94,7 +95,7 @@ class ModelConfig(Section):
     @field_validator("hidden_sizes")
     @classmethod
     def _hidden_weights_fit(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
-        weights = sum(a * b for a, b in zip(sizes, sizes[1:], strict=False))
+        weights = sum(a * b for a, b in itertools.pairwise(sizes))
         if weights > MAX_HIDDEN_WEIGHTS:
             raise ValueError(
                 f"{weights} hidden-to-hidden weights per member is more than the {MAX_HIDDEN_WEIGHTS} allowed "

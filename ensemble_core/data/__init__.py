@@ -24,7 +24,7 @@ from __future__ import annotations
 # the one TFDS module that opens such a window and is otherwise imported only while a
 # dataset is prepared. tests/test_data.py::test_no_lazy_import_window_left_for_run_time
 # and tests/test_deployment.py (every flow-run process, probed) check it.
-import tensorflow_datasets  # noqa: F401  (see above)
+import tensorflow_datasets
 import tensorflow_datasets.core.dataset_metadata  # noqa: F401  (see above)
 
 from ensemble_core.data.idx import idx_dir, idx_files_available, read_idx, read_idx_split

@@ -8,6 +8,7 @@ import gzip
 import os
 import zlib
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -178,7 +179,9 @@ def _idx_builder_class(name: str):
 
         name = dataset_name
         VERSION = tfds.core.Version("1.0.0")
-        RELEASE_NOTES = {"1.0.0": "Read from the original IDX files, without TensorFlow; file order."}
+        RELEASE_NOTES: ClassVar[dict[str, str]] = {
+            "1.0.0": "Read from the original IDX files, without TensorFlow; file order."
+        }
         MANUAL_DOWNLOAD_INSTRUCTIONS = (
             f"Put {', '.join(IDX_FILES)} in data.manual_dir (default {default_dir}"
             + (f", filled by `{install}`" if install else "")

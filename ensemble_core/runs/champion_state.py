@@ -35,7 +35,7 @@ import logging
 import math
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from ensemble_core.figures import TEST_METRICS
@@ -176,10 +176,8 @@ def _reserve(out: Path, name: str, suffix: str, *, directory: bool) -> Path:
 
 
 def _unreserve(dest: Path) -> None:
-    try:
+    with suppress(OSError):
         dest.rmdir() if dest.is_dir() else dest.unlink()
-    except OSError:
-        pass
 
 
 # MARK: history.jsonl

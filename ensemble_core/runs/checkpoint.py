@@ -211,7 +211,7 @@ class EnsembleCheckpointer:
                 if not isinstance(err, CheckpointError):  # check() refused the run: not a damaged file
                     raise
                 self._quarantine(step, err)
-            except Exception as err:  # orbax/tensorstore raise many types for damaged files
+            except Exception as err:  # noqa: BLE001  (orbax/tensorstore raise many types for damaged files)
                 self._quarantine(step, err)
         raise CheckpointError(
             f"no readable checkpoint in {self.directory}; fix: delete the run directory or use another run_name"

@@ -301,11 +301,11 @@ def check_image_values(images: np.ndarray) -> None:
         raise DataError(f"images are {images.dtype}; fix: pass uint8 in 0..255 or floats in [0, 1]")
     if not np.all(np.isfinite(images)):
         raise DataError("images contain NaN or infinite values; fix: clean them before predicting")
-    lo, hi = float(images.min()), float(images.max())
-    if lo < 0.0 or hi > 1.0:
-        hint = "divide by 255" if lo >= 0.0 and hi <= 255.0 else "rescale them to [0, 1] as the training data was"
+    low, high = float(images.min()), float(images.max())
+    if low < 0.0 or high > 1.0:
+        hint = "divide by 255" if low >= 0.0 and high <= 255.0 else "rescale them to [0, 1] as the training data was"
         raise DataError(
-            f"float images range over [{lo:g}, {hi:g}] but the model takes [0, 1] (uint8 0..255 / 255); fix: {hint}"
+            f"float images range over [{low:g}, {high:g}] but the model takes [0, 1] (uint8 0..255 / 255); fix: {hint}"
         )
 
 

@@ -22,6 +22,7 @@ new one, never a half-written one, whatever kills the writer.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -150,10 +151,8 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
 
 

@@ -17,7 +17,7 @@ from ensemble_core.shifts._image import H, W, _check, _to_uint8
 ROTATION_DEGREES: tuple[int, ...] = tuple(range(0, 181, 15))
 """0, 15, ..., 180: Ovadia et al.'s grid (``DATA_OPTS_ROTATE = range(15, 181, 15)``) plus 0."""
 
-TRANSLATION_PIXELS: tuple[int, ...] = tuple(range(0, 15))
+TRANSLATION_PIXELS: tuple[int, ...] = tuple(range(15))
 """0..14 pixels. (The reference's own grid is ``DATA_OPTS_ROLL = range(2, 28, 2)``;
 rolls by k and 28 - k are mirror images, so 0..14 covers the distinct magnitudes.)"""
 
