@@ -3,7 +3,7 @@
     python -m benchmarks.groups [--members 4] [--epochs 3] [--repeats 2]
 
 Runs the ordinary command (``python -m flows.train_ensemble``) on the embedded mnist5k
-with ``--members`` HOWTO CNNs, the test evaluator only, in two layouts, alternated
+with ``--members`` Flax MNIST CNNs, the test evaluator only, in two layouts, alternated
 (A B A B ...) so both see the same machine:
 
 * **G = 1**: one process trains every member on all the machine's cores (``task_runner=local``);

@@ -3,7 +3,7 @@
     python -m benchmarks.hyper                       # both runs, then the throughput pair
     python -m benchmarks.hyper --skip-runs           # the throughput pair only
 
-1. **Quality.** ``configs/hyper.yaml`` (a pool of 32 HOWTO CNNs with per-member learning
+1. **Quality.** ``configs/hyper.yaml`` (a pool of 32 Flax MNIST CNNs with per-member learning
    rate, weight decay, label smoothing and schedule, early stopping, greedy selection of
    8, temperature scaling) and ``configs/default.yaml`` (8 CNNs, one setting), each run
    through :func:`ensemble_core.runs.run` on the embedded mnist5k with the test and

@@ -1,6 +1,6 @@
 """The device mesh ``('ensemble', 'data')`` and how members and batches lie on it.
 
-The HOWTO pins one member per device with ``jax.pmap`` (so E must equal the device
+Flax's ensembling guide pins one member per device with ``jax.pmap`` (so E must equal the device
 count). Here the member axis of every state leaf is sharded over mesh axis ``'ensemble'``
 and each batch over ``'data'``; any E runs on any number of devices.
 """

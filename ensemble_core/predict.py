@@ -22,7 +22,7 @@ def make_predict(model: nn.Module, mesh: Mesh, strategy: str = "vmap"):
 
     ``params`` leaves ``[E, ...]`` sharded over ``'ensemble'``; ``images`` uint8
     ``[B, H, W, C]`` sharded over ``'data'`` (every member sees the same batch, the
-    HOWTO's ``in_axes=(0, None)``). Returns float32 ``[E, B, C]`` softmax probabilities.
+    the Flax ensembling guide's ``in_axes=(0, None)``). Returns float32 ``[E, B, C]`` softmax probabilities.
     """
 
     def member(params, images):

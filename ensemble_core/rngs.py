@@ -3,7 +3,7 @@
 ``root = jax.random.key(seed)``; for each purpose (init, data order)
 ``purpose_key = fold_in(root, PURPOSES[purpose])`` and member i gets
 ``fold_in(purpose_key, i)``. Member i is therefore the same network whatever the
-ensemble size and however many devices the members are spread over (unlike the HOWTO's
+ensemble size and however many devices the members are spread over (unlike the Flax ensembling guide's
 ``split(rng, device_count)``, where every key changes with the device count).
 """
 
@@ -46,7 +46,7 @@ def keys_from_layout(layout: dict[str, list[list[int]]]) -> dict[str, jax.Array]
 
 
 def epoch_order(data_keys: jax.Array, epoch: int, num_examples: int, batch_size: int) -> np.ndarray:
-    """Each member's example order for one epoch, as the HOWTO's ``train_epoch`` does it.
+    """Each member's example order for one epoch, as the Flax ensembling guide's ``train_epoch`` does it.
 
     Member i's permutation is ``permutation(fold_in(data_keys[i], epoch), N)``, truncated
     to ``steps * batch_size`` (the remainder is dropped) and reshaped.

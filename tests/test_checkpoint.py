@@ -86,26 +86,37 @@ def test_fewer_epochs_than_done_is_refused(tmp_path, tfds_dir):
         _run(_cfg(tfds_dir, "train.epochs=1"), tmp_path / "run")
 
 
-def test_stretches_record_what_each_part_of_training_used(tmp_path, tfds_dir):
+def test_sessions_record_what_each_part_of_training_used(tmp_path, tfds_dir):
     """1 epoch, then resumed to 3 epochs with other (allowed) checkpoint and mesh settings:
-    two stretches, each with its epochs, steps and settings; the checkpoint holds them too."""
+    two sessions, each with its epochs, steps and settings; the checkpoint holds them too."""
     first, _ = _run(_cfg(tfds_dir, "train.epochs=1"), tmp_path / "run")
 
     def spans(summary):
-        return [(s["start_epoch"], s["end_epoch"], s["start_step"], s["end_step"]) for s in summary.stretches]
+        return [(s["start_epoch"], s["end_epoch"], s["start_step"], s["end_step"]) for s in summary.sessions]
 
     assert spans(first) == [(0, 1, 0, 8)]
     second, _ = _run(_cfg(tfds_dir, "checkpoint.keep=3", "mesh.ensemble=2"), tmp_path / "run")
     assert spans(second) == [(0, 1, 0, 8), (1, 3, 8, 24)]
-    one, two = second.stretches
+    one, two = second.sessions
     assert one["settings"]["train.epochs"] == 1 and two["settings"]["train.epochs"] == 3
     assert one["mesh"] == {"ensemble": 4, "data": 1} and two["mesh"] == {"ensemble": 2, "data": 1}
     assert two["changed"] == {"train.epochs": [1, 3], "checkpoint.keep": [2, 3], "mesh.ensemble": [None, 2]}
     meta = EnsembleCheckpointer(tmp_path / "run" / "checkpoints").read_meta()
-    assert meta["stretches"] == second.stretches
-    # A finished run re-run trains nothing and adds no stretch.
+    assert meta["sessions"] == second.sessions
+    # A finished run re-run trains nothing and adds no session.
     third, _ = _run(_cfg(tfds_dir, "checkpoint.keep=3", "mesh.ensemble=2"), tmp_path / "run")
-    assert third.stretches == second.stretches and third.timing.steps == 0
+    assert third.sessions == second.sessions and third.timing.steps == 0
+
+
+def test_sessions_of_a_previous_release_checkpoint_are_read():
+    """Checkpoints of the previous release call the sessions ``stretches``: a resume reads
+    them (and records new ones under ``sessions``)."""
+    from ensemble_core.runs.checkpoint import training_sessions
+
+    old = {"stretches": [{"start_epoch": 0, "end_epoch": 1}]}
+    assert training_sessions(old) == old["stretches"] and training_sessions(old) is not old["stretches"]
+    assert training_sessions({"sessions": [{"start_epoch": 2}], "stretches": old["stretches"]}) == [{"start_epoch": 2}]
+    assert training_sessions({}) == []
 
 
 def test_restore_onto_fewer_devices(tmp_path, tfds_dir):

@@ -236,7 +236,7 @@ def test_a_killed_dask_worker_is_replaced_and_its_group_resumes(tfds_dir, tmp_pa
     """SIGKILL the worker process training group 0 once it has saved a checkpoint: the
     nanny starts a new worker, the scheduler runs the group's task again (its task run
     goes Running -> Pending -> Running on the server), the group resumes from its own
-    checkpoint, group 1's work is kept (one Running, one stretch of training) and the
+    checkpoint, group 1's work is kept (one Running, one training session) and the
     members equal an uninterrupted run's."""
     import asyncio
 
@@ -274,9 +274,9 @@ def test_a_killed_dask_worker_is_replaced_and_its_group_resumes(tfds_dir, tmp_pa
     report = json.loads((run / "report.json").read_text())
     restarted = next(t for t in report["topology"] if t["group"] == 0)
     assert restarted["pid"] != pid
-    stretches = [s for s in report["training_stretches"] if s.get("group") == 0]
-    assert len(stretches) == 2 and stretches[1]["start_epoch"] >= 1  # resumed, not restarted
-    assert len([s for s in report["training_stretches"] if s.get("group") == 1]) == 1
+    sessions = [s for s in report["training_sessions"] if s.get("group") == 0]
+    assert len(sessions) == 2 and sessions[1]["start_epoch"] >= 1  # resumed, not restarted
+    assert len([s for s in report["training_sessions"] if s.get("group") == 1]) == 1
     ref = _reference(tfds_dir, tmp_path, *slow)
     for k, v in predictions(ref.run_dir.path).items():
         np.testing.assert_array_equal(predictions(run)[k], v)

@@ -83,7 +83,7 @@ class ModelConfig(Section):
 
     name: Literal[MODEL_NAMES] = Field(  # type: ignore[valid-type]
         "cnn",
-        description="A module of ensemble_core/models/: 'cnn', the Flax ensembling HOWTO CNN; 'mlp', a ReLU MLP.",
+        description="A module of ensemble_core/models/: 'cnn', the CNN of Flax's MNIST example; 'mlp', a ReLU MLP.",
     )
     hidden_sizes: tuple[Annotated[int, Field(ge=1, le=MAX_WIDTH)], ...] = Field(
         (512, 512),

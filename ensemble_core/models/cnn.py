@@ -1,4 +1,4 @@
-"""The CNN of the Flax "ensembling on multiple devices" HOWTO (and Flax's MNIST example)."""
+"""The CNN of Flax's "Ensembling on multiple devices" guide (and Flax's MNIST example)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class CNN(nn.Module):
     """Conv32 3x3 - ReLU - avgpool 2x2 - Conv64 3x3 - ReLU - avgpool 2x2 - Dense256 - ReLU - Dense.
 
     Input float32 ``[B, H, W, C]`` in [0, 1]; output logits float32 ``[B, num_classes]``.
-    Parameter names and shapes are the HOWTO's (``Conv_0``, ``Conv_1``, ``Dense_0``, ``Dense_1``).
+    Parameter names and shapes are the Flax ensembling guide's (``Conv_0``, ``Conv_1``, ``Dense_0``, ``Dense_1``).
     """
 
     num_classes: int = 10

@@ -36,6 +36,13 @@ def dataset_record(dataset: DatasetInfo) -> dict:
     return {"name": dataset.name, "num_classes": dataset.num_classes, "image_shape": list(dataset.image_shape)}
 
 
+def training_sessions(meta: dict) -> list[dict]:
+    """The training sessions recorded in checkpoint metadata ``meta`` (a copy): the key is
+    ``sessions``; checkpoints of the previous release call it ``stretches``, read until the
+    next release."""
+    return [dict(s) for s in meta.get("sessions") or meta.get("stretches") or []]
+
+
 def checkpoint_meta(
     cfg: PipelineConfig,
     *,
@@ -45,7 +52,7 @@ def checkpoint_meta(
     healthy: list[bool],
     dataset: dict,
     history: list[dict],
-    stretches: list[dict],
+    sessions: list[dict],
     gathered_from: list[str] | None = None,
 ) -> dict:
     """The JSON metadata saved beside every checkpoint's state (the one schema; resume,
@@ -58,7 +65,7 @@ def checkpoint_meta(
       members_trained: E' (E plus padding members), the rows of the state.
       healthy: per member of E', False once it diverged.
       dataset: :func:`dataset_record`.
-      history, stretches: the epoch records and stretches of training so far.
+      history, sessions: the epoch records and sessions of training so far.
       gathered_from: a gathered checkpoint: the member groups' checkpoint directories.
     """
     meta = {
@@ -70,7 +77,7 @@ def checkpoint_meta(
         "healthy": healthy,
         "dataset": dataset,
         "history": history,
-        "stretches": stretches,
+        "sessions": sessions,
     }
     if gathered_from is not None:
         meta["gathered_from"] = gathered_from

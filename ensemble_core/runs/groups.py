@@ -23,7 +23,7 @@ import numpy as np
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import ConfigError
-from ensemble_core.runs.checkpoint import EnsembleCheckpointer, checkpoint_meta
+from ensemble_core.runs.checkpoint import EnsembleCheckpointer, checkpoint_meta, training_sessions
 from ensemble_core.runs.keys import MemberKeyData, group_keys
 from ensemble_core.runs.launcher import train_processes
 from ensemble_core.runs.layout import RunDir
@@ -180,7 +180,7 @@ def gather_groups(
     target = whole.abstract_state(tuple(dataset.image_shape))
     state = jax.tree.map(lambda t, *xs: jax.device_put(joined(*xs), t.sharding), target, *parts)
     history = _merge_history([list(m["history"]) for m in metas], size)
-    stretches = [dict(s, group=g) for g, m in enumerate(metas) for s in m.get("stretches") or []]
+    sessions = [dict(s, group=g) for g, m in enumerate(metas) for s in training_sessions(m)]
     healthy = np.asarray(state.healthy)
     with run_lock(run.path), EnsembleCheckpointer(run.checkpoints, keep=cfg.checkpoint.keep) as ckpt:
         if ckpt.latest_step() != step:
@@ -192,7 +192,7 @@ def gather_groups(
                 healthy=healthy.tolist(),
                 dataset=metas[0]["dataset"],
                 history=history,
-                stretches=stretches,
+                sessions=sessions,
                 gathered_from=[str(run.group(g).checkpoints / str(step)) for g in range(groups)],
             )
             ckpt.save(step, state, meta)
@@ -201,7 +201,7 @@ def gather_groups(
         summaries,
         checkpoint_dir=str(run.checkpoints),
         history=history,
-        stretches=stretches,
+        sessions=sessions,
         members_trained=whole.plan.padded_members,
         diverged_members=np.flatnonzero(~healthy[: cfg.ensemble.size]).tolist(),
         images_per_step=cfg.train.batch_size * size,

@@ -1,4 +1,4 @@
-"""One program across JAX processes: the multi-host generalisation of the HOWTO's ``pmap``.
+"""One program across JAX processes: the multi-host generalisation of the Flax ensembling guide's ``pmap``.
 
 With ``distributed.num_processes = N > 1`` the training stage runs the same
 :func:`ensemble_core.runs.training.train` in N JAX processes joined by

@@ -58,7 +58,7 @@ def build_report(
         },
         "checkpoint": {"dir": train_summary["checkpoint_dir"], "step": train_summary["checkpoint_step"]},
         "resumed_from_epoch": train_summary["resumed_from"],
-        "training_stretches": train_summary["stretches"],
+        "training_sessions": train_summary["sessions"],
         "topology": train_summary["topology"],
         "history": train_summary["history"],
         "plots": plots,

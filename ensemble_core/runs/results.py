@@ -21,7 +21,7 @@ class _Result(BaseModel):
 
 
 class TrainingTiming(_Result):
-    """Wall-clock figures of one stretch of training (seconds; steady state)."""
+    """Wall-clock figures of one training session (seconds; steady state)."""
 
     compile_seconds: float  # lowering + compiling the step (0 when no step ran)
     train_seconds: float  # all steps, checkpoint callbacks excluded
@@ -36,7 +36,7 @@ class TrainingSummary(_Result):
 
     ``history``: one record per epoch (``epoch``, ``train_loss``/``train_accuracy``: lists
     of E_trained floats, ``diverged_members``, and with a validation split
-    ``validation_nll``). ``stretches``: one record per stretch of
+    ``validation_nll``). ``sessions``: one record per session of
     training (the first run and each resume; see the resume policy in docs/evaluation.md).
     """
 
@@ -50,7 +50,7 @@ class TrainingSummary(_Result):
     backend: str
     devices: int
     resumed_from: int | None  # the epoch of the checkpoint this call resumed from
-    stretches: list[dict]
+    sessions: list[dict]
     diverged_members: list[int]
     members: list[dict] = []  # per member: hyperparameters, best_epoch, stopped_epoch (summary.member_records)
     topology: list[dict] = []  # per member group: its members, host, process, worker (summary.where_trained)

@@ -55,7 +55,7 @@ def resumable(key: str) -> bool:
 
 
 def resumable_settings(cfg: PipelineConfig) -> dict[str, Any]:
-    """The values of every resumable key in ``cfg`` (what a stretch of training records)."""
+    """The values of every resumable key in ``cfg`` (what a training session records)."""
     return {k: v for k, v in flat(cfg.model_dump(mode="json")).items() if resumable(k)}
 
 

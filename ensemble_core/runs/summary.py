@@ -86,7 +86,7 @@ def join_summaries(
     *,
     checkpoint_dir: str,
     history: list[dict],
-    stretches: list[dict],
+    sessions: list[dict],
     members_trained: int,
     diverged_members: list[int],
     images_per_step: int,
@@ -97,7 +97,7 @@ def join_summaries(
     and topology rows; the throughput of all groups over the longest training time.
 
     Args:
-      checkpoint_dir, history, stretches, members_trained, diverged_members: the joined
+      checkpoint_dir, history, sessions, members_trained, diverged_members: the joined
         checkpoint's (``diverged_members`` global member indices).
       images_per_step: member-images of one group's step, ``batch_size * E/G``.
     """
@@ -116,7 +116,7 @@ def join_summaries(
             ),
             "members_trained": members_trained,
             "resumed_from": min((s.resumed_from for s in summaries if s.resumed_from is not None), default=None),
-            "stretches": stretches,
+            "sessions": sessions,
             "diverged_members": diverged_members,
             "members": [row for s in summaries for row in s.members],
             "topology": [row for s in summaries for row in s.topology],

@@ -4,7 +4,7 @@ The math and the epoch loop are :func:`ensemble_core.train.fit` (pure steps, no 
 this module adds what needs the run directory, as the loop's callbacks: the lock, orbax
 checkpoints with the data position (:class:`_Checkpoints`), the resume policy
 (:mod:`ensemble_core.runs.resume`), SIGTERM/SIGINT turned into a checkpoint and a clean
-stop, and the stretches of training a run went through. One call trains the whole
+stop, and the sessions of training a run went through. One call trains the whole
 ensemble or one member group; :mod:`ensemble_core.runs.groups` trains every group and
 joins them.
 """
@@ -27,7 +27,7 @@ from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import ConfigError, DivergenceError, PreemptedError
 from ensemble_core.mesh import host_value, replicated
 from ensemble_core.rngs import keys_from_layout
-from ensemble_core.runs.checkpoint import EnsembleCheckpointer, checkpoint_meta, dataset_record
+from ensemble_core.runs.checkpoint import EnsembleCheckpointer, checkpoint_meta, dataset_record, training_sessions
 from ensemble_core.runs.dataset import load
 from ensemble_core.runs.keys import MemberKeyData, group_keys, split_keys
 from ensemble_core.runs.layout import RunDir
@@ -130,13 +130,13 @@ class _Record:
 
     position: DataPosition
     history: list[dict] = dataclasses.field(default_factory=list)
-    stretches: list[dict] = dataclasses.field(default_factory=list)
+    sessions: list[dict] = dataclasses.field(default_factory=list)
     resumed_from: int | None = None  # the epoch of the checkpoint this call resumed from
 
 
 def _resume(ckpt: EnsembleCheckpointer, state: EnsembleState, ctx: TrainingRun) -> tuple[EnsembleState, _Record]:
     """The newest readable compatible checkpoint (or ``state`` from scratch), and a new
-    stretch of training: the keys that may change on resume, what changed since the
+    training session: the keys that may change on resume, what changed since the
     checkpoint, and the devices."""
     record, changed = _Record(data_position(0)), {}
     if ckpt.latest_step() is not None:
@@ -144,10 +144,10 @@ def _resume(ckpt: EnsembleCheckpointer, state: EnsembleState, ctx: TrainingRun) 
         state, meta, _ = ckpt.restore_latest_valid(
             state, check=lambda m: check_resumable(m, ctx.cfg, ctx.run.path, padded)
         )
-        stretches = list(meta.get("stretches") or [])
-        record = _Record(meta["data_position"], list(meta["history"]), stretches, int(meta["epoch"]))
+        sessions = training_sessions(meta)
+        record = _Record(meta["data_position"], list(meta["history"]), sessions, int(meta["epoch"]))
         changed = {k: [old, new] for k, (old, new) in config_changes(meta["config"], ctx.cfg).items()}
-    record.stretches.append(
+    record.sessions.append(
         {
             "start_epoch": record.position["epoch"],
             "start_step": int(state.step),
@@ -178,7 +178,7 @@ class _Checkpoints:
         if step in self.saved:  # e.g. a stop right after an epoch's checkpoint
             return
         self.saved.add(step)
-        self.record.stretches[-1].update(end_epoch=position["epoch"], end_step=step)
+        self.record.sessions[-1].update(end_epoch=position["epoch"], end_step=step)
         meta = checkpoint_meta(
             self.ctx.cfg,
             step=step,
@@ -187,7 +187,7 @@ class _Checkpoints:
             healthy=host_value(state.healthy).tolist(),
             dataset=dataset_record(self.ctx.dataset),
             history=self.record.history,
-            stretches=self.record.stretches,
+            sessions=self.record.sessions,
         )
         self.ckpt.save(step, state, meta)
 
@@ -222,9 +222,9 @@ class _Checkpoints:
         Raises:
           PreemptedError: training was stopped (the checkpoint there is saved).
         """
-        stretch, stop = self.record.stretches[-1], timing["stopped_at"]
-        if stretch["end_step"] is None and stop is None:
-            self.record.stretches.pop()  # a finished run re-run: nothing was trained
+        session, stop = self.record.sessions[-1], timing["stopped_at"]
+        if session["end_step"] is None and stop is None:
+            self.record.sessions.pop()  # a finished run re-run: nothing was trained
         if stop is not None:
             self.save(state, stop)
             self.ckpt.wait()
@@ -299,7 +299,7 @@ def _summary(ctx: TrainingRun, state, timing: dict, record: _Record, step: int |
         backend=jax.default_backend(),
         devices=jax.device_count(),
         resumed_from=record.resumed_from,
-        stretches=record.stretches,
+        sessions=record.sessions,
         diverged_members=(setup.first_member + np.flatnonzero(~host_value(state.healthy)[:members])).tolist(),
         members=member_records(state, setup.hyperparameters()[:members], setup.first_member),
         topology=[where_trained(ctx.group, trained, ctx.mesh, setup.strategy, timing, ctx.worker)],

@@ -31,7 +31,7 @@ def _adam(learning_rate, weight_decay):
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-    """The optax optimizer named by ``cfg.optimizer`` (HOWTO default: SGD 0.1, momentum 0.9).
+    """The optax optimizer named by ``cfg.optimizer`` (the Flax ensembling guide's default: SGD 0.1, momentum 0.9).
 
     Weight decay is optax's ``add_decayed_weights`` before SGD or Adam (an L2 term in the
     gradient) and AdamW's own decoupled decay (Loshchilov & Hutter 2019). Wrapped in

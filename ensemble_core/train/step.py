@@ -66,7 +66,7 @@ def default_donate(platform: str) -> bool:
 
     Donating lets XLA update parameters and optimizer state in place (no second copy of
     the state in device memory), which matters on GPU/TPU. On XLA:CPU (jaxlib 0.10) the
-    donated HOWTO CNN step measured 1.3-1.5x slower than the same step without donation
+    donated Flax MNIST CNN step measured 1.3-1.5x slower than the same step without donation
     (docs/benchmarks.md), and host memory is not the constraint.
     """
     return platform != "cpu"
@@ -78,7 +78,7 @@ def train_compiler_options(platform: str) -> dict[str, str]:
     On CPU: ``xla_cpu_experimental_ynn_fusion_type=""``, i.e. no YNNPACK fusions in the
     train step. With jaxlib 0.10, XLA:CPU hands convolutions, reductions and elementwise
     ops to YNNPACK fusions that materialise broadcast constants at full activation size
-    and run the convolutions' backward passes slowly; without them the HOWTO CNN's step
+    and run the convolutions' backward passes slowly; without them the Flax MNIST CNN's step
     measured 1.3-1.7x faster (docs/benchmarks.md). Evaluation keeps them: its forward
     convolutions are faster with YNNPACK. Other platforms: no options.
     """
