@@ -91,6 +91,7 @@ def test_every_name_imported_from_ensemble_core_config_is_still_there():
         "DistributedConfig",
         "EnsembleConfig",
         "EvalConfig",
+        "EvaluatorSpec",
         "MeshConfig",
         "ModelConfig",
         "PipelineConfig",

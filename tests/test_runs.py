@@ -109,7 +109,10 @@ def test_an_evaluator_brings_its_data_metrics_arrays_and_report_section(tmp_path
     real_get = evaluators.get
     monkeypatch.setattr(evaluators, "get", lambda name: fake if name == "flipped" else real_get(name))
     cfg = tiny_config(tfds_dir, "data.max_test_examples=120", "promotion.enabled=false")
-    cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"evaluators": ("test", "flipped")})})
+    from ensemble_core.config import EvaluatorSpec
+
+    specs = {"test": EvaluatorSpec(type="test"), "flipped": EvaluatorSpec.model_construct(type="flipped")}
+    cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"evaluators": specs})})
 
     result = runs.run(cfg, tmp_path, "r")
 

@@ -14,6 +14,7 @@ lives outside, in :mod:`ensemble_core.figures`; the names below are re-exported 
 code that imports them from here.
 """
 
+from ensemble_core.config.eval_section import EvaluatorSpec
 from ensemble_core.config.limits import (
     FLOAT32_MAX,
     FLOAT32_MIN_NORMAL,
@@ -67,6 +68,7 @@ __all__ = [
     "DuplicateKeyError",
     "EnsembleConfig",
     "EvalConfig",
+    "EvaluatorSpec",
     "MeshConfig",
     "ModelConfig",
     "PipelineConfig",

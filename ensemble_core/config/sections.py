@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ensemble_core import hyper
+from ensemble_core.config.eval_section import EvalConfig  # noqa: F401  (re-exported: one of the sections)
 from ensemble_core.config.limits import (
     FLOAT32_MAX,
     FLOAT32_MIN_NORMAL,
@@ -28,7 +29,7 @@ from ensemble_core.config.limits import (
 )
 from ensemble_core.config.messages import show
 from ensemble_core.figures import figure_direction
-from ensemble_core.registry import EVALUATOR_NAMES, MODEL_NAMES
+from ensemble_core.registry import MODEL_NAMES
 
 
 class Section(BaseModel):
@@ -323,36 +324,6 @@ class CheckpointConfig(Section):
 
     every_epochs: int = Field(1, ge=1, description="Save a checkpoint every N epochs.")
     keep: int = Field(3, ge=1, description="Keep the latest N checkpoints.")
-
-
-class EvalConfig(Section):
-    """Evaluation on the test split."""
-
-    batch_size: int = Field(
-        250, ge=1, le=MAX_DIM, description="Test examples per device per forward pass (250 measured fastest on CPU)."
-    )
-    ece_bins: int = Field(15, ge=2, le=1000, description="Equal-width bins for ECE (2..1000).")
-    temperature_scaling: bool = Field(
-        False,
-        description="Fit one temperature for the ensemble on the validation NLL (Guo et al. 2017, applied to "
-        "the log of the ensemble's mean probabilities) and report the test and shift figures before and after; "
-        "predictions then carry the scaled probabilities.",
-    )
-    evaluators: tuple[Literal[EVALUATOR_NAMES], ...] = Field(  # type: ignore[valid-type]
-        ("test", "rotation", "translation", "corruptions", "letters", "fashion_mnist"),
-        description="Evaluators run after training, by module name in ensemble_core/evaluators/: 'test' (the "
-        "test split: accuracy, NLL, Brier, ECE, diversity; required), 'rotation', 'translation', 'corruptions' "
-        "(MNIST-C) under dataset shift, 'letters' and 'fashion_mnist' out of distribution.",
-    )
-
-    @field_validator("evaluators")
-    @classmethod
-    def _test_first(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        if "test" not in names:
-            raise ValueError("'test' must be one of the evaluators (the report and the champion are judged on it)")
-        if len(set(names)) != len(names):
-            raise ValueError("an evaluator is listed twice")
-        return names
 
 
 class PromotionConfig(Section):

@@ -1,7 +1,12 @@
 """Evaluators by name, one module each (``eval.evaluators`` in the config).
 
-An evaluator scores the trained members on data it chooses. The module
-``ensemble_core/evaluators/<name>.py`` defines:
+An evaluator scores the trained members on data it chooses. ``eval.evaluators`` names
+each evaluator it runs and gives its type (the module) and options, as big_vision's
+``config.evals`` does; one type may run under several names with other options. The
+module ``ensemble_core/evaluators/<type>.py`` defines:
+
+- ``Options`` (optional): a frozen pydantic model of its options with their defaults
+  (without one, the evaluator takes none); checked by :func:`options` before any compute;
 
 - ``evaluate(ctx: EvalContext) -> EvaluatorOutput`` (required): loads or builds its data
   (``ctx.load(split)``, or a transformed test set, or another dataset), gets every
@@ -13,7 +18,9 @@ An evaluator scores the trained members on data it chooses. The module
 - ``table(metrics: dict) -> list[dict]`` (optional): the rows of its Prefect table
   artifact (key ``ensemble-eval-<name>``).
 
-The run layer (:mod:`ensemble_core.runs.evaluation`) writes the arrays to
+Plots, arrays, report sections and artifacts are named by the evaluator's *name*
+(``ctx.name``; ``plot`` gets it as ``name=``). The run layer
+(:mod:`ensemble_core.runs.evaluation`) writes the arrays to
 ``<run>/predictions.npz`` for ``test`` and ``<run>/eval/<name>.npz`` for the others, and
 the report puts the metrics of ``test`` at the top of ``report.json`` and every other
 evaluator's under ``evaluations.<name>``. Evaluators do no file I/O of their own.
@@ -28,12 +35,13 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+import pydantic
 
-from ensemble_core.config import EVALUATOR_NAMES, PipelineConfig
+from ensemble_core.config import EVALUATOR_NAMES, EvaluatorSpec, PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import ConfigError
 
-__all__ = ["EVALUATOR_NAMES", "EvalContext", "EvaluatorOutput", "get", "skipped"]
+__all__ = ["EVALUATOR_NAMES", "EvalContext", "EvaluatorOutput", "NoOptions", "get", "options", "skipped"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +69,9 @@ class EvalContext:
       temperature: the ensemble's fitted temperature (``eval.temperature_scaling``), or
         None; evaluators report their ensemble figures after scaling too
         (:func:`ensemble_core.calibration.apply_temperature`).
+      name: the evaluator's name in ``eval.evaluators`` (its arrays, plots and report
+        section are named by it).
+      options: its validated ``Options`` (:func:`options`).
     """
 
     config: PipelineConfig
@@ -71,6 +82,14 @@ class EvalContext:
     predict_split: Callable[[str], tuple[np.ndarray, float]]
     cached: Callable[[str, Callable[[], dict[str, np.ndarray]]], dict[str, np.ndarray]]
     temperature: float | None = None
+    name: str = ""
+    options: Any = None
+
+
+class NoOptions(pydantic.BaseModel):
+    """The options of an evaluator that takes none."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,3 +122,24 @@ def get(name: str) -> ModuleType:
     if name not in EVALUATOR_NAMES:
         raise ConfigError(f"unknown evaluator '{name}'; fix: use one of {EVALUATOR_NAMES} in eval.evaluators")
     return importlib.import_module(f"ensemble_core.evaluators.{name}")
+
+
+def options(name: str, spec: EvaluatorSpec) -> pydantic.BaseModel:
+    """The options of evaluator ``name`` (``eval.evaluators.<name>``), validated by its
+    module's ``Options`` (defaults for what is not given).
+
+    Raises:
+      ConfigError: an unknown option or a bad value, in one line naming
+        ``eval.evaluators.<name>.<option>`` and the options there are.
+    """
+    model = getattr(get(spec.type), "Options", NoOptions)
+    try:
+        return model(**spec.options)
+    except pydantic.ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        known = ", ".join(model.model_fields) or "none"
+        raise ConfigError(
+            f"config key 'eval.evaluators.{name}.{where}': {first['msg']}; fix: give {spec.type} options "
+            f"it takes ({known}) with valid values"
+        ) from None

@@ -2,14 +2,19 @@
 Benchmark for Computer Vision"), each at its published severity
 (:data:`ensemble_core.shifts.CORRUPTIONS`). Only for 28x28 one-channel images.
 
-Arrays (``eval/corruptions.npz``): ``member_probs`` float32 ``[E, K*N, C]``, ``labels``
+Options (:class:`Options`): ``corruptions``, a subset of the 15 (default: all).
+
+Arrays (``eval/<name>.npz``): ``member_probs`` float32 ``[E, K*N, C]``, ``labels``
 int32, ``level`` float32 (the index of the corruption in ``metrics["levels"]``, whose
 rows carry its ``name``).
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ensemble_core import shifts
 from ensemble_core.config import PipelineConfig
@@ -18,28 +23,56 @@ from ensemble_core.evaluators import EvalContext, EvaluatorOutput, _shift, skipp
 NAMES = tuple(shifts.CORRUPTIONS)
 
 
+class Options(BaseModel):
+    """The corruptions evaluator's options."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    corruptions: tuple[str, ...] = Field(
+        NAMES,
+        min_length=1,
+        description=f"MNIST-C corruptions to run, each at its published severity: {', '.join(NAMES)}.",
+    )
+
+    @field_validator("corruptions")
+    @classmethod
+    def _known(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [n for n in names if n not in NAMES]
+        if unknown or len(set(names)) != len(names):
+            raise ValueError(f"corruptions {list(names)} must be distinct names among {', '.join(NAMES)}")
+        return names
+
+
 def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     """Every member on each corrupted copy of the test split; see the module docstring."""
     if tuple(ctx.dataset.image_shape) != (28, 28, 1):
         return skipped(f"MNIST-C corruptions are defined for 28x28x1 images, not {tuple(ctx.dataset.image_shape)}")
+    names = (ctx.options or Options()).corruptions
+    # The cached arrays depend on which corruptions (the levels are their indices): a
+    # subset is cached under its own key.
+    key = (
+        "corruptions" if names == NAMES else "corruptions-" + hashlib.sha256(",".join(names).encode()).hexdigest()[:12]
+    )
     out = _shift.evaluate_shift(
         ctx,
-        "corruptions",
+        key,
         "MNIST-C corruption (published severity)",
-        tuple(range(len(NAMES))),
-        lambda images, index: shifts.corrupt(images, NAMES[int(index)]),
+        tuple(range(len(names))),
+        lambda images, index: shifts.corrupt(images, names[int(index)]),
     )
     for row in out.metrics["levels"]:
-        row["name"] = NAMES[int(row["level"])]
+        row["name"] = names[int(row["level"])]
     return out
 
 
-def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig) -> dict[str, Path]:
-    """``corruptions.png``: the figures for each corruption."""
+def plot(
+    metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig, name: str = "corruptions"
+) -> dict[str, Path]:
+    """``<name>.png``: the figures for each corruption; ``<name>_examples.png``."""
     ticks = [r["name"] for r in metrics["levels"]]
     return {
-        "corruptions": _shift.plot_levels(metrics, plots_dir, "corruptions", "corruption", ticks=ticks),
-        "corruptions_examples": _shift.plot_examples(metrics, arrays, plots_dir, "corruptions"),
+        name: _shift.plot_levels(metrics, plots_dir, name, "corruption", ticks=ticks),
+        f"{name}_examples": _shift.plot_examples(metrics, arrays, plots_dir, name),
     }
 
 

@@ -35,9 +35,9 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     return _ood.evaluate_ood(ctx, images, "Fashion-MNIST test split (dataset-fashion-mnist)")
 
 
-def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig) -> dict[str, Path]:
+def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig, name: str = NAME) -> dict[str, Path]:
     """Entropy histograms and ROC curves (:func:`ensemble_core.evaluators._ood.plot_ood`)."""
-    return _ood.plot_ood(metrics, arrays, plots_dir, NAME)
+    return _ood.plot_ood(metrics, arrays, plots_dir, name)
 
 
 def markdown(metrics: dict) -> list[str]:

@@ -30,9 +30,11 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     return _ood.evaluate_ood(ctx, images, "letters A-J rendered from DejaVu fonts, seeded affine jitter")
 
 
-def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig) -> dict[str, Path]:
+def plot(
+    metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig, name: str = "letters"
+) -> dict[str, Path]:
     """Entropy histograms and ROC curves (:func:`ensemble_core.evaluators._ood.plot_ood`)."""
-    return _ood.plot_ood(metrics, arrays, plots_dir, "letters")
+    return _ood.plot_ood(metrics, arrays, plots_dir, name)
 
 
 def markdown(metrics: dict) -> list[str]:

@@ -40,8 +40,10 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     return EvaluatorOutput(metrics=metrics, arrays=arrays)
 
 
-def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig) -> dict[str, Path]:
-    """``reliability.png`` (ensemble vs the best member by NLL) and ``members.png``."""
+def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig, name: str = "test") -> dict[str, Path]:
+    """``reliability.png`` (ensemble vs the best member by NLL) and ``members.png``
+    (prefixed ``<name>_`` for a second evaluator of this type)."""
+    prefix = "" if name == "test" else f"{name}_"
     member_probs, labels = arrays["member_probs"], arrays["labels"]
     members, ensemble = metrics["members"], metrics["ensemble"]
     paths = {}
@@ -59,7 +61,7 @@ def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig) -
         ax.plot(xs, ys, "o-", label=name)
     ax.set(xlabel="confidence (top label)", ylabel="accuracy", title="Reliability diagram", xlim=(0, 1), ylim=(0, 1))
     ax.legend(loc="upper left", fontsize=8)
-    paths["reliability"] = save(fig, plots_dir / "reliability.png")
+    paths["reliability"] = save(fig, plots_dir / f"{prefix}reliability.png")
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     e = len(members)
@@ -72,5 +74,5 @@ def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig) -
         ax.set_ylim(min(values) - span, max(values) + span)
         ax.set(xlabel="member", ylabel=label, title=f"{label}: members vs ensemble")
         ax.legend(fontsize=8)
-    paths["members"] = save(fig, plots_dir / "members.png")
+    paths["members"] = save(fig, plots_dir / f"{prefix}members.png")
     return paths

@@ -1,29 +1,56 @@
-"""Horizontally translated test split, 0 to 14 pixels (Ovadia et al. 2019;
+"""Horizontally translated test split, by default 0 to 14 pixels (Ovadia et al. 2019;
 :func:`ensemble_core.shifts.translate`, ``np.roll`` along the width).
 
-Arrays (``eval/translation.npz``): ``member_probs`` float32 ``[E, 15*N, C]``, ``labels``
-int32, ``level`` float32 (pixels).
+Options (:class:`Options`): ``pixels``.
+
+Arrays (``eval/<name>.npz``): ``member_probs`` float32 ``[E, L*N, C]`` (L shifts),
+``labels`` int32, ``level`` float32 (pixels).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 from ensemble_core import shifts
 from ensemble_core.config import PipelineConfig
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput, _shift
 
 
+class Options(BaseModel):
+    """The translation evaluator's options."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pixels: tuple[int, ...] = Field(
+        shifts.TRANSLATION_PIXELS,
+        min_length=1,
+        description="Shifts in pixels along the width (each in [0, 27]); default 0..14 (rolls by k and 28 - k "
+        "mirror each other).",
+    )
+
+    @field_validator("pixels")
+    @classmethod
+    def _valid(cls, pixels: tuple[int, ...]) -> tuple[int, ...]:
+        if any(not 0 <= p <= 27 for p in pixels) or len(set(pixels)) != len(pixels):
+            raise ValueError(f"pixels {list(pixels)} must be distinct shifts in [0, 27]")
+        return pixels
+
+
 def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     """Every member on the translated test split; see the module docstring."""
-    return _shift.evaluate_shift(ctx, "translation", "pixels", shifts.TRANSLATION_PIXELS, shifts.translate)
+    opts = ctx.options or Options()
+    return _shift.evaluate_shift(ctx, "translation", "pixels", opts.pixels, shifts.translate)
 
 
-def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig) -> dict[str, Path]:
-    """``translation.png``: the figures against the shift in pixels."""
+def plot(
+    metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig, name: str = "translation"
+) -> dict[str, Path]:
+    """``<name>.png``: the figures against the shift in pixels; ``<name>_examples.png``."""
     return {
-        "translation": _shift.plot_levels(metrics, plots_dir, "translation", "translation (pixels)"),
-        "translation_examples": _shift.plot_examples(metrics, arrays, plots_dir, "translation"),
+        name: _shift.plot_levels(metrics, plots_dir, name, "translation (pixels)"),
+        f"{name}_examples": _shift.plot_examples(metrics, arrays, plots_dir, name),
     }
 
 

@@ -109,7 +109,9 @@ def promote(
                 # the champion on this run's data, with only the evaluators the comparison needs
                 needed = ["test"] + ([metric.split(".")[0]] if metric not in TEST_METRICS else [])
                 saved = {**meta["config"], "data": data_key, "promotion": cfg.promotion.model_dump(mode="json")}
-                saved["eval"] = {**saved.get("eval", {}), "evaluators": list(dict.fromkeys(needed))}
+                # each with this run's options, so that both sides are measured alike
+                specs = {name: cfg.eval.evaluators[name].model_dump(mode="json") for name in dict.fromkeys(needed)}
+                saved["eval"] = {**saved.get("eval", {}), "evaluators": specs}
                 champion_cfg = PipelineConfig.model_validate(saved)
                 champion_eval = evaluate(champion_cfg, dataset, current["run_dir"], write=False)
                 champion_metrics, champion_value = champion_eval.ensemble, figure_value(champion_eval, metric)

@@ -223,18 +223,18 @@ def evaluate(
         temperature=None if selection is None else selection["temperature"],
     )
     results = {}
-    for name in cfg.eval.evaluators:
-        module = evaluators.get(name)
-        out = module.evaluate(ctx)
+    for name, spec in cfg.eval.evaluators.items():
+        module = evaluators.get(spec.type)
+        out = module.evaluate(dataclasses.replace(ctx, name=name, options=evaluators.options(name, spec)))
         plots: dict[str, str] = {}
         if out.skipped:
             log.warning("evaluator %s skipped: %s", name, out.skipped)
         elif write:
             atomic_savez(run.evaluator_arrays(name), **out.arrays)
             if hasattr(module, "plot"):
-                drawn = module.plot(out.metrics, out.arrays, run.plots, cfg)
+                drawn = module.plot(out.metrics, out.arrays, run.plots, cfg, name=name)
                 plots = {key: str(path.relative_to(run.path)) for key, path in drawn.items()}
-        results[name] = EvaluatorResult(name=name, metrics=out.metrics, plots=plots)
+        results[name] = EvaluatorResult(name=name, type=spec.type, metrics=out.metrics, plots=plots)
     return Evaluation(results=results, selection=selection)
 
 

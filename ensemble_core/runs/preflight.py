@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from ensemble_core import evaluators
 from ensemble_core import memory as memory_lib
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
@@ -58,7 +59,7 @@ def check_memory(cfg: PipelineConfig, dataset: DatasetInfo) -> memory_lib.Memory
 def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> DatasetInfo:
     """Every check that can fail before training, in order; writes nothing in the run dir.
 
-    Mesh, output directory, run name, the run's lock, the dataset (prepared if needed)
+    Mesh, output directory, run name, the run's lock, each evaluator's options, the dataset (prepared if needed)
     against the config, the memory training needs against what there is, and an existing
     run's checkpoint against the config (:mod:`ensemble_core.runs.resume`).
 
@@ -77,6 +78,8 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
     for where in [run, *group_dirs]:
         ensure_unlocked(where.path)
     check_scheduler(cfg)
+    for name, spec in cfg.eval.evaluators.items():  # each evaluator's options
+        evaluators.options(name, spec)
     dataset = prepare(cfg.data)
     check_against_dataset(cfg, dataset)
     check_memory(cfg, dataset)

@@ -214,7 +214,7 @@ def evaluator_tables(report: dict) -> dict[str, list[dict]]:
     ``table(metrics)`` (:mod:`ensemble_core.evaluators`)."""
     tables = {}
     for name, section in (report.get("evaluations") or {}).items():
-        module = evaluators.get(name)
+        module = evaluators.get(section.get("type") or name)
         if not section["metrics"].get("skipped") and hasattr(module, "table"):
             tables[name] = module.table(section["metrics"])
     return tables
@@ -272,7 +272,10 @@ def render_markdown(report: dict, plots: bool = True) -> str:
                 "",
             ]
     for name, section in (report.get("evaluations") or {}).items():
-        module = evaluators.get(name)
+        kind = section.get("type") or name
+        module = evaluators.get(kind)
+        if kind != name:  # one of several evaluators of this type: say which
+            lines += [f"**{name}** ({kind}):", ""]
         if section["metrics"].get("skipped"):
             lines += [f"**{name}**: skipped ({section['metrics']['skipped']}).", ""]
             continue

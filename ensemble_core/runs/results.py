@@ -62,6 +62,7 @@ class EvaluatorResult(_Result):
     the run directory."""
 
     name: str
+    type: str = ""  # the evaluator module (``eval.evaluators.<name>.type``); "" means the name
     metrics: dict[str, Any]
     plots: dict[str, str] = {}
 

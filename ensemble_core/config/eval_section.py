@@ -1,0 +1,94 @@
+"""The ``eval`` section: evaluation on the test split, and the evaluators by name, each
+with its own options (as big_vision's ``config.evals = {name: {type, ...}}``)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ensemble_core.config.limits import MAX_DIM
+from ensemble_core.registry import EVALUATOR_NAMES
+
+#: What ``eval.evaluators`` runs when the config does not say.
+DEFAULT_EVALUATORS = ("test", "rotation", "translation", "corruptions", "letters", "fashion_mnist")
+_INSTANCE_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+class EvaluatorSpec(BaseModel):
+    """One evaluator of ``eval.evaluators``: the module that computes it (``type``, a file of
+    ``ensemble_core/evaluators/``) and its options (every other key, checked against that
+    module's ``Options`` before any compute, by the preflight)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    type: Literal[EVALUATOR_NAMES] = Field(  # type: ignore[valid-type]
+        description="The evaluator module: 'test', 'rotation', 'translation', 'corruptions', 'letters' or "
+        "'fashion_mnist' (default: the evaluator's name)."
+    )
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The options given (every key but ``type``); unset options take the module's defaults."""
+        return dict(self.model_extra or {})
+
+
+class EvalConfig(BaseModel):
+    """Evaluation on the test split."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    batch_size: int = Field(
+        250, ge=1, le=MAX_DIM, description="Test examples per device per forward pass (250 measured fastest on CPU)."
+    )
+    ece_bins: int = Field(15, ge=2, le=1000, description="Equal-width bins for ECE (2..1000).")
+    temperature_scaling: bool = Field(
+        False,
+        description="Fit one temperature for the ensemble on the validation NLL (Guo et al. 2017, applied to "
+        "the log of the ensemble's mean probabilities) and report the test and shift figures before and after; "
+        "predictions then carry the scaled probabilities.",
+    )
+    evaluators: dict[str, EvaluatorSpec] = Field(
+        default_factory=lambda: {name: EvaluatorSpec(type=name) for name in DEFAULT_EVALUATORS},
+        description="Evaluators run after training, by name, each with its own options: "
+        "{name: {type: <module>, <option>: <value>, ...}}, e.g. {test: {}, rotation: {degrees: [0, 45, 90]}, "
+        "rotation_fine: {type: rotation, degrees: [0, 5, 10]}}; a list of names is short for {name: {}}. Types, "
+        "modules of ensemble_core/evaluators/: 'test' (the test split: accuracy, NLL, Brier, ECE, diversity; "
+        "required), 'rotation', 'translation', 'corruptions' (MNIST-C) under dataset shift, 'letters' and "
+        "'fashion_mnist' out of distribution. Results are stored under the name (report.json "
+        "evaluations.<name>, eval/<name>.npz).",
+    )
+
+    @field_validator("evaluators", mode="before")
+    @classmethod
+    def _by_name(cls, value: Any) -> Any:
+        """A list of names -> ``{name: {}}``; ``type`` defaults to the name."""
+        if isinstance(value, list | tuple):
+            names = [str(v) for v in value]
+            if len(set(names)) != len(names):
+                raise ValueError("an evaluator is listed twice")
+            value = {name: {} for name in names}
+        if not isinstance(value, dict):
+            return value  # pydantic refuses it with the expected type
+        specs = {}
+        for name, spec in value.items():
+            if not isinstance(name, str) or not _INSTANCE_NAME.fullmatch(name):
+                raise ValueError(f"evaluator name {name!r} is not a lower-case identifier ([a-z][a-z0-9_]*)")
+            if spec is None:
+                spec = {}
+            if isinstance(spec, EvaluatorSpec):
+                spec = {"type": spec.type, **spec.options}
+            if not isinstance(spec, dict):
+                raise ValueError(f"evaluator {name!r} must be a mapping of its options, not {type(spec).__name__}")
+            specs[name] = {"type": name, **spec} if "type" not in spec else spec
+        return specs
+
+    @field_validator("evaluators")
+    @classmethod
+    def _test_first(cls, specs: dict[str, EvaluatorSpec]) -> dict[str, EvaluatorSpec]:
+        if "test" not in specs or specs["test"].type != "test":
+            raise ValueError(
+                "'test' must be one of the evaluators, of type test (the report and the champion are judged on it)"
+            )
+        return specs
