@@ -13,9 +13,6 @@ from ensemble_core.config import load_config
 from ensemble_core.errors import ConfigError
 from tests.ensembles import tiny_config
 
-pytestmark = pytest.mark.slow  # one tiny training with three shift evaluators
-
-
 def test_a_list_of_names_is_short_for_the_mapping():
     listed = load_config(None, ["eval.evaluators=[test, rotation, corruptions]"])
     mapped = load_config(None, ["eval.evaluators={test: {}, rotation: {type: rotation}, corruptions: null}"])
@@ -79,6 +76,7 @@ def two_rotations(tmp_path_factory, tfds_dir):
     return result, json.loads(result.run_dir.report_json.read_text())
 
 
+@pytest.mark.slow  # one tiny training with three shift evaluators
 def test_each_instance_runs_with_its_own_options(two_rotations):
     result, report = two_rotations
     every, quarter = report["evaluations"]["rotation"], report["evaluations"]["quarter"]
@@ -107,6 +105,7 @@ def test_each_instance_runs_with_its_own_options(two_rotations):
     assert "**quarter** (rotation):" in result.run_dir.report_md.read_text()
 
 
+@pytest.mark.slow
 def test_instances_with_other_options_do_not_share_cached_arrays(two_rotations, tfds_dir):
     """The shifted test sets are cached by what they hold: the two rotations' angle sets,
     and a subset of the corruptions under a key of its own (its levels are indices)."""
