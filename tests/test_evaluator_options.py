@@ -13,6 +13,7 @@ from ensemble_core.config import load_config
 from ensemble_core.errors import ConfigError
 from tests.ensembles import tiny_config
 
+
 def test_a_list_of_names_is_short_for_the_mapping():
     listed = load_config(None, ["eval.evaluators=[test, rotation, corruptions]"])
     mapped = load_config(None, ["eval.evaluators={test: {}, rotation: {type: rotation}, corruptions: null}"])
