@@ -62,3 +62,30 @@ def test_bad_config_parameters_are_refused_in_one_line(config, needle):
     with pytest.raises(ConfigError) as err:
         as_config(config)
     assert needle in str(err.value) and "fix:" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("evaluators", "accepted"),
+    [
+        (["test", "rotation"], True),
+        ({"test": {}, "quarter": {"type": "rotation", "degrees": [0, 90]}}, True),
+        (["nope"], False),
+        ({"test": {"type": "nope"}}, False),
+    ],
+)
+def test_the_server_side_schema_takes_both_forms_of_eval_evaluators(evaluators, accepted):
+    """The Prefect server validates a deployment's parameters against the flow's JSON schema
+    (jsonschema) before it creates the flow run: the list of names and the mapping both
+    pass it, an unknown evaluator type does not."""
+    import jsonschema
+    from prefect.utilities.callables import parameter_schema
+
+    schema = parameter_schema(train_ensemble.fn).model_dump()
+    schema = {"type": "object", "properties": schema["properties"], "definitions": schema["definitions"]}
+    params = {"config": {"eval": {"evaluators": evaluators}}}
+    if accepted:
+        jsonschema.validate(params, schema)
+        assert as_config(params["config"]).eval.evaluators["test"].type == "test"
+    else:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(params, schema)

@@ -16,12 +16,24 @@ DEFAULT_EVALUATORS = ("test", "rotation", "translation", "corruptions", "letters
 _INSTANCE_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
+def _or_a_list_of_names(schema: dict[str, Any]) -> None:
+    """JSON schema of ``eval.evaluators``: the mapping, or the list of names it may be given
+    as (the Prefect server validates deployment parameters against this schema)."""
+    mapping = {k: v for k, v in schema.items() if k not in ("title", "description", "default")}
+    names = {"type": "array", "items": {"type": "string", "enum": list(EVALUATOR_NAMES)}}
+    for key in mapping:
+        del schema[key]
+    schema["anyOf"] = [mapping, names]
+
+
 class EvaluatorSpec(BaseModel):
     """One evaluator of ``eval.evaluators``: the module that computes it (``type``, a file of
     ``ensemble_core/evaluators/``) and its options (every other key, checked against that
     module's ``Options`` before any compute, by the preflight)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    # ``type`` may be left out (it defaults to the evaluator's name, filled in by
+    # EvalConfig before this model validates), so the JSON schema does not require it.
+    model_config = ConfigDict(extra="allow", frozen=True, json_schema_extra=lambda schema: schema.pop("required", None))
 
     type: Literal[EVALUATOR_NAMES] = Field(  # type: ignore[valid-type]
         description="The evaluator module: 'test', 'rotation', 'translation', 'corruptions', 'letters' or "
@@ -58,6 +70,7 @@ class EvalConfig(BaseModel):
         "required), 'rotation', 'translation', 'corruptions' (MNIST-C) under dataset shift, 'letters' and "
         "'fashion_mnist' out of distribution. Results are stored under the name (report.json "
         "evaluations.<name>, eval/<name>.npz).",
+        json_schema_extra=_or_a_list_of_names,
     )
 
     @field_validator("evaluators", mode="before")
