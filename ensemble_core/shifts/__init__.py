@@ -1,6 +1,7 @@
 """Dataset shifts for MNIST-like images: Ovadia et al. rotations and translations
 (:mod:`.ovadia`), the MNIST-C corruptions (:mod:`.mnistc`, built from :mod:`.transforms`),
-and a notMNIST-like set of rendered letters A-J (:mod:`.letters`).
+and a notMNIST-like set of rendered letters A-J (:mod:`.rendered_letters`: not named
+``letters``, so that the function ``letters`` the package re-exports does not hide it).
 
 numpy, scipy, scikit-image and matplotlib (no OpenCV, Wand/ImageMagick or PIL), host
 only, deterministic. Every function takes and returns uint8 ``[N, 28, 28, 1]`` (MNIST's
@@ -35,9 +36,9 @@ built here (:func:`.transforms._affine_params`) and passed as ``matrix=``.
 """
 
 from ensemble_core.shifts._image import H, W
-from ensemble_core.shifts.letters import LETTERS, letter_fonts, letters
 from ensemble_core.shifts.mnistc import CORRUPTIONS, corrupt
 from ensemble_core.shifts.ovadia import ROTATION_DEGREES, TRANSLATION_PIXELS, rotate, translate
+from ensemble_core.shifts.rendered_letters import LETTERS, letter_fonts, letters
 
 __all__ = [
     "CORRUPTIONS",
