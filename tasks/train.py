@@ -71,7 +71,7 @@ def _member_groups(config: PipelineConfig, dataset: DatasetInfo, keys: dict, run
 
 
 def train_stage(config: PipelineConfig, dataset: DatasetInfo, keys: dict, run_dir: str) -> runs.TrainingSummary:
-    """The flow's training stage: the ``train_ensemble`` task with one member group, else
+    """The flow's training stage: the ``train_members`` task with one member group, else
     the ``train-member-groups`` subflow on the configured task runner."""
     if config.distributed.member_groups == 1:
         return train_members(config, dataset, keys, run_dir)
