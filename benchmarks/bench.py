@@ -121,30 +121,34 @@ def _worker(args: argparse.Namespace) -> dict:
         sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("ensemble", "data"))
         idx = [jax.device_put(o, sharding) for o in order]
         step = built.train_step()
+        member_keys = jax.device_put(
+            keys["stochastic"], jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("ensemble"))
+        )
         t0 = time.perf_counter()
-        compiled = step.lower(state, x, y, idx[0]).compile()
+        compiled = step.lower(state, x, y, member_keys, idx[0]).compile()
         out["compile_seconds"] = time.perf_counter() - t0
-        state, m = compiled(state, x, y, idx[0])  # warm-up
+        state, m = compiled(state, x, y, member_keys, idx[0])  # warm-up
         jax.block_until_ready(m)
 
         def train_chunk():
             nonlocal state
             for s in range(1, steps + 1):
-                state, m = compiled(state, x, y, idx[s])
+                state, m = compiled(state, x, y, member_keys, idx[s])
             jax.block_until_ready((state, m))
 
         out["train_seconds"] = _best_of(REPEATS, train_chunk)
         predict = built.predict_fn()
         one = strategy == "unroll"
-        member_probs(predict, state.params, test_x, mesh, EVAL_BATCH, one_member_per_device=one)  # compile
+        member_probs(predict, state.variables, test_x, mesh, EVAL_BATCH, one_member_per_device=one)  # compile
         out["eval_seconds"] = _best_of(
-            REPEATS, lambda: member_probs(predict, state.params, test_x, mesh, EVAL_BATCH, one_member_per_device=one)
+            REPEATS, lambda: member_probs(predict, state.variables, test_x, mesh, EVAL_BATCH, one_member_per_device=one)
         )
         out.update(strategy=strategy, mesh={"ensemble": plan.ensemble, "data": plan.data})
     else:
 
         def single_step(params, opt_state, xb, yb):
-            grads = jax.grad(lambda p: cross_entropy(model, p, xb, yb)[0].mean())(params)
+            logits = lambda p: model.apply({"params": p}, data_lib.to_float(xb), train=True)  # noqa: E731
+            grads = jax.grad(lambda p: cross_entropy(logits(p), yb).mean())(params)
             updates, opt_state = tx.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state
 

@@ -105,6 +105,7 @@ def throughput(data_dir: str | None, rounds: int = 2) -> dict:
                 y,
                 keys["data"],
                 b.mesh,
+                stochastic_keys=keys["stochastic"],
                 epochs=1,
                 batch_size=b.config.train.batch_size,
                 learning_rates=b.learning_rates(len(images)),

@@ -5,7 +5,10 @@ The estimate is a *lower bound* of what every device must hold at once while tra
 - the members' persistent state: parameters and the optimizer's slots (SGD with
   momentum: 1, Adam/AdamW: 2), float32, for every member on the device, plus the
   gradients of one member (XLA may apply each member's update before the next member's
-  gradients exist);
+  gradients exist), and every member's mutable collections (BatchNorm's ``batch_stats``;
+  twice with a validation split, which keeps the best epoch's);
+- the on-device augmentation of one batch (a padded and an augmented uint8 copy,
+  :func:`ensemble_core.train.augment.augmentation_bytes`), per member mapped at once;
 - one batch of forward activations (the outputs of every layer, from Flax's
   ``capture_intermediates``), float32, of one member when the members on a device are
   unrolled (they may run one after the other) or of all of them when vmapped (one batched
@@ -31,6 +34,8 @@ from ensemble_core.config import PipelineConfig
 from ensemble_core.errors import ConfigError
 from ensemble_core.mesh import MeshPlan
 from ensemble_core.models import build_model
+from ensemble_core.train.augment import augmentation_bytes
+from ensemble_core.train.forward import init_variables, split_variables
 
 GIB = 1024**3
 OPTIMIZER_SLOTS = {"adam": 2, "adamw": 2}  # sgd: 1 with momentum, 0 without
@@ -42,14 +47,16 @@ class MemoryEstimate:
 
     params_per_member: int  # parameter count (elements)
     members_per_device: int
-    state_bytes: int  # parameters + optimizer slots of every member, one member's gradients
+    state_bytes: int  # parameters + optimizer slots + mutable collections of every member, one member's gradients
     activation_bytes: int  # one batch of forward activations (one member, or all when vmapped)
     data_bytes: int  # the training split (uint8 images + int32 labels)
     devices: int  # devices the mesh uses
+    collection_elements: int = 0  # mutable collections (e.g. batch_stats) per member (elements)
+    augmentation_bytes: int = 0  # the augmented copies of one batch, for the members mapped at once
 
     @property
     def per_device_bytes(self) -> int:
-        return self.state_bytes + self.activation_bytes + self.data_bytes
+        return self.state_bytes + self.activation_bytes + self.data_bytes + self.augmentation_bytes
 
 
 def estimate(
@@ -67,25 +74,41 @@ def estimate(
     (its best epoch's), counted with the optimizer slots.
     """
     model = build_model(cfg.model, num_classes)
-    x = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
-    params = jax.eval_shape(lambda x: model.init(jax.random.key(0), x)["params"], x)
+    variables = jax.eval_shape(lambda: init_variables(model, jax.random.key(0), tuple(image_shape)))
+    params, model_state = split_variables(variables)
     count = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))
+    collections = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(model_state))
     slots = OPTIMIZER_SLOTS.get(cfg.train.optimizer, 1 if cfg.train.momentum else 0)
     slots += 1 if cfg.has_validation else 0  # each member's best-epoch parameters (train.BestTracking)
+    copies = 2 if cfg.has_validation else 1  # the latest and the best epoch's collections
     m = plan.members_per_device
+    mapped = m if strategy == "vmap" else 1  # members whose step runs as one computation
     per_device_batch = max(1, cfg.train.batch_size // plan.data)
     batch = jax.ShapeDtypeStruct((per_device_batch, *image_shape), jnp.float32)
     _, inter = jax.eval_shape(
-        lambda p, b: model.apply({"params": p}, b, capture_intermediates=True, mutable=["intermediates"]), params, batch
+        lambda v, b: model.apply(
+            v,
+            b,
+            train=True,
+            rngs={"dropout": jax.random.key(0)},
+            capture_intermediates=True,
+            mutable=["intermediates", *model_state],
+        ),
+        variables,
+        batch,
     )
-    act = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(inter))
+    act = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(inter.get("intermediates", {})))
+    augment = cfg.data.augment
     return MemoryEstimate(
         params_per_member=count,
         members_per_device=m,
-        state_bytes=m * count * 4 * (1 + slots) + count * 4,
-        activation_bytes=(m if strategy == "vmap" else 1) * act * 4,
+        state_bytes=m * count * 4 * (1 + slots) + count * 4 + m * collections * 4 * copies,
+        activation_bytes=mapped * act * 4,
         data_bytes=num_train * (int(np.prod(image_shape)) + 4),
         devices=plan.ensemble * plan.data,
+        collection_elements=collections,
+        augmentation_bytes=mapped
+        * augmentation_bytes(per_device_batch * plan.data, *image_shape, augment.crop_padding, augment.flip),
     )
 
 
@@ -130,8 +153,9 @@ def check(est: MemoryEstimate, cfg: PipelineConfig, available: tuple[int, str] |
     raise ConfigError(
         f"training ensemble.size={cfg.ensemble.size} ({est.members_per_device} member(s) per device, "
         f"{est.params_per_member:,} parameters each) needs at least {need / GIB:.1f} GiB of memory "
-        f"({est.state_bytes / GIB:.2f} GiB parameters and optimizer state, {est.activation_bytes / GIB:.2f} GiB "
-        f"activations of one batch, {est.data_bytes / GIB:.2f} GiB training split, {where}) but the {what} is "
+        f"({est.state_bytes / GIB:.2f} GiB parameters, collections and optimizer state, "
+        f"{est.activation_bytes / GIB:.2f} GiB activations of one batch, {est.augmentation_bytes / GIB:.2f} GiB "
+        f"augmented batch, {est.data_bytes / GIB:.2f} GiB training split, {where}) but the {what} is "
         f"{have / GIB:.1f} GiB; fix: lower ensemble.size, the model's size or train.batch_size, or spread the "
         f"members over more devices"
     )

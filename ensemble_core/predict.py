@@ -15,21 +15,24 @@ from jax.sharding import PartitionSpec as P
 from ensemble_core.data import to_float
 from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS, host_value
 from ensemble_core.train import map_members
+from ensemble_core.train.forward import apply_inference
 
 
 def make_predict(model: nn.Module, mesh: Mesh, strategy: str = "vmap"):
-    """Build ``predict(params, images) -> member_probs``.
+    """Build ``predict(variables, images) -> member_probs``, every member in inference mode
+    (:func:`~ensemble_core.train.forward.apply_inference`: BatchNorm's running averages, no dropout).
 
-    ``params`` leaves ``[E, ...]`` sharded over ``'ensemble'``; ``images`` uint8
+    ``variables``: every member's Flax variables (``EnsembleState.variables`` or
+    ``final_variables``), leaves ``[E, ...]`` sharded over ``'ensemble'``; ``images`` uint8
     ``[B, H, W, C]`` sharded over ``'data'`` (every member sees the same batch, the
     the Flax ensembling guide's ``in_axes=(0, None)``). Returns float32 ``[E, B, C]`` softmax probabilities.
     """
 
-    def member(params, images):
-        return jax.nn.softmax(model.apply({"params": params}, to_float(images)), axis=-1)
+    def member(variables, images):
+        return jax.nn.softmax(apply_inference(model, variables, to_float(images)), axis=-1)
 
-    def local(params, images):
-        return map_members(lambda p: member(p, images), strategy)(params)
+    def local(variables, images):
+        return map_members(lambda v: member(v, images), strategy)(variables)
 
     return jax.jit(
         jax.shard_map(
@@ -42,9 +45,10 @@ def make_predict(model: nn.Module, mesh: Mesh, strategy: str = "vmap"):
 
 
 def member_probs(
-    predict, params: Any, images: np.ndarray, mesh: Mesh, batch_size: int, *, one_member_per_device: bool = False
+    predict, variables: Any, images: np.ndarray, mesh: Mesh, batch_size: int, *, one_member_per_device: bool = False
 ) -> np.ndarray:
-    """Every member's probabilities on ``images`` (uint8 ``[N, H, W, C]``), in chunks.
+    """Every member's probabilities on ``images`` (uint8 ``[N, H, W, C]``), in chunks;
+    ``variables`` as :func:`make_predict`'s.
 
     ``batch_size`` is the number of examples one device pushes through at once. With
     several members per device, either each chunk is ``batch_size / members_per_device``
@@ -56,13 +60,13 @@ def member_probs(
     Returns:
       float32 ``[E, N, C]`` on the host.
     """
-    e = jax.tree.leaves(params)[0].shape[0]
+    e = jax.tree.leaves(variables)[0].shape[0]
     per_device = e // mesh.shape[ENSEMBLE_AXIS]
     if one_member_per_device and per_device > 1:
         # Device d holds members [d * per_device, (d + 1) * per_device): group j takes member
         # d * per_device + j from every device d, so the slice stays on its device.
         groups = [
-            member_probs(predict, _take_members(params, j, per_device, mesh), images, mesh, batch_size)
+            member_probs(predict, _take_members(variables, j, per_device, mesh), images, mesh, batch_size)
             for j in range(per_device)
         ]
         return np.stack(groups, axis=1).reshape(e, *groups[0].shape[1:])
@@ -77,14 +81,14 @@ def member_probs(
         pad = chunk - len(part)
         if pad:
             part = np.concatenate([part, np.zeros((pad, *part.shape[1:]), part.dtype)])
-        probs = predict(params, jax.device_put(part, sharding))
+        probs = predict(variables, jax.device_put(part, sharding))
         out.append(probs[:, : chunk - pad] if pad else probs)
     return host_value(jnp.concatenate(out, axis=1)).astype(np.float32, copy=False)
 
 
-def _take_members(params: Any, j: int, step: int, mesh: Mesh) -> Any:
+def _take_members(tree: Any, j: int, step: int, mesh: Mesh) -> Any:
     """Members ``j, j + step, ...`` of a struct-of-arrays pytree, one per device."""
-    return _member_taker(j, step, mesh)(params)
+    return _member_taker(j, step, mesh)(tree)
 
 
 @functools.lru_cache(maxsize=256)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-PURPOSES = {"init": 0, "data": 1}  # ids are fixed: a new purpose takes a new id
+PURPOSES = {"init": 0, "data": 1, "stochastic": 2}  # ids are fixed: a new purpose takes a new id
 
 
 def member_keys(seed: int, num_members: int) -> dict[str, jax.Array]:

@@ -91,7 +91,7 @@ class EnsembleSetup:
     first_member: int = 0
 
     def member_keys(self) -> dict[str, jax.Array]:
-        """Typed keys ``{"init": [E_padded], "data": [E_padded]}`` of members
+        """Typed keys ``{"init": [E_padded], "data": [E_padded], "stochastic": [E_padded]}`` of members
         ``first_member ..`` from ``(seed, i)`` (:func:`ensemble_core.rngs.member_keys`)."""
         keys = member_keys(self.config.seed, self.first_member + self.plan.padded_members)
         return {purpose: k[self.first_member :] for purpose, k in keys.items()}
@@ -146,7 +146,16 @@ class EnsembleSetup:
 
     def train_step(self, donate: bool | None = None) -> Callable:
         """The jitted step (:func:`ensemble_core.train.make_train_step`)."""
-        return make_train_step(self.model, self.optimizer, self.mesh, self.strategy, donate=donate)
+        augment = self.config.data.augment
+        return make_train_step(
+            self.model,
+            self.optimizer,
+            self.mesh,
+            self.strategy,
+            donate=donate,
+            crop_padding=augment.crop_padding,
+            flip=augment.flip,
+        )
 
     def predict_fn(self) -> Callable:
         """The jitted ``predict(params, images) -> member_probs``

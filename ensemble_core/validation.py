@@ -34,7 +34,7 @@ def track_best(state: EnsembleState, nll: jax.Array, epoch: jax.Array, patience:
     """Fold one epoch's validation NLL into ``state.best`` (pure; jit it).
 
     A member still training whose ``nll`` (float32 ``[E]``) is below its best so far takes
-    this epoch (1-based ``epoch``) as its best, parameters included; a NaN never improves.
+    this epoch (1-based ``epoch``) as its best, parameters and mutable collections included; a NaN never improves.
     With ``patience``, a member still training whose best epoch is ``patience`` or more
     epochs back stops: ``stopped_epoch = epoch``.
     """
@@ -55,6 +55,7 @@ def track_best(state: EnsembleState, nll: jax.Array, epoch: jax.Array, patience:
     return state.replace(
         best=best.replace(
             params=jax.tree.map(pick, state.params, best.params),
+            model_state=jax.tree.map(pick, state.model_state, best.model_state),
             nll=jnp.where(improved, nll, best.nll),
             epoch=new_epoch,
             stopped_epoch=stopped,
@@ -94,7 +95,7 @@ def make_validation(
         if state.best is None:
             raise ValueError("the ensemble state tracks no best epoch; fix: build it with track_best=True")
         probs = member_probs(
-            predict, state.params, images, mesh, batch_size, one_member_per_device=one_member_per_device
+            predict, state.variables, images, mesh, batch_size, one_member_per_device=one_member_per_device
         )
         nll = member_nll(probs, labels)
         if update is None:

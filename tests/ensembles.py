@@ -56,6 +56,7 @@ def train_small(built: setup.EnsembleSetup, images, labels, epochs: int = 1, sta
         labs,
         keys["data"],
         built.mesh,
+        stochastic_keys=keys["stochastic"],
         epochs=epochs,
         batch_size=batch,
         learning_rates=rates,

@@ -21,7 +21,7 @@ def test_vmapped_evaluation_equals_member_loop(mnist_test, model_name, strategy,
     model, mesh = built.model, built.mesh
     state = built.init_state(built.member_keys()["init"], (28, 28, 1))
     predict = built.predict_fn()
-    got = member_probs(predict, state.params, images, mesh, batch_size=100, one_member_per_device=grouped)
+    got = member_probs(predict, state.variables, images, mesh, batch_size=100, one_member_per_device=grouped)
     assert got.shape == (e, 230, 10) and got.dtype == np.float32
     for m in range(e):
         logits = model.apply({"params": unstacked(state.params, m)}, to_float(images))

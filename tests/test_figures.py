@@ -86,6 +86,7 @@ def test_every_name_imported_from_ensemble_core_config_is_still_there():
     import ensemble_core.config as config
 
     names = [
+        "AugmentConfig",
         "CheckpointConfig",
         "DataConfig",
         "DistributedConfig",

@@ -20,6 +20,16 @@ def _leaf_fields(schema: dict, name: str, path: str = "") -> list[tuple[str, dic
     return out
 
 
+def _config_leaves(model, path: str = ""):
+    """The dotted paths of every field of a pydantic config, nested sections expanded."""
+    for name, field in model.model_fields.items():
+        nested = getattr(field.annotation, "model_fields", None)
+        if nested and field.annotation.__name__.endswith("Config"):
+            yield from _config_leaves(field.annotation, f"{path}{name}.")
+        elif path:
+            yield f"{path}{name}"
+
+
 def test_the_form_shows_every_config_field_with_its_description():
     """The deployment's parameter schema (what the Prefect UI renders as a form) holds the
     whole config under one parameter, every field with the description of its schema."""
@@ -28,12 +38,7 @@ def test_the_form_shows_every_config_field_with_its_description():
     schema = parameter_schema(train_ensemble.fn).model_dump()
     assert schema["properties"]["config"]["$ref"].endswith("/PipelineConfig")
     leaves = dict(_leaf_fields(schema, "PipelineConfig"))
-    expected = {
-        f"{s}.{f}"
-        for s, m in PipelineConfig.model_fields.items()
-        if m.annotation is not int
-        for f in getattr(m.annotation, "model_fields", {})
-    }
+    expected = set(_config_leaves(PipelineConfig))
     assert expected and expected <= set(leaves), sorted(expected - set(leaves))
     missing = [path for path, prop in leaves.items() if not prop.get("description")]
     assert not missing, missing

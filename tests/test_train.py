@@ -68,6 +68,7 @@ def test_training_reduces_loss(mnist_train):
         jax.device_put(labels),
         keys["data"],
         built.mesh,
+        stochastic_keys=keys["stochastic"],
         epochs=3,
         batch_size=BATCH,
         on_epoch_end=lambda e, s, r: records.append(r),
@@ -130,13 +131,16 @@ def test_cpu_step_compiler_options_and_donation(mnist_train, donate):
         jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("ensemble", "data")),
     )
     step = built.train_step(donate=donate)
-    hlo = step.lower(state, imgs, labs, idx).compile().as_text()
+    member_keys = jax.device_put(
+        built.member_keys()["stochastic"], jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("ensemble"))
+    )
+    hlo = step.lower(state, imgs, labs, member_keys, idx).compile().as_text()
     assert "__ynn_fusion" not in hlo
     # the evaluation of the same model keeps XLA:CPU's default (YNNPACK) fusions
-    apply = jax.jit(lambda p, x: model.apply({"params": p}, x))
+    apply = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False))
     assert "__ynn_fusion" in apply.lower(unstacked(state.params, 0), images[:8] / 255.0).compile().as_text()
     kernel = state.params["Conv_0"]["kernel"]
     before = np.asarray(kernel)
-    new_state, _ = step(state, imgs, labs, idx)
+    new_state, _ = step(state, imgs, labs, member_keys, idx)
     assert kernel.is_deleted() == bool(donate)
     assert not np.array_equal(np.asarray(new_state.params["Conv_0"]["kernel"]), before)  # it did train

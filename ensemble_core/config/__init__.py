@@ -30,6 +30,7 @@ from ensemble_core.config.limits import (
 from ensemble_core.config.loader import load_config, validate
 from ensemble_core.config.pipeline import PipelineConfig
 from ensemble_core.config.sections import (
+    AugmentConfig,
     CheckpointConfig,
     DataConfig,
     DistributedConfig,
@@ -61,6 +62,7 @@ __all__ = [
     "MAX_WIDTH",
     "MODEL_NAMES",
     "TEST_METRICS",
+    "AugmentConfig",
     "CheckpointConfig",
     "DataConfig",
     "DistributedConfig",

@@ -12,9 +12,11 @@ from __future__ import annotations
 import itertools
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ensemble_core import hyper
+from ensemble_core.config.base import Section
+from ensemble_core.config.data_section import AugmentConfig, DataConfig  # noqa: F401  (re-exported sections)
 from ensemble_core.config.eval_section import EvalConfig  # noqa: F401  (re-exported: one of the sections)
 from ensemble_core.config.limits import (
     FLOAT32_MAX,
@@ -32,59 +34,23 @@ from ensemble_core.figures import figure_direction
 from ensemble_core.registry import MODEL_NAMES
 
 
-class Section(BaseModel):
-    """The base of every section: unknown keys are errors, instances are frozen."""
-
-    # allow_inf_nan=False: every float field refuses inf and NaN (also '.inf'/'nan' strings).
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class DataConfig(Section):
-    """Which dataset to train and evaluate on."""
+class ModelConfig(Section):
+    """Which network each member is: a module of ensemble_core.models, or the user's own by import path."""
 
     name: str = Field(
-        "mnist5k",
-        min_length=1,
-        pattern=r"^[^\x00-\x1f\x7f]+$",
-        description="TFDS dataset name. 'mnist5k' is the embedded offline MNIST subset "
-        "(4,000 train / 1,000 test); any TFDS catalog image dataset (mnist, "
-        "fashion_mnist, cifar10, ...) works when prepared in data_dir.",
-    )
-    data_dir: str | None = Field(
-        None,
-        min_length=1,
-        pattern=r"^[^\x00-\x1f\x7f]+$",
-        description="TFDS data directory (prepared array_record files live here). "
-        "Default: TFDS's own default (~/tensorflow_datasets or $TFDS_DATA_DIR).",
-    )
-    manual_dir: str | None = Field(
-        None,
-        min_length=1,
-        pattern=r"^[^\x00-\x1f\x7f]+$",
-        description="Where the original dataset files were put by hand for offline "
-        "preparation of a catalog dataset. Default: <data_dir>/downloads/manual.",
-    )
-    max_train_examples: int | None = Field(
-        None, ge=1, description="Use only the first N training examples (None: all)."
-    )
-    max_test_examples: int | None = Field(None, ge=1, description="Use only the first N test examples (None: all).")
-    validation_fraction: float = Field(
-        0.1,
-        ge=0,
-        le=0.5,
-        description="Fraction of the training split held out as the validation split (stratified by label, "
-        "the same examples for every seed; data.max_train_examples applies first). Per-member validation, "
-        "early stopping, ensemble selection and temperature scaling use it, never the test split. "
-        "0: train on the whole split (no validation).",
-    )
-
-
-class ModelConfig(Section):
-    """Which network each member is, looked up by name in ensemble_core.models."""
-
-    name: Literal[MODEL_NAMES] = Field(  # type: ignore[valid-type]
         "cnn",
-        description="A module of ensemble_core/models/: 'cnn', the CNN of Flax's MNIST example; 'mlp', a ReLU MLP.",
+        min_length=1,
+        description="A module of ensemble_core/models/ ('cnn', the CNN of Flax's MNIST example; 'mlp', a ReLU "
+        "MLP; 'resnet', He et al.'s CIFAR ResNet-20/32/56...; 'wide_resnet', WRN-d-k; 'lenet5', "
+        "uncertainty-baselines' LeNet-5), or an import path 'package.module:function' to your own "
+        "function(cfg: ModelConfig, num_classes: int) -> flax.linen.Module whose __call__(x, train) follows "
+        "Flax's examples (BatchNorm, Dropout welcome).",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Options of the model (e.g. resnet: {depth: 56, width: 16, dropout_rate: 0.1}; "
+        "wide_resnet: {depth: 28, widen_factor: 10}); checked by the model before any compute. "
+        "Your own function reads them from cfg.options.",
     )
     hidden_sizes: tuple[Annotated[int, Field(ge=1, le=MAX_WIDTH)], ...] = Field(
         (512, 512),
@@ -92,6 +58,22 @@ class ModelConfig(Section):
         description=f"MLP only: widths of the hidden layers (each 1..{MAX_WIDTH}, at most {MAX_DEPTH} "
         f"layers, at most {MAX_HIDDEN_WEIGHTS} hidden-to-hidden weights; [] is a linear model).",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _known_model(cls, name: str) -> str:
+        if ":" in name:
+            module, _, function = name.partition(":")
+            if not (
+                all(p.isidentifier() for p in module.split(".")) and all(p.isidentifier() for p in function.split("."))
+            ):
+                raise ValueError(f"'{name}' is not an import path package.module:function of Python identifiers")
+            return name
+        if name not in MODEL_NAMES:
+            raise ValueError(
+                f"unknown model '{name}': not one of {MODEL_NAMES} nor an import path package.module:function"
+            )
+        return name
 
     @field_validator("hidden_sizes")
     @classmethod

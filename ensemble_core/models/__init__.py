@@ -1,30 +1,193 @@
-"""Models by name, one file each (big_vision style).
+"""Models by name, one file each (big_vision style), or the user's own by import path.
 
 ``model.name: foo`` is the module ``ensemble_core/models/foo.py``, which defines
-``build(cfg: ModelConfig, num_classes: int) -> flax.linen.Module``: the network of one
-member, taking float32 images ``[B, H, W, C]`` in [0, 1] and returning float32 logits
-``[B, num_classes]``. Adding a model is adding that file; the config accepts every module
-found here (:data:`ensemble_core.config.MODEL_NAMES`).
+``build(cfg: ModelConfig, num_classes: int) -> flax.linen.Module`` and, when it takes
+options, a frozen pydantic ``Options`` model of ``model.options``. ``model.name:
+package.module:function`` is the user's own ``function(cfg: ModelConfig, num_classes: int)
+-> flax.linen.Module``, which validates ``cfg.options`` itself.
+
+Every member module follows the convention of Flax's own examples (``examples/imagenet``):
+``__call__(self, x, train: bool)`` on float32 images ``[B, H, W, C]`` in [0, 1], returning
+float32 logits ``[B, num_classes]``; ``nn.BatchNorm(use_running_average=not train)``;
+``nn.Dropout(deterministic=not train)`` on the ``'dropout'`` RNG stream
+(:mod:`ensemble_core.train.forward`). Adding a model to the registry is adding its file;
+the config accepts every module found here (:data:`ensemble_core.config.MODEL_NAMES`).
 """
 
 from __future__ import annotations
 
 import importlib
+import math
+import os
+import sys
+from types import ModuleType
 
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pydantic
 
 from ensemble_core.config import MODEL_NAMES, ModelConfig
+from ensemble_core.config.messages import show
 from ensemble_core.errors import ConfigError
 
-__all__ = ["MODEL_NAMES", "build_model"]
+__all__ = ["MODEL_NAMES", "build_model", "check_model", "is_import_path", "model_options"]
+
+
+def is_import_path(name: str) -> bool:
+    """Whether ``model.name`` is an import path ``package.module:function`` (not a registry name)."""
+    return ":" in name
+
+
+def _registry_module(cfg: ModelConfig) -> ModuleType:
+    if cfg.name not in MODEL_NAMES:
+        raise ConfigError(
+            f"unknown model.name '{cfg.name}'; fix: use one of {MODEL_NAMES} or an import path package.module:function"
+        )
+    return importlib.import_module(f"ensemble_core.models.{cfg.name}")
+
+
+def model_options(cfg: ModelConfig) -> pydantic.BaseModel | None:
+    """A registry model's ``model.options`` validated by its module's ``Options`` (defaults
+    filled in); None for a model without options or one given by import path.
+
+    Raises:
+      ConfigError: an unknown option or a bad value (one line naming ``model.options.<key>``),
+        or options given to a registry model that takes none.
+    """
+    if is_import_path(cfg.name):
+        return None
+    schema = getattr(_registry_module(cfg), "Options", None)
+    if schema is None:
+        if cfg.options:
+            raise ConfigError(
+                f"model.options {sorted(cfg.options)} given but model '{cfg.name}' takes no options; "
+                f"fix: remove model.options"
+            )
+        return None
+    try:
+        return schema.model_validate(dict(cfg.options))
+    except pydantic.ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        known = ", ".join(schema.model_fields)
+        raise ConfigError(
+            f"model.options.{where}: {first['msg']} (got {show(first.get('input'))}); "
+            f"fix: model '{cfg.name}' takes options {known}"
+        ) from None
+
+
+def _import_function(path: str):
+    """The callable named by ``package.module:function`` (the current directory is on the path,
+    as for ``python -m``)."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"model.name '{path}' is not an import path; fix: write it as package.module:function")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(
+            f"model.name '{path}': cannot import module '{module_name}' ({err}); fix: install it or run from "
+            f"the directory that holds it (or add that directory to PYTHONPATH)"
+        ) from None
+    except Exception as err:  # noqa: BLE001  (the user's module may raise anything at import)
+        raise ConfigError(
+            f"model.name '{path}': importing '{module_name}' raised {type(err).__name__}: {str(err)[:200]}; "
+            f"fix: make the module importable"
+        ) from None
+    fn = module
+    for part in attr.split("."):
+        if not hasattr(fn, part):
+            raise ConfigError(
+                f"model.name '{path}': module '{module_name}' has no '{attr}'; fix: name a function defined there"
+            )
+        fn = getattr(fn, part)
+    if not callable(fn):
+        raise ConfigError(f"model.name '{path}' is a {type(fn).__name__}, not a function; fix: name a function")
+    return fn
 
 
 def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
-    """The Flax module named by ``cfg.name``, with ``num_classes`` outputs.
+    """The Flax module of one member named by ``cfg.name``, with ``num_classes`` outputs.
 
     Raises:
-      ConfigError: an unknown model name.
+      ConfigError: an unknown registry name, bad options (:func:`model_options`), an import
+        path that does not import or name a function, a function that raises, or one that
+        does not return a ``flax.linen.Module`` whose ``__call__`` takes ``train``; each one
+        line with the fix.
     """
-    if cfg.name not in MODEL_NAMES:
-        raise ConfigError(f"unknown model.name '{cfg.name}'; fix: use one of {MODEL_NAMES}")
-    return importlib.import_module(f"ensemble_core.models.{cfg.name}").build(cfg, num_classes)
+    if not is_import_path(cfg.name):
+        model_options(cfg)
+        return _registry_module(cfg).build(cfg, num_classes)
+    fn = _import_function(cfg.name)
+    try:
+        model = fn(cfg, num_classes)
+    except Exception as err:  # noqa: BLE001  (the user's function validates model.options and may raise anything)
+        raise ConfigError(
+            f"model.name '{cfg.name}' raised {type(err).__name__}: {str(err)[:300]}; fix: check model.options "
+            f"and that the function takes (cfg: ModelConfig, num_classes: int)"
+        ) from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            f"model.name '{cfg.name}' returned a {type(model).__name__}, not a flax.linen.Module; "
+            f"fix: return the network of one member"
+        )
+    from ensemble_core.train.forward import takes_train
+
+    if not takes_train(model):
+        raise ConfigError(
+            f"model.name '{cfg.name}': {type(model).__name__}.__call__ takes no 'train' argument; fix: define "
+            f"__call__(self, x, train: bool) as Flax's examples do"
+        )
+    return model
+
+
+def check_model(model: nn.Module, cfg: ModelConfig, image_shape: tuple[int, ...], num_classes: int) -> int:
+    """Initialise one member on a dummy batch of the dataset's shape and run it in training
+    and inference mode, abstractly (``jax.eval_shape``: no compute, no memory).
+
+    Returns:
+      The member's parameter count.
+
+    Raises:
+      ConfigError: initialisation or a forward pass fails, or the logits are not float
+        ``[B, num_classes]``; one line naming the model and the fix.
+    """
+    from ensemble_core.train.forward import apply_inference, init_variables, split_variables
+
+    batch = jax.ShapeDtypeStruct((2, *image_shape), jnp.float32)
+    try:
+        variables = jax.eval_shape(lambda: init_variables(model, jax.random.key(0), tuple(image_shape)))
+        params, model_state = split_variables(variables)
+        logits = jax.eval_shape(lambda v, x: apply_inference(model, v, x), variables, batch)
+        trained = jax.eval_shape(
+            lambda v, x: model.apply(
+                v, x, train=True, rngs={"dropout": jax.random.key(0)}, mutable=list(model_state) or False
+            ),
+            variables,
+            batch,
+        )
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001  (a user's network may raise anything while tracing)
+        raise ConfigError(
+            f"model '{cfg.name}' cannot run on images of shape {tuple(image_shape)} "
+            f"({type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}); fix: make the network "
+            f"accept float32 [B, H, W, C] inputs and __call__(x, train)"
+        ) from None
+    for mode, out in (("inference", logits), ("training", trained[0] if model_state else trained)):
+        shape = getattr(out, "shape", None)
+        if shape != (2, num_classes) or not jnp.issubdtype(out.dtype, jnp.floating):
+            raise ConfigError(
+                f"model '{cfg.name}' returns {_describe(out)} in {mode} mode for a batch of 2, not float logits "
+                f"[2, {num_classes}]; fix: end the network with a Dense layer of num_classes={num_classes} outputs"
+            )
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))
+
+
+def _describe(out) -> str:
+    if hasattr(out, "shape"):
+        return f"an array of shape {tuple(out.shape)} and dtype {out.dtype}"
+    return f"a {type(out).__name__}"

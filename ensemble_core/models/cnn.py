@@ -31,7 +31,8 @@ class CNN(nn.Module):
     num_classes: int = 10
 
     @nn.compact
-    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    def __call__(self, x: jnp.ndarray, train: bool = False) -> jnp.ndarray:
+        del train  # no BatchNorm or dropout: the same in training and inference mode
         x = nn.Conv(features=32, kernel_size=(3, 3))(x)
         x = avg_pool_2x2(nn.relu(x))
         x = nn.Conv(features=64, kernel_size=(3, 3))(x)

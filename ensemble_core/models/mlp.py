@@ -20,7 +20,8 @@ class MLP(nn.Module):
     num_classes: int = 10
 
     @nn.compact
-    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    def __call__(self, x: jnp.ndarray, train: bool = False) -> jnp.ndarray:
+        del train  # no BatchNorm or dropout: the same in training and inference mode
         x = x.reshape((x.shape[0], -1))
         for width in self.hidden_sizes:
             x = nn.relu(nn.Dense(features=width)(x))

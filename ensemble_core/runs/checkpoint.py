@@ -17,17 +17,25 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import flax.serialization
 import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
-from ensemble_core.errors import CheckpointError, EnsembleError
+from ensemble_core.errors import CheckpointError, EnsembleError, IncompatibleRunError
 from ensemble_core.runs.layout import RunDir
 
 if TYPE_CHECKING:
     from ensemble_core.config import PipelineConfig
     from ensemble_core.data import DatasetInfo
     from ensemble_core.train import DataPosition
+
+
+#: The layout of the saved :class:`~ensemble_core.train.EnsembleState`: 2 since members
+#: carry their mutable collections (``model_state``, e.g. BatchNorm's ``batch_stats``);
+#: checkpoints without the key are format 1 (params-only members) and are restored by
+#: :meth:`EnsembleCheckpointer.restore` with empty collections.
+STATE_FORMAT = 2
 
 
 def dataset_record(dataset: DatasetInfo) -> dict:
@@ -69,6 +77,7 @@ def checkpoint_meta(
       gathered_from: a gathered checkpoint: the member groups' checkpoint directories.
     """
     meta = {
+        "state_format": STATE_FORMAT,
         "config": cfg.model_dump(mode="json"),
         "epoch": position["epoch"],
         "step": step,
@@ -82,6 +91,34 @@ def checkpoint_meta(
     if gathered_from is not None:
         meta["gathered_from"] = gathered_from
     return meta
+
+
+def _without_model_state(abstract: Any) -> dict:
+    """A format-2 state tree as a format-1 checkpoint holds it: the fields as a dict, without
+    ``model_state`` (in the state and in ``best``).
+
+    Raises:
+      IncompatibleRunError: the target has mutable collections, which a format-1 checkpoint
+        (made before members carried them) cannot hold (not damage: never quarantined).
+    """
+    if jax.tree.leaves(abstract.model_state):
+        raise IncompatibleRunError(
+            "the checkpoint was made before members carried mutable collections (batch_stats) and cannot "
+            "hold this model's; fix: use another run_name, or resume it with the model it was started with"
+        )
+    tree = flax.serialization.to_state_dict(abstract)
+    tree.pop("model_state")
+    if tree.get("best") is not None:
+        tree["best"].pop("model_state")
+    return tree
+
+
+def _with_model_state(target: Any, restored: dict) -> Any:
+    """The restored format-1 tree as ``target``'s state class, with empty ``model_state``."""
+    restored = dict(restored, model_state={})
+    if restored.get("best") is not None:
+        restored["best"] = dict(restored["best"], model_state={})
+    return flax.serialization.from_state_dict(target, restored)
 
 
 class EnsembleCheckpointer:
@@ -178,6 +215,9 @@ class EnsembleCheckpointer:
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), target
         )
+        legacy = self.read_meta(step).get("state_format", 1) < STATE_FORMAT
+        if legacy:  # format 1: no model_state; restore the rest and add empty collections
+            abstract = _without_model_state(abstract)
         try:
             out = self._manager.restore(
                 step,
@@ -188,7 +228,8 @@ class EnsembleCheckpointer:
                 f"checkpoint {step} in {self.directory} does not fit this config ({err}); fix: use "
                 f"another run_name or the config the run was started with"
             ) from None
-        return out["state"], out["meta"]
+        state = _with_model_state(target, out["state"]) if legacy else out["state"]
+        return state, out["meta"]
 
     def restore_latest_valid(self, target: Any, check=None) -> tuple[Any, dict, int]:
         """Restore the newest checkpoint that reads back, falling back to older ones.

@@ -64,15 +64,16 @@ class Members:
     the selection's weighted ensemble).
 
     Attributes:
-      params: the parameters of the distinct members that are predicted (leaves
-        ``[U, ...]`` on ``setup``'s mesh; each member's best epoch with a validation split).
+      variables: the Flax variables (parameters and mutable collections) of the distinct
+        members that are predicted (leaves ``[U, ...]`` on ``setup``'s mesh; each member's
+        best epoch with a validation split).
       setup: the :class:`~ensemble_core.setup.EnsembleSetup` they live on.
       rows: pool index of every evaluated row, int ``[K]``.
       healthy: bool ``[K]``.
-      expand: int ``[K]``: row k is ``params`` member ``expand[k]``.
+      expand: int ``[K]``: row k is ``variables`` member ``expand[k]``.
     """
 
-    params: Any
+    variables: Any
     setup: EnsembleSetup
     rows: np.ndarray
     healthy: np.ndarray
@@ -84,9 +85,9 @@ class Members:
         predict = self.setup.predict_fn()
         one = self.setup.strategy == "unroll"
         batch = cfg.eval.batch_size
-        member_probs(predict, self.params, images[:batch], self.setup.mesh, batch, one_member_per_device=one)
+        member_probs(predict, self.variables, images[:batch], self.setup.mesh, batch, one_member_per_device=one)
         t0 = time.perf_counter()
-        probs = member_probs(predict, self.params, images, self.setup.mesh, batch, one_member_per_device=one)
+        probs = member_probs(predict, self.variables, images, self.setup.mesh, batch, one_member_per_device=one)
         seconds = time.perf_counter() - t0
         distinct = int(self.expand.max()) + 1
         throughput = distinct * probs.shape[1] / seconds
@@ -97,7 +98,7 @@ def all_members(cfg: PipelineConfig, state: EnsembleState, setup: EnsembleSetup)
     """Every trained member (padding dropped at prediction), evaluated at its final parameters."""
     e = cfg.ensemble.size
     return Members(
-        params=state.final_params,
+        variables=state.final_variables,
         setup=setup,
         rows=np.arange(e),
         healthy=np.asarray(state.healthy)[:e],
@@ -122,8 +123,8 @@ def selected_members(
     )
     sub = build(sub_cfg, num_classes, strategy=setup.strategy)
     sharding = member_sharding(sub.mesh)
-    params = jax.tree.map(lambda x: jax.device_put(np.asarray(x)[distinct], sharding), state.final_params)
-    return Members(params=params, setup=sub, rows=rows, healthy=np.ones(len(rows), bool), expand=expand)
+    variables = jax.tree.map(lambda x: jax.device_put(np.asarray(x)[distinct], sharding), state.final_variables)
+    return Members(variables=variables, setup=sub, rows=rows, healthy=np.ones(len(rows), bool), expand=expand)
 
 
 def choose_members(

@@ -10,6 +10,7 @@ from ensemble_core import memory as memory_lib
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import ConfigError
+from ensemble_core.models import build_model, check_model, model_options
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.dataset import num_train, num_validation, prepare
 from ensemble_core.runs.layout import run_dir_for
@@ -19,14 +20,31 @@ from ensemble_core.setup import plan, resolve_strategy
 
 SCHEDULER_TIMEOUT_S = 5.0  # how long preflight waits for distributed.address to accept a connection
 
+#: Datasets of digits or characters, where a horizontal flip changes the class (a mirrored
+#: 2, 3, 7 or letter is another symbol or none): ``data.augment.flip`` is refused on them.
+SYMBOL_DATASETS = ("mnist5k", "mnist", "emnist", "kmnist", "svhn_cropped", "binarized_mnist", "mnist_corrupted")
+
 
 def check_against_dataset(cfg: PipelineConfig, dataset: DatasetInfo) -> None:
-    """Config checks that need the dataset's size.
+    """Config checks that need the dataset's size and shape.
 
     Raises:
       ConfigError: the batch is larger than the training split (validation split held
-        out), or the validation split would be empty.
+        out), the validation split would be empty, ``data.augment.flip`` on a dataset of
+        digits or characters (:data:`SYMBOL_DATASETS`), or ``data.augment.crop_padding``
+        not smaller than the images.
     """
+    augment, (height, width, _) = cfg.data.augment, tuple(dataset.image_shape)
+    if augment.flip and dataset.name in SYMBOL_DATASETS:
+        raise ConfigError(
+            f"data.augment.flip=true on '{dataset.name}', a dataset of digits or characters, where a mirrored image "
+            f"is another symbol or none; fix: set data.augment.flip=false (crop_padding may stay)"
+        )
+    if augment.crop_padding >= min(height, width):
+        raise ConfigError(
+            f"data.augment.crop_padding={augment.crop_padding} is not smaller than the {height}x{width} images; "
+            f"fix: use a padding below {min(height, width)} (4 is the usual for 32x32)"
+        )
     n = num_train(cfg, dataset)
     if cfg.has_validation and num_validation(cfg, dataset) == 0:
         raise ConfigError(
@@ -42,13 +60,16 @@ def check_against_dataset(cfg: PipelineConfig, dataset: DatasetInfo) -> None:
 
 
 def check_memory(cfg: PipelineConfig, dataset: DatasetInfo) -> memory_lib.MemoryEstimate:
-    """Refuse, before anything compiles, a config whose training cannot fit in memory
-    (:mod:`ensemble_core.memory`: a lower bound from shapes alone).
+    """Refuse, before anything compiles, a model that cannot be built or run on the
+    dataset (:func:`ensemble_core.models.check_model`: its import path, options, one member
+    initialised and run in both modes on a dummy batch, abstractly) and a config whose
+    training cannot fit in memory (:mod:`ensemble_core.memory`: a lower bound from shapes alone).
 
     Raises:
-      ConfigError: with the estimate and the memory there is.
+      ConfigError: the model's problem in one line, or the estimate and the memory there is.
     """
     shape = tuple(dataset.image_shape)
+    check_model(build_model(cfg.model, dataset.num_classes), cfg.model, shape, dataset.num_classes)
     est = memory_lib.estimate(
         cfg, plan(cfg), dataset.num_classes, shape, num_train(cfg, dataset), resolve_strategy(cfg)
     )
@@ -59,8 +80,9 @@ def check_memory(cfg: PipelineConfig, dataset: DatasetInfo) -> memory_lib.Memory
 def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> DatasetInfo:
     """Every check that can fail before training, in order; writes nothing in the run dir.
 
-    Mesh, output directory, run name, the run's lock, each evaluator's options, the dataset (prepared if needed)
-    against the config, the memory training needs against what there is, and an existing
+    Mesh, output directory, run name, the run's lock, each evaluator's options, the model's
+    import path and options, the dataset (prepared if needed) against the config (and the
+    augmentation), the model on the dataset's shape, the memory training needs against what there is, and an existing
     run's checkpoint against the config (:mod:`ensemble_core.runs.resume`).
 
     Returns:
@@ -80,6 +102,7 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
     check_scheduler(cfg)
     for name, spec in cfg.eval.evaluators.items():  # each evaluator's options
         evaluators.options(name, spec)
+    model_options(cfg.model)
     dataset = prepare(cfg.data)
     check_against_dataset(cfg, dataset)
     check_memory(cfg, dataset)

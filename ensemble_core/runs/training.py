@@ -26,7 +26,7 @@ from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import ConfigError, DivergenceError, PreemptedError
 from ensemble_core.mesh import host_value, replicated
-from ensemble_core.rngs import keys_from_layout
+from ensemble_core.rngs import PURPOSES, keys_from_layout
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer, checkpoint_meta, dataset_record, training_sessions
 from ensemble_core.runs.dataset import load
 from ensemble_core.runs.keys import MemberKeyData, group_keys, split_keys
@@ -238,13 +238,14 @@ class _Checkpoints:
 
 
 def _member_keys(ctx: TrainingRun, keys: MemberKeyData) -> dict[str, jax.Array]:
-    member_key = keys_from_layout(keys)
     padded = ctx.setup.plan.padded_members
-    if len(member_key["init"]) != padded:
+    if len(keys["init"]) != padded:
         raise ConfigError(
-            f"{len(member_key['init'])} member keys for {padded} members; fix: split_keys with num_members={padded}"
+            f"{len(keys['init'])} member keys for {padded} members; fix: split_keys with num_members={padded}"
         )
-    return member_key
+    if set(keys) != set(PURPOSES):  # keys split before a purpose existed (a cached split_keys result)
+        keys = split_keys(ctx.cfg, padded, ctx.setup.first_member)
+    return keys_from_layout(keys)
 
 
 def run_training(ctx: TrainingRun, keys: MemberKeyData, hooks: Hooks = Hooks()) -> TrainingSummary:
@@ -269,6 +270,7 @@ def run_training(ctx: TrainingRun, keys: MemberKeyData, hooks: Hooks = Hooks()) 
             jax.device_put(labels, replicated(setup.mesh)),
             member_key["data"],
             setup.mesh,
+            stochastic_keys=member_key["stochastic"],
             epochs=cfg.train.epochs,
             batch_size=cfg.train.batch_size,
             start=record.position,

@@ -47,6 +47,7 @@ def fit(
     data_keys: Key[Array, " E"],
     mesh: Mesh,
     *,
+    stochastic_keys: Key[Array, " E"],
     epochs: int,
     batch_size: int,
     start: DataPosition | None = None,
@@ -67,6 +68,8 @@ def fit(
       images, labels: the training split on device (see
         :func:`~ensemble_core.train.step.make_train_step`).
       data_keys: typed keys ``[E]``.
+      stochastic_keys: typed keys ``[E]``, each member's key for dropout and augmentation
+        (the ``"stochastic"`` keys of :func:`ensemble_core.rngs.member_keys`).
       start: the :class:`DataPosition` to resume from; its sums make the resumed epoch's
         means come out as if it had not been interrupted.
       learning_rates: ``learning_rates(epoch) -> float32 [steps, E]`` (see
@@ -92,6 +95,7 @@ def fit(
     n = int(images.shape[0])
     compiled = None
     timing: dict = {"compile_seconds": 0.0, "train_seconds": 0.0, "steps": 0, "stopped_at": None}
+    stochastic_keys = jax.device_put(stochastic_keys, lr_sharding)
     start = start or data_position(0)
     start_epoch, start_step = start["epoch"], start["step_in_epoch"]
     for epoch in range(start_epoch, epochs):
@@ -111,7 +115,7 @@ def fit(
         if compiled is None:
             t0 = time.perf_counter()
             lower = train_step.lower  # type: ignore[attr-defined]  # a jax.jit-wrapped function
-            compiled = lower(state, images, labels, *first).compile()
+            compiled = lower(state, images, labels, stochastic_keys, *first).compile()
             timing["compile_seconds"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         resumed = start if epoch == start_epoch and first_step else None
@@ -122,7 +126,7 @@ def fit(
             cur = nxt
             if s + 1 < steps:  # stage the next indices while this step runs
                 nxt = staged(s + 1)
-            state, metrics = compiled(state, images, labels, *cur)
+            state, metrics = compiled(state, images, labels, stochastic_keys, *cur)
             loss_sum = loss_sum + metrics["loss"]
             acc_sum = acc_sum + metrics["accuracy"]
             timing["steps"] += 1

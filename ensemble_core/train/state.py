@@ -15,6 +15,7 @@ from jaxtyping import Array, Bool, Float, Int, Key
 
 from ensemble_core.errors import ConfigError
 from ensemble_core.mesh import member_sharding, replicated
+from ensemble_core.train.forward import PARAMS, init_variables, split_variables
 from ensemble_core.train.optimizer import set_hyperparameters
 
 
@@ -24,6 +25,8 @@ class BestTracking:
 
     Attributes:
       params: every member's parameters at its best epoch (leaves ``[E, ...]``).
+      model_state: every member's mutable collections at its best epoch (``{}`` for a
+        params-only module; leaves ``[E, ...]``).
       nll: float32 ``[E]``: the validation NLL (nats) of that epoch (inf before the first).
       epoch: int32 ``[E]``: the best epoch, 1-based (0 before the first).
       stopped_epoch: int32 ``[E]``: the epoch after which the member stopped updating
@@ -35,6 +38,7 @@ class BestTracking:
         def replace(self, **changes: Any) -> BestTracking: ...
 
     params: Any
+    model_state: Any
     nll: Float[Array, " E"]
     epoch: Int[Array, " E"]
     stopped_epoch: Int[Array, " E"]
@@ -42,8 +46,12 @@ class BestTracking:
 
 @flax.struct.dataclass
 class EnsembleState:
-    """Every member's parameters and optimizer state, stacked on a leading axis ``E``.
+    """Every member's parameters, mutable collections and optimizer state, stacked on a
+    leading axis ``E``.
 
+    ``model_state`` is each member's mutable Flax collections, e.g. ``{"batch_stats":
+    {...}}`` for a network with BatchNorm (``{}`` for a params-only one): updated by the
+    train step in training mode, used by inference (:func:`~ensemble_core.train.forward.apply_inference`).
     ``label_smoothing`` float32 ``[E]`` is each member's label smoothing (its learning
     rate and weight decay live in ``opt_state.hyperparams``); ``best`` is None without a
     validation split.
@@ -58,6 +66,7 @@ class EnsembleState:
     opt_state: Any
     healthy: Bool[Array, " E"]  # False once a member's loss or parameters went non-finite
     label_smoothing: Float[Array, " E"]
+    model_state: Any
     best: BestTracking | None = None
 
     @property
@@ -73,6 +82,18 @@ class EnsembleState:
         else the latest."""
         return self.params if self.best is None else self.best.params
 
+    @property
+    def variables(self) -> dict[str, Any]:
+        """The latest Flax variables of every member: ``{"params": ..., **model_state}``, leaves ``[E, ...]``."""
+        return {PARAMS: self.params, **self.model_state}
+
+    @property
+    def final_variables(self) -> dict[str, Any]:
+        """The variables evaluated (:attr:`final_params` with the same epoch's collections)."""
+        if self.best is None:
+            return self.variables
+        return {PARAMS: self.best.params, **self.best.model_state}
+
 
 def init_ensemble(
     model: nn.Module,
@@ -83,7 +104,8 @@ def init_ensemble(
     hyperparameters: list[dict] | None = None,
     track_best: bool = False,
 ) -> EnsembleState:
-    """Initialise E members, member i from ``init_keys[i]`` only.
+    """Initialise E members, member i from ``init_keys[i]`` only (in inference mode, as
+    Flax's examples do: :func:`~ensemble_core.train.forward.init_variables`).
 
     Args:
       init_keys: typed keys ``[E]`` (see :func:`ensemble_core.rngs.member_keys`).
@@ -109,17 +131,18 @@ def init_ensemble(
         return None if hyperparameters is None else np.asarray([hp[name] for hp in hyperparameters], np.float32)
 
     def init_one(key):
-        params = model.init(key, jnp.zeros((1, *image_shape), jnp.float32))["params"]
-        return params, tx.init(params)
+        params, model_state = split_variables(init_variables(model, key, image_shape))
+        return params, model_state, tx.init(params)
 
     def init_all(keys, per_member):
-        params, opt_state = jax.vmap(init_one)(keys)
+        params, model_state, opt_state = jax.vmap(init_one)(keys)
         opt_state = set_hyperparameters(opt_state, {k: per_member[k] for k in ("learning_rate", "weight_decay")})
         smoothing = per_member.get("label_smoothing")
         best = None
         if track_best:
             best = BestTracking(
                 params=params,
+                model_state=model_state,
                 nll=jnp.full(keys.shape, jnp.inf, jnp.float32),
                 epoch=jnp.zeros(keys.shape, jnp.int32),
                 stopped_epoch=jnp.zeros(keys.shape, jnp.int32),
@@ -130,6 +153,7 @@ def init_ensemble(
             opt_state=opt_state,
             healthy=jnp.ones(keys.shape, jnp.bool_),
             label_smoothing=jnp.zeros(keys.shape, jnp.float32) if smoothing is None else smoothing,
+            model_state=model_state,
             best=best,
         )
 

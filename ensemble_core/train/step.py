@@ -4,13 +4,13 @@ The step is a ``jax.shard_map`` over the mesh ``('ensemble', 'data')``: each dev
 ``E / ensemble`` members and ``B / data`` examples of each member's batch; gradients are
 averaged over ``'data'`` (the data-parallel pattern: a psum of each shard's share of the
 batch-mean loss gradient). The training split lives on device (uint8, replicated), so a
-step only ships its ``[E, B]`` int32 indices and ``[E]`` learning rates.
+step only ships its ``[E, B]`` int32 indices and ``[E]`` learning rates; augmentation
+happens on device, inside the step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import flax.linen as nn
 import jax
@@ -19,10 +19,12 @@ import optax
 from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
-from jaxtyping import Array, Float, Int, UInt8
+from jaxtyping import Array, Float, Int, Key, UInt8
 
 from ensemble_core.data import to_float
 from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS
+from ensemble_core.train.augment import augment
+from ensemble_core.train.forward import apply_train
 from ensemble_core.train.members import map_members
 from ensemble_core.train.optimizer import set_hyperparameters
 from ensemble_core.train.state import EnsembleState
@@ -31,31 +33,36 @@ from ensemble_core.train.state import EnsembleState
 
 
 def cross_entropy(
-    model: nn.Module,
-    params: Any,
-    images: UInt8[Array, "B H W C"],
+    logits: Float[Array, "B C"],
     labels: Int[Array, " B"],
     label_smoothing: float | Float[Array, ""] = 0.0,
-) -> tuple[Float[Array, " B"], Float[Array, "B C"]]:
+) -> Float[Array, " B"]:
     """One member's softmax cross-entropy on a batch: the loss every member trains on.
 
     Args:
-      params: one member's parameters (no member axis).
-      images: uint8 ``[B, H, W, C]`` (scaled to [0, 1] here); labels: int ``[B]``.
+      logits: float32 ``[B, C]``; labels: int ``[B]``.
       label_smoothing: ``a`` in [0, 1): the target is ``(1 - a) * onehot + a / C``
         (Szegedy et al. 2016; ``optax.losses.smooth_labels``), written as
         ``(1 - a) * CE + a * mean_c(-log p_c)``, so ``a = 0`` is exactly the plain loss.
 
     Returns:
-      ``(losses, logits)``: float32 ``[B]`` per-example losses in nats
-      (``optax.losses.softmax_cross_entropy_with_integer_labels`` when ``a = 0``) and
-      float32 ``[B, C]`` logits.
+      float32 ``[B]`` per-example losses in nats
+      (``optax.losses.softmax_cross_entropy_with_integer_labels`` when ``a = 0``).
     """
-    logits: Array = model.apply({"params": params}, to_float(images))  # type: ignore[assignment]  # no mutable collections
     losses = optax.losses.softmax_cross_entropy_with_integer_labels(logits, labels)
     uniform = -jnp.mean(jax.nn.log_softmax(logits), axis=-1)
     smoothed = losses + label_smoothing * (uniform - losses)
-    return jnp.where(label_smoothing > 0, smoothed, losses), logits
+    return jnp.where(label_smoothing > 0, smoothed, losses)
+
+
+def step_keys(member_key: Key[Array, ""], step: Int[Array, ""]) -> tuple[Key[Array, ""], Key[Array, ""]]:
+    """A member's ``(dropout, augmentation)`` keys for global step ``step``:
+    ``fold_in(fold_in(member_key, step), 0 | 1)``. They depend on the member's key (from
+    ``(seed, member index)``, :func:`ensemble_core.rngs.member_keys`) and the step only,
+    never on a device or process index, so a resumed run and a run on another mesh draw
+    the same dropout masks and augmentations."""
+    key = jax.random.fold_in(member_key, step)
+    return jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
 
 
 # MARK: compilation
@@ -94,17 +101,29 @@ def make_train_step(
     mesh: Mesh,
     strategy: str = "vmap",
     donate: bool | None = None,
+    *,
+    crop_padding: int = 0,
+    flip: bool = False,
 ) -> Callable:
-    """Build ``train_step(state, images, labels, indices, learning_rates=None) -> (state, metrics)``.
+    """Build ``train_step(state, images, labels, member_keys, indices, learning_rates=None) -> (state, metrics)``.
 
     ``donate``: donate ``state`` to the step (None: :func:`default_donate` for the
     mesh's platform). A donated state must not be used after the call. The step is
     compiled with :func:`train_compiler_options` for the mesh's platform.
+    ``crop_padding``/``flip``: the on-device augmentation ``data.augment``
+    (:func:`ensemble_core.train.augment.augment`), drawn per member and per step.
+
+    Every member runs in training mode (:func:`~ensemble_core.train.forward.apply_train`):
+    its mutable collections (BatchNorm's ``batch_stats``) are updated from the statistics
+    of its own whole batch, whatever the mesh, and its dropout and augmentation draw from
+    :func:`step_keys` of its key and the global step.
 
     Args of the returned (jitted) function:
       state: :class:`~ensemble_core.train.state.EnsembleState`, leaves ``[E, ...]``.
       images: uint8 ``[N, H, W, C]``, the training split, replicated on the mesh.
       labels: int32 ``[N]``, replicated.
+      member_keys: typed keys ``[E]``, each member's ``"stochastic"`` key
+        (:func:`ensemble_core.rngs.member_keys`); sharded ``P('ensemble')``.
       indices: int32 ``[E, B]``: member e trains on ``images[indices[e]]``; sharded
         ``P('ensemble', 'data')``.
       learning_rates: float32 ``[E]``: each member's learning rate for this step (from
@@ -115,8 +134,8 @@ def make_train_step(
       The new state and ``{"loss": float32 [E], "accuracy": float32 [E]}``: each member's
       mean training loss (nats, with its label smoothing) and accuracy on its batch,
       before the update. A member whose loss or updated parameters are not finite keeps
-      its previous parameters and optimizer state and is marked ``healthy=False`` for
-      good; a member stopped early (``state.active`` False) keeps them too.
+      its previous parameters, collections and optimizer state and is marked
+      ``healthy=False`` for good; a member stopped early (``state.active`` False) keeps them too.
 
     Raises:
       ConfigError: an unknown ``strategy`` (when the step is first traced).
@@ -124,19 +143,30 @@ def make_train_step(
 
     data_size = mesh.shape[DATA_AXIS]
 
-    def member_update(params, opt_state, healthy, active, smoothing, lr, images, labels):
+    def member_update(params, model_state, opt_state, healthy, active, smoothing, lr, key, step, images, labels):
         # Each data shard holds B / data examples; its share of the batch-mean loss is its
         # sum over the global batch size. Params are invariant over 'data', so under
         # shard_map's varying-manual-axes typing the gradient w.r.t. them is psum-ed over
         # 'data' by JAX itself (the transpose of the implicit pvary): the sum of the
         # shares' gradients is the gradient of the global batch mean.
-        global_batch = labels.shape[0] * data_size
+        local_batch = labels.shape[0]
+        global_batch = local_batch * data_size
+        dropout_key, augment_key = step_keys(key, step)
+        images = augment(
+            augment_key,
+            images,
+            global_batch=global_batch,
+            first_row=lax.axis_index(DATA_AXIS) * local_batch,
+            crop_padding=crop_padding,
+            flip=flip,
+        )
 
         def loss_fn(p):
-            losses, logits = cross_entropy(model, p, images, labels, smoothing)
-            return losses.sum() / global_batch, logits
+            logits, new_model_state = apply_train(model, p, model_state, to_float(images), dropout_key, data_size)
+            losses = cross_entropy(logits, labels, smoothing)
+            return losses.sum() / global_batch, (logits, new_model_state)
 
-        (share, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        (share, (logits, new_model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         correct = jnp.sum(jnp.argmax(logits, -1) == labels) / global_batch
         loss, accuracy = lax.psum((share, correct), DATA_AXIS)
         opt_state = set_hyperparameters(opt_state, {"learning_rate": lr})
@@ -153,42 +183,56 @@ def make_train_step(
             return jax.tree.map(lambda n, o: jnp.where(keep, n, o), new_tree, old_tree)
 
         still_healthy = healthy & (finite | ~active)  # a stopped member's step is not its own
-        return masked(new_params, params), masked(new_opt_state, opt_state), still_healthy, loss, accuracy
-
-    def local(params, opt_state, healthy, active, smoothing, lr, images, labels, indices):
-        return map_members(member_update, strategy)(
-            params, opt_state, healthy, active, smoothing, lr, images[indices], labels[indices]
+        return (
+            masked(new_params, params),
+            masked(new_model_state, model_state),
+            masked(new_opt_state, opt_state),
+            still_healthy,
+            loss,
+            accuracy,
         )
+
+    def local(params, model_state, opt_state, healthy, active, smoothing, lr, keys, step, images, labels, indices):
+        def one(p, ms, o, h, a, s, r, k, idx):
+            return member_update(p, ms, o, h, a, s, r, k, step, images[idx], labels[idx])
+
+        return map_members(one, strategy)(params, model_state, opt_state, healthy, active, smoothing, lr, keys, indices)
 
     members = P(ENSEMBLE_AXIS)
     sharded = jax.shard_map(
         local,
         mesh=mesh,
-        in_specs=(members,) * 6 + (P(), P(), P(ENSEMBLE_AXIS, DATA_AXIS)),
-        out_specs=(members,) * 5,
+        in_specs=(members,) * 8 + (P(), P(), P(), P(ENSEMBLE_AXIS, DATA_AXIS)),
+        out_specs=(members,) * 6,
     )
 
     def train_step(
         state: EnsembleState,
         images: UInt8[Array, "N H W C"],
         labels: Int[Array, " N"],
+        member_keys: Key[Array, " E"],
         indices: Int[Array, "E B"],
         learning_rates: Float[Array, " E"] | None = None,
     ) -> tuple[EnsembleState, dict[str, Float[Array, " E"]]]:
         if learning_rates is None:
             learning_rates = state.opt_state.hyperparams["learning_rate"]
-        params, opt_state, healthy, loss, accuracy = sharded(
+        params, model_state, opt_state, healthy, loss, accuracy = sharded(
             state.params,
+            state.model_state,
             state.opt_state,
             state.healthy,
             state.active,
             state.label_smoothing,
             learning_rates,
+            member_keys,
+            state.step,
             images,
             labels,
             indices,
         )
-        new = state.replace(step=state.step + 1, params=params, opt_state=opt_state, healthy=healthy)
+        new = state.replace(
+            step=state.step + 1, params=params, model_state=model_state, opt_state=opt_state, healthy=healthy
+        )
         return new, {"loss": loss, "accuracy": accuracy}
 
     platform = mesh.devices.flat[0].platform
