@@ -262,10 +262,11 @@ def test_rgb_examples_are_drawn_in_colour(rgb):
     plt.close(fig)
 
 
-# MARK: one run on the mocked CIFAR-10
+# MARK: one run on the mocked CIFAR-10 (8.5-13 s on 2 busy cores: slow)
 
 
-def test_cnn_ensemble_trains_and_evaluates_on_cifar10(cifar10_tfds, tmp_path):  # noqa: F811
+@pytest.mark.slow
+def test_cnn_ensemble_trains_and_evaluates_on_cifar10(cifar10_tfds, tmp_path, caplog):  # noqa: F811
     cfg = load_config(
         None,
         [
@@ -300,3 +301,4 @@ def test_cnn_ensemble_trains_and_evaluates_on_cifar10(cifar10_tfds, tmp_path):  
     assert reason == "MNIST-C corruptions are defined for 28x28x1 images, not (32, 32, 3)"
     assert f"**corruptions**: skipped ({reason})." in result.run_dir.report_md.read_text()
     assert not (result.run_dir.eval_dir / "corruptions.npz").exists()
+    assert [r.message for r in caplog.records if "skipped" in r.message] == [f"evaluator corruptions skipped: {reason}"]
