@@ -30,6 +30,10 @@ from ensemble_core.data.sources import EMBEDDED, FILE_FORMAT, IDX_SOURCES, one_l
 from ensemble_core.errors import DataError
 from ensemble_core.filelock import flocked
 
+#: The channel counts a dataset's images may have: grey and RGB (what the models, the
+#: shifts and the plots handle).
+CHANNELS = (1, 3)
+
 
 class DatasetInfo(pydantic.BaseModel):
     """What the model and metrics need to know about a prepared dataset (JSON-able).
@@ -107,7 +111,8 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
       DataError: unknown name, TensorFlow missing, files missing offline (for an IDX
         dataset: naming the directory and the package or ``data.manual_dir`` fix), an IDX
         file that is not valid (:func:`read_idx`), a dataset
-        without ``image``/``label`` features or without train and test splits, or a
+        without ``image``/``label`` features, with images not of one fixed ``(H, W, C)``
+        shape or with C not 1 (grey) or 3 (RGB), or without train and test splits, or a
         damaged prepared dataset (garbled ``dataset_info.json``/``features.json``, a
         shard file missing, empty, truncated, corrupt or with the wrong record count).
         A damage message names the directory and file and says to delete the
@@ -179,6 +184,11 @@ def _prepare_locked(name: str, data_dir: str | None, manual_dir: str | None) -> 
     shape = tuple(features["image"].shape)
     if len(shape) != 3 or None in shape:
         raise DataError(f"dataset '{name}' has image shape {shape}; fix: choose a dataset of fixed-size HWC images")
+    if shape[-1] not in CHANNELS:
+        raise DataError(
+            f"dataset '{name}' has images of shape {shape} with {shape[-1]} channels, not 1 (grey) or 3 (RGB); "
+            f"fix: choose a dataset of grey or RGB images"
+        )
     return DatasetInfo(
         name=name,
         data_dir=str(builder.data_dir),

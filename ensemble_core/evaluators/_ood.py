@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from ensemble_core import metrics as metrics_lib
-from ensemble_core.evaluators import EvalContext, EvaluatorOutput
+from ensemble_core.evaluators import EvalContext, EvaluatorOutput, skipped
+from ensemble_core.evaluators._shift import show_image
 from ensemble_core.plotting import plt, save
 
 CONFIDENT = 0.9
@@ -37,7 +38,12 @@ def evaluate_ood(ctx: EvalContext, ood_images: np.ndarray, source: str) -> Evalu
       arrays ``member_probs`` float32 ``[E, N+M, C]``, ``is_ood`` bool
       ``[N+M]`` (test images first), ``labels`` int32 (-1 for OOD), ``healthy`` bool ``[E]``,
       ``examples`` uint8 ``[16, H, W, C]`` (OOD images spread over the set, for the plots).
+      When the OOD images' ``[H, W, C]`` is not the dataset's (the model's input), the
+      :func:`~ensemble_core.evaluators.skipped` output saying so instead.
     """
+    shape = tuple(ctx.dataset.image_shape)
+    if tuple(ood_images.shape[1:]) != shape:
+        return skipped(f"the OOD images ({source}) are {tuple(ood_images.shape[1:])}, the model takes {shape}")
     images, labels = ctx.load("test")
     test_probs, _ = ctx.predict_split("test")
     probs = np.concatenate([test_probs, ctx.predict(ood_images)[0]], axis=1)
@@ -110,9 +116,7 @@ def plot_ood(metrics: dict, arrays: dict, plots_dir: Path, name: str) -> dict[st
     examples = arrays["examples"]
     fig, axes = plt.subplots(1, len(examples), figsize=(len(examples) * 0.8, 1.2), squeeze=False)
     for ax, image in zip(axes[0], examples, strict=True):
-        ax.imshow(image[..., 0], cmap="gray", vmin=0, vmax=255)
-        ax.set_xticks([])
-        ax.set_yticks([])
+        show_image(ax, image)
     fig.suptitle(f"{name}: examples", fontsize=9)
     paths[f"{name}_examples"] = save(fig, plots_dir / f"{name}_examples.png")
     return paths

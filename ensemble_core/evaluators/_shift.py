@@ -122,6 +122,17 @@ def plot_levels(metrics: dict, plots_dir: Path, name: str, xlabel: str, ticks: S
     return save(fig, plots_dir / f"{name}.png")
 
 
+def show_image(ax, image: np.ndarray) -> None:
+    """Draw one uint8 ``[H, W, C]`` image on ``ax``, without ticks: C = 1 in grey (0 black,
+    255 white), C = 3 as RGB."""
+    if image.shape[-1] == 1:
+        ax.imshow(image[..., 0], cmap="gray", vmin=0, vmax=255)
+    else:
+        ax.imshow(image)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
 def plot_examples(metrics: dict, arrays: dict, plots_dir: Path, name: str) -> Path:
     """``<name>_examples.png``: the first test images at every level (a row per level)."""
     examples = arrays["examples"]
@@ -129,10 +140,7 @@ def plot_examples(metrics: dict, arrays: dict, plots_dir: Path, name: str) -> Pa
     fig, axes = plt.subplots(rows, cols, figsize=(cols * 0.9, rows * 0.9 + 0.4), squeeze=False)
     for r, row in enumerate(metrics["levels"]):
         for c in range(cols):
-            ax = axes[r][c]
-            ax.imshow(examples[r, c, ..., 0], cmap="gray", vmin=0, vmax=255)
-            ax.set_xticks([])
-            ax.set_yticks([])
+            show_image(axes[r][c], examples[r, c])
         axes[r][0].set_ylabel(str(row.get("name", f"{row['level']:g}")), rotation=0, ha="right", fontsize=7)
     fig.suptitle(f"{name}: examples", fontsize=9)
     return save(fig, plots_dir / f"{name}_examples.png")

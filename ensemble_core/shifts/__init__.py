@@ -4,9 +4,12 @@ and a notMNIST-like set of rendered letters A-J (:mod:`.rendered_letters`: not n
 ``letters``, so that the function ``letters`` the package re-exports does not hide it).
 
 numpy, scipy, scikit-image and matplotlib (no OpenCV, Wand/ImageMagick or PIL), host
-only, deterministic. Every function takes and returns uint8 ``[N, 28, 28, 1]`` (MNIST's
-layout, white strokes on black); internally images are float64 in [0, 1] (``x / 255``,
-the reference code's scaling) and are returned as ``round(clip(y, 0, 1) * 255)``.
+only, deterministic. :func:`rotate` and :func:`translate` take and return any uint8
+``[N, H, W, C]`` with C in {1, 3} (grey or RGB, e.g. CIFAR-10's ``[N, 32, 32, 3]``), each
+channel transformed on its own; :func:`corrupt` and :func:`letters` are MNIST's: uint8
+``[N, 28, 28, 1]`` (white strokes on black). Internally images are floats in [0, 1]
+(``x / 255``, the reference code's scaling) and are returned as
+``round(clip(y, 0, 1) * 255)``.
 
 Sources:
 
@@ -35,12 +38,13 @@ MNIST-C (2019) ran the older ``[[1, -sin c], [0, cos c]]``, so the shear matrice
 built here (:func:`.transforms._affine_params`) and passed as ``matrix=``.
 """
 
-from ensemble_core.shifts._image import H, W
+from ensemble_core.shifts._image import CHANNELS, H, W
 from ensemble_core.shifts.mnistc import CORRUPTIONS, corrupt
 from ensemble_core.shifts.ovadia import ROTATION_DEGREES, TRANSLATION_PIXELS, rotate, translate
 from ensemble_core.shifts.rendered_letters import LETTERS, letter_fonts, letters
 
 __all__ = [
+    "CHANNELS",
     "CORRUPTIONS",
     "LETTERS",
     "ROTATION_DEGREES",

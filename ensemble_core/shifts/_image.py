@@ -1,6 +1,7 @@
-"""The image layout every shift takes and returns: uint8 ``[N, 28, 28, 1]`` (MNIST's,
-white strokes on black); float64 ``[N, 28, 28]`` in [0, 1] inside (``x / 255``, the
-reference code's scaling)."""
+"""The image layouts the shifts take and return: the MNIST-C corruptions and the letters
+uint8 ``[N, 28, 28, 1]`` (MNIST's, white strokes on black; float64 ``[N, 28, 28]`` in
+[0, 1] inside, ``x / 255``, the reference code's scaling); the Ovadia et al. rotations and
+translations any uint8 ``[N, H, W, C]`` with C in {1, 3} (grey or RGB)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,22 @@ def _check(images: np.ndarray) -> np.ndarray:
     images = np.asarray(images)
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != (H, W, 1):
         raise ValueError(f"expected uint8 [N, 28, 28, 1], got {images.dtype} {images.shape}")
+    return images
+
+
+#: The channel counts the shape-generic shifts take: grey and RGB.
+CHANNELS = (1, 3)
+
+
+def _check_hwc(images: np.ndarray) -> np.ndarray:
+    """uint8 ``[N, H, W, C]`` with C in {1, 3}, returned as an array.
+
+    Raises:
+      ValueError: another dtype, rank or channel count.
+    """
+    images = np.asarray(images)
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] not in CHANNELS:
+        raise ValueError(f"expected uint8 [N, H, W, C] with C in {CHANNELS}, got {images.dtype} {images.shape}")
     return images
 
 

@@ -1,4 +1,6 @@
-"""Rotated and translated MNIST, as Ovadia et al. 2019 build them.
+"""Rotated and translated MNIST, as Ovadia et al. 2019 build them, for any uint8
+``[N, H, W, C]`` with C in {1, 3}: each channel is transformed alike and on its own
+(for 28x28x1 the computation is exactly the reference's).
 
 Ovadia et al. 2019, "Can You Trust Your Model's Uncertainty? Evaluating Predictive
 Uncertainty Under Dataset Shift" (NeurIPS 2019). Reference code:
@@ -12,14 +14,15 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage as ndi
 
-from ensemble_core.shifts._image import H, W, _check, _to_uint8
+from ensemble_core.shifts._image import _check_hwc
 
 ROTATION_DEGREES: tuple[int, ...] = tuple(range(0, 181, 15))
 """0, 15, ..., 180: Ovadia et al.'s grid (``DATA_OPTS_ROTATE = range(15, 181, 15)``) plus 0."""
 
 TRANSLATION_PIXELS: tuple[int, ...] = tuple(range(15))
 """0..14 pixels. (The reference's own grid is ``DATA_OPTS_ROLL = range(2, 28, 2)``;
-rolls by k and 28 - k are mirror images, so 0..14 covers the distinct magnitudes.)"""
+rolls by k and 28 - k are mirror images, so 0..14 covers the distinct magnitudes of
+MNIST's width; on wider images, e.g. CIFAR-10's 32, they are 0..14 of 0..16.)"""
 
 
 def rotate(images: np.ndarray, degrees: float) -> np.ndarray:
@@ -34,27 +37,34 @@ def rotate(images: np.ndarray, degrees: float) -> np.ndarray:
     ``reshape=True`` plus the crop, the digit is rotated about the centre of the enlarged
     canvas, which coincides with the 28x28 image's centre up to the half pixel of the
     integer crop; ``reshape=False`` would rotate about the exact centre but is not what the
-    paper's code ran. ``axes=[-2, -3]`` (width, height) fixes the direction: a positive
+    paper's code ran. For any other ``[H, W]`` the central ``H x W`` is cropped the same way
+    (rows from ``size // 2 - H // 2``, columns from ``size // 2 - W // 2``), and each of the
+    C channels is rotated on its own (``scipy.ndimage.rotate`` rotates every plane of the
+    (width, height) axes separately). ``axes=[-2, -3]`` (width, height) fixes the direction: a positive
     angle turns the digit counterclockwise as displayed (row 0 at the top). Degrees that are 0 return the input
     unchanged (the reference skips the call when ``rotate_degs`` is 0). The order-3 spline
     over- and undershoots; values are clipped to [0, 1] before rounding to uint8.
 
     Args:
-      images: uint8 ``[N, 28, 28, 1]``.
+      images: uint8 ``[N, H, W, C]``, C in {1, 3} (MNIST: ``[N, 28, 28, 1]``).
       degrees: rotation angle in degrees (:data:`ROTATION_DEGREES` is the paper's grid).
 
     Returns:
-      uint8 ``[N, 28, 28, 1]``.
+      uint8 ``[N, H, W, C]``.
+
+    Raises:
+      ValueError: images of another dtype, rank or channel count.
     """
-    images = _check(images)
+    images = _check_hwc(images)
     if degrees == 0:
         return images.copy()
+    h, w = images.shape[1:3]
     x = images.astype(np.float32) / 255.0
     x = ndi.rotate(x, degrees, axes=(-2, -3))
-    i0 = x.shape[1] // 2 - H // 2
-    j0 = x.shape[2] // 2 - W // 2
-    x = x[:, i0 : i0 + H, j0 : j0 + W, 0]
-    return _to_uint8(x)
+    i0 = x.shape[1] // 2 - h // 2
+    j0 = x.shape[2] // 2 - w // 2
+    x = x[:, i0 : i0 + h, j0 : j0 + w]
+    return np.round(np.clip(x, 0.0, 1.0) * 255.0).astype(np.uint8)
 
 
 def translate(images: np.ndarray, pixels: int) -> np.ndarray:
@@ -62,13 +72,16 @@ def translate(images: np.ndarray, pixels: int) -> np.ndarray:
 
     A horizontal cyclic shift along the width axis (the reference's ``axis=-2`` of
     ``[N, H, W, C]``): content leaving the right edge re-enters at the left, so a roll by
-    28 (or any multiple) is the identity.
+    the width W (28 for MNIST, or any multiple) is the identity. Every channel moves alike.
 
     Args:
-      images: uint8 ``[N, 28, 28, 1]``.
+      images: uint8 ``[N, H, W, C]``, C in {1, 3} (MNIST: ``[N, 28, 28, 1]``).
       pixels: shift to the right in pixels (:data:`TRANSLATION_PIXELS`).
 
     Returns:
-      uint8 ``[N, 28, 28, 1]``.
+      uint8 ``[N, H, W, C]``.
+
+    Raises:
+      ValueError: images of another dtype, rank or channel count.
     """
-    return np.roll(_check(images), int(pixels), axis=-2)
+    return np.roll(_check_hwc(images), int(pixels), axis=-2)
