@@ -72,7 +72,7 @@ def test_resnet_default_parameter_count_is_the_docstrings():
     ("depth", "k", "paper"), [(16, 4, 2.7e6), (28, 10, 36.5e6), (40, 4, 8.9e6), (16, 8, 11.0e6), (22, 8, 17.2e6)]
 )
 def test_wide_resnet_parameter_count_is_the_papers(depth, k, paper):
-    """Zagoruyko & Komodakis 2016, Tables 4 and 5."""
+    """Zagoruyko & Komodakis 2016, the "# params" of the CIFAR tables (Sec. 3)."""
     n = param_count(wide_resnet.build(cfg("wide_resnet", depth=depth, widen_factor=k), 10))
     assert abs(n - paper) / paper < 0.02, n
 

@@ -13,7 +13,7 @@ running statistics are the mutable ``'batch_stats'`` collection, dropout draws f
 ``'dropout'`` RNG.
 
 Parameters (10 classes, 3 input channels; the count does not depend on ``H``, ``W``), against
-the paper's Tables 4 and 5:
+the "# params" of the paper's CIFAR tables (Sec. 3):
 
 ========= ========== ======
 network   measured   paper
