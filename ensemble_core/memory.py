@@ -98,7 +98,7 @@ def estimate(
         batch,
     )
     act = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(inter.get("intermediates", {})))
-    augment = cfg.data.augment
+    augment, (height, width, channels) = cfg.data.augment, tuple(image_shape)
     return MemoryEstimate(
         params_per_member=count,
         members_per_device=m,
@@ -108,7 +108,7 @@ def estimate(
         devices=plan.ensemble * plan.data,
         collection_elements=collections,
         augmentation_bytes=mapped
-        * augmentation_bytes(per_device_batch * plan.data, *image_shape, augment.crop_padding, augment.flip),
+        * augmentation_bytes(per_device_batch * plan.data, height, width, channels, augment.crop_padding, augment.flip),
     )
 
 

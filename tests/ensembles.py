@@ -24,12 +24,16 @@ def small_setup(
     hidden: tuple[int, ...] = (32,),
     lr: float = 0.1,
     batch_size: int = BATCH,
+    options: dict | None = None,
+    augment: dict | None = None,
 ) -> setup.EnsembleSetup:
     """The setup (mesh, model, optimizer, member keys) of a small ensemble of ``members``
-    on the first ``devices`` devices, 10 classes."""
+    on the first ``devices`` devices, 10 classes (``options``: ``model.options``,
+    ``augment``: ``data.augment``)."""
     cfg = PipelineConfig.model_validate(
         {
-            "model": {"name": model, "hidden_sizes": list(hidden)},
+            "model": {"name": model, "hidden_sizes": list(hidden), "options": options or {}},
+            "data": {"augment": augment or {}},
             "ensemble": {"size": members, "pad": pad},
             "train": {"batch_size": batch_size, "learning_rate": lr},
             "mesh": {"ensemble": ensemble, "data": data, "member_strategy": strategy},

@@ -51,3 +51,55 @@ def train_member_alone(
     for idx in order:
         params, opt_state = step(params, opt_state, images[idx], labels[idx])
     return params
+
+
+def train_stateful_member_alone(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    variables: dict,
+    images: np.ndarray,
+    labels: np.ndarray,
+    order: np.ndarray,
+    step_keys: list,
+    augment=None,
+) -> tuple[Any, Any]:
+    """One member with BatchNorm and Dropout trained alone with Flax's own pattern: a
+    ``flax.training.train_state.TrainState`` with a ``batch_stats`` field, ``mutable=['batch_stats']``
+    and a ``'dropout'`` rng per step (Flax's ImageNet example, without its pmap).
+
+    Args:
+      variables: the member's initial ``{"params", "batch_stats"}``.
+      order: int ``[S, B]`` indices, one row per step.
+      step_keys: S pairs ``(dropout_key, augment_key)``, the member's keys of each step.
+      augment: ``augment(key, images) -> images`` (uint8) or None.
+
+    Returns:
+      ``(params, batch_stats)`` after S steps.
+    """
+    from flax.training import train_state
+
+    class TrainState(train_state.TrainState):
+        batch_stats: Any
+
+    @jax.jit
+    def step(state, x, y, dropout_key):
+        def loss_fn(p):
+            logits, updates = state.apply_fn(
+                {"params": p, "batch_stats": state.batch_stats},
+                to_float(x),
+                train=True,
+                rngs={"dropout": dropout_key},
+                mutable=["batch_stats"],
+            )
+            return optax.losses.softmax_cross_entropy_with_integer_labels(logits, y).mean(), updates
+
+        grads, updates = jax.grad(loss_fn, has_aux=True)(state.params)
+        return state.apply_gradients(grads=grads).replace(batch_stats=updates["batch_stats"])
+
+    state = TrainState.create(
+        apply_fn=model.apply, params=variables["params"], tx=tx, batch_stats=variables["batch_stats"]
+    )
+    for idx, (dropout_key, augment_key) in zip(order, step_keys, strict=True):
+        x = images[idx] if augment is None else augment(augment_key, images[idx])
+        state = step(state, x, labels[idx], dropout_key)
+    return state.params, state.batch_stats

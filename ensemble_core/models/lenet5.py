@@ -76,6 +76,6 @@ def build(cfg: ModelConfig, num_classes: int) -> LeNet5:
     Raises:
       pydantic.ValidationError: ``cfg.options`` has a key.
     """
-    options: dict[str, Any] = getattr(cfg, "options", {}) or {}
+    options: dict[str, Any] = dict(cfg.options)
     Options.model_validate(options)
     return LeNet5(num_classes=num_classes)

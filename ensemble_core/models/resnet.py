@@ -117,7 +117,7 @@ def build(cfg: ModelConfig, num_classes: int) -> ResNet:
     Raises:
       pydantic.ValidationError: ``cfg.options`` has an unknown key or a bad value.
     """
-    options: dict[str, Any] = getattr(cfg, "options", {}) or {}
+    options: dict[str, Any] = dict(cfg.options)
     opts = Options.model_validate(options)
     return ResNet(
         num_classes=num_classes,

@@ -102,7 +102,7 @@ def build(cfg: ModelConfig, num_classes: int) -> WideResNet:
     Raises:
       pydantic.ValidationError: ``cfg.options`` has an unknown key or a bad value.
     """
-    options: dict[str, Any] = getattr(cfg, "options", {}) or {}
+    options: dict[str, Any] = dict(cfg.options)
     opts = Options.model_validate(options)
     return WideResNet(
         num_classes=num_classes, depth=opts.depth, widen_factor=opts.widen_factor, dropout_rate=opts.dropout_rate

@@ -101,7 +101,7 @@ def _whole_batch(data_shards: int):
         module = context.module
         if context.method_name != "__call__":
             return next_fun(*args, **kwargs)
-        if isinstance(module, nn.BatchNorm):
+        if isinstance(module, nn.BatchNorm) and module.axis_name != DATA_AXIS:  # (the clone has it)
             return _batch_norm(module, next_fun, args, kwargs)
         if isinstance(module, nn.Dropout) and data_shards > 1:
             return _dropout(module, data_shards, *args, **kwargs)
