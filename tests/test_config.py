@@ -53,7 +53,7 @@ def test_overrides_are_parsed_as_yaml():
         (["train.learning_rate=-1"], "config key 'train.learning_rate'"),
         (["train.learning_rate=0"], "config key 'train.learning_rate'"),
         (["ensemble.size=0"], "config key 'ensemble.size'"),
-        (["model.name=resnet"], "config key 'model.name'"),
+        (["model.name=resnet9000"], "config key 'model.name'"),
         (["mesh.data=0"], "config key 'mesh.data'"),
         (["train.batch_size=0"], "config key 'train.batch_size'"),
         (["train.momentum=1.5"], "config key 'train.momentum'"),

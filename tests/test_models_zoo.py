@@ -20,8 +20,8 @@ from ensemble_core.models._resnet import batch_norm, shortcut_option_a
 
 
 def cfg(name: str, **options):
-    """A model config with ``options`` (the field ModelConfig is getting; a stand-in until then)."""
-    return SimpleNamespace(name=name, options=options)
+    """The model config ``name`` with ``model.options`` = ``options``."""
+    return ModelConfig(name=name, options=options)
 
 
 def variables_shape(model, shape=(1, 32, 32, 3)):
@@ -286,4 +286,4 @@ def test_options_accept_and_are_frozen():
     model = resnet.build(cfg("resnet", depth=56, width=32, dropout_rate=0.1, batch_norm=False), 100)
     assert (model.depth, model.width, model.dropout_rate, model.batch_norm) == (56, 32, 0.1, False)
     assert model.num_classes == 100
-    assert resnet.build(SimpleNamespace(name="resnet", options=None), 10).depth == 20
+    assert resnet.build(ModelConfig(name="resnet"), 10).depth == 20

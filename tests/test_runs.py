@@ -81,8 +81,11 @@ def test_core_names_parameters_and_the_cli_names_flags(tmp_path):
 
 
 def test_models_and_evaluators_are_looked_up_by_module_name():
-    with pytest.raises(ConfigError, match=r"model.name.*'cnn'.*'mlp'"):
-        load_config(None, ["model.name=resnet"])
+    with pytest.raises(ConfigError, match=r"model.name.*'cnn'.*'mlp'.*'resnet'"):
+        load_config(None, ["model.name=resnet9000"])
+    with pytest.raises(ConfigError, match=r"model.name.*not an import path"):
+        load_config(None, ["model.name=my-models:build"])
+    assert load_config(None, ["model.name=my_models.nets:build"]).model.name == "my_models.nets:build"
     with pytest.raises(ConfigError, match="'test' must be one of the evaluators"):
         load_config(None, ["eval.evaluators=[]"])
     with pytest.raises(ConfigError, match="unknown evaluator 'nope'"):
