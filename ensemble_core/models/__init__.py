@@ -31,7 +31,7 @@ from ensemble_core.config import MODEL_NAMES, ModelConfig
 from ensemble_core.config.messages import show
 from ensemble_core.errors import ConfigError
 
-__all__ = ["MODEL_NAMES", "build_model", "check_model", "is_import_path", "model_options"]
+__all__ = ["MODEL_NAMES", "build_model", "check_model", "import_model_function", "is_import_path", "model_options"]
 
 
 def is_import_path(name: str) -> bool:
@@ -77,9 +77,13 @@ def model_options(cfg: ModelConfig) -> pydantic.BaseModel | None:
         ) from None
 
 
-def _import_function(path: str):
-    """The callable named by ``package.module:function`` (the current directory is on the path,
-    as for ``python -m``)."""
+def import_model_function(path: str):
+    """The callable named by ``model.name`` = ``package.module:function`` (the current
+    directory is on the path, as for ``python -m``).
+
+    Raises:
+      ConfigError: the module does not import, or has no such callable; one line with the fix.
+    """
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise ConfigError(f"model.name '{path}' is not an import path; fix: write it as package.module:function")
@@ -121,7 +125,7 @@ def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
     if not is_import_path(cfg.name):
         model_options(cfg)
         return _registry_module(cfg).build(cfg, num_classes)
-    fn = _import_function(cfg.name)
+    fn = import_model_function(cfg.name)
     try:
         model = fn(cfg, num_classes)
     except Exception as err:  # noqa: BLE001  (the user's function validates model.options and may raise anything)

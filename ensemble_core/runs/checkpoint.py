@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import flax.serialization
+import flax.struct
 import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
@@ -93,8 +93,30 @@ def checkpoint_meta(
     return meta
 
 
-def _without_model_state(abstract: Any) -> dict:
-    """A format-2 state tree as a format-1 checkpoint holds it: the fields as a dict, without
+@flax.struct.dataclass
+class _Format1Best:
+    """``BestTracking`` as format-1 checkpoints hold it (no ``model_state``)."""
+
+    params: Any
+    nll: Any
+    epoch: Any
+    stopped_epoch: Any
+
+
+@flax.struct.dataclass
+class _Format1State:
+    """``EnsembleState`` as format-1 checkpoints hold it (no ``model_state``)."""
+
+    step: Any
+    params: Any
+    opt_state: Any
+    healthy: Any
+    label_smoothing: Any
+    best: _Format1Best | None = None
+
+
+def _without_model_state(abstract: Any) -> _Format1State:
+    """A format-2 state tree as a format-1 checkpoint holds it: the same fields without
     ``model_state`` (in the state and in ``best``).
 
     Raises:
@@ -106,19 +128,23 @@ def _without_model_state(abstract: Any) -> dict:
             "the checkpoint was made before members carried mutable collections (batch_stats) and cannot "
             "hold this model's; fix: use another run_name, or resume it with the model it was started with"
         )
-    tree = flax.serialization.to_state_dict(abstract)
-    tree.pop("model_state")
-    if tree.get("best") is not None:
-        tree["best"].pop("model_state")
-    return tree
+    best = abstract.best
+    if best is not None:
+        best = _Format1Best(params=best.params, nll=best.nll, epoch=best.epoch, stopped_epoch=best.stopped_epoch)
+    fields = ("step", "params", "opt_state", "healthy", "label_smoothing")
+    return _Format1State(**{f: getattr(abstract, f) for f in fields}, best=best)
 
 
-def _with_model_state(target: Any, restored: dict) -> Any:
-    """The restored format-1 tree as ``target``'s state class, with empty ``model_state``."""
-    restored = dict(restored, model_state={})
-    if restored.get("best") is not None:
-        restored["best"] = dict(restored["best"], model_state={})
-    return flax.serialization.from_state_dict(target, restored)
+def _with_model_state(target: Any, restored: _Format1State) -> Any:
+    """The restored format-1 state as ``target``'s class, with empty collections."""
+    best = None
+    if restored.best is not None:
+        b = restored.best
+        best = target.best.replace(
+            params=b.params, model_state={}, nll=b.nll, epoch=b.epoch, stopped_epoch=b.stopped_epoch
+        )
+    fields = ("step", "params", "opt_state", "healthy", "label_smoothing")
+    return target.replace(**{f: getattr(restored, f) for f in fields}, model_state={}, best=best)
 
 
 class EnsembleCheckpointer:

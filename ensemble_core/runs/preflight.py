@@ -10,7 +10,7 @@ from ensemble_core import memory as memory_lib
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import ConfigError
-from ensemble_core.models import build_model, check_model, model_options
+from ensemble_core.models import build_model, check_model, import_model_function, is_import_path, model_options
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.dataset import num_train, num_validation, prepare
 from ensemble_core.runs.layout import run_dir_for
@@ -103,6 +103,8 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
     for name, spec in cfg.eval.evaluators.items():  # each evaluator's options
         evaluators.options(name, spec)
     model_options(cfg.model)
+    if is_import_path(cfg.model.name):  # the path imports and names a function, before the dataset
+        import_model_function(cfg.model.name)
     dataset = prepare(cfg.data)
     check_against_dataset(cfg, dataset)
     check_memory(cfg, dataset)
