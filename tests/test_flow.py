@@ -557,3 +557,59 @@ def test_stage_tasks_retry_only_transient_failures(prefect_server):
         calls.clear()
         state = one(exc, return_state=True)
         assert state.is_failed() and len(calls) == runs, (exc, calls)
+
+
+NETWORK = """
+from functools import partial
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class Net(nn.Module):
+    num_classes: int
+    width: int = 4
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        norm = partial(nn.BatchNorm, use_running_average=not train, momentum=0.9, epsilon=1e-5)
+        x = nn.relu(norm()(nn.Conv(self.width, (3, 3))(x)))
+        x = nn.Dropout(0.1, deterministic=not train)(jnp.mean(x, axis=(1, 2)))
+        return nn.Dense(self.num_classes)(x)
+
+
+def build(cfg, num_classes):
+    return Net(num_classes=num_classes, **cfg.options)
+"""
+
+
+def test_a_network_outside_the_repository_through_the_cli_and_predict(prefect_server, tfds_dir, tmp_path, monkeypatch):
+    """A user's file in their own directory: trained by the command line, its members'
+    probabilities served by flows.predict, equal to the run's predictions."""
+    from flows.predict import main as predict_main
+    from flows.train_ensemble import main as train_main
+
+    home = tmp_path / "home"
+    (home / "my_nets").mkdir(parents=True)
+    (home / "my_nets" / "__init__.py").write_text("")
+    (home / "my_nets" / "small.py").write_text(NETWORK)
+    monkeypatch.chdir(home)  # as a user runs it: from the directory that holds their package
+    out = tmp_path / "runs"
+    args = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", f"data.data_dir={tfds_dir}"]
+    args += ["--set", "model.name=my_nets.small:build", "--set", "model.options={width: 6}"]
+    assert train_main([*args, "--output-dir", str(out), "--run-name", "mine"]) == 0
+    run_dir = out / "mine"
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["config"]["model"] == {"name": "my_nets.small:build", "options": {"width": 6}, "hidden_sizes": [64]}
+    with np.load(run_dir / "predictions.npz") as f:
+        want = f["member_probs"]
+    from ensemble_core import data
+
+    images, _ = data.load_split(data.EMBEDDED, "test", tfds_dir, limit=want.shape[1])
+    np.save(tmp_path / "images.npy", images)
+    rc = predict_main(
+        ["--images", str(tmp_path / "images.npy"), "--run-dir", str(run_dir), "--output", str(tmp_path / "p.npz")]
+    )
+    assert rc == 0
+    with np.load(tmp_path / "p.npz") as f:
+        np.testing.assert_allclose(f["member_probs"], want, atol=1e-5)

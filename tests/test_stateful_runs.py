@@ -33,29 +33,6 @@ USER_MODEL = (
 )
 COMMON = ("ensemble.size=4", "data.validation_fraction=0.2", "data.max_train_examples=320", "train.epochs=2")
 
-NETWORK = """
-from functools import partial
-
-import flax.linen as nn
-import jax.numpy as jnp
-
-
-class Net(nn.Module):
-    num_classes: int
-    width: int = 4
-
-    @nn.compact
-    def __call__(self, x, train: bool):
-        norm = partial(nn.BatchNorm, use_running_average=not train, momentum=0.9, epsilon=1e-5)
-        x = nn.relu(norm()(nn.Conv(self.width, (3, 3))(x)))
-        x = nn.Dropout(0.1, deterministic=not train)(jnp.mean(x, axis=(1, 2)))
-        return nn.Dense(self.num_classes)(x)
-
-
-def build(cfg, num_classes):
-    return Net(num_classes=num_classes, **cfg.options)
-"""
-
 
 @pytest.fixture(scope="module")
 def one_program(tmp_path_factory, tfds_dir):
@@ -113,42 +90,6 @@ def test_sigkill_then_resume_is_bitwise_with_batchnorm_dropout_and_augmentation(
     assert rc == 0, err[-2000:]
     assert json.loads(out.strip().splitlines()[-1])["resumed_from"] is not None
     np.testing.assert_array_equal(predictions(run)["member_probs"], predictions(reference)["member_probs"])
-
-
-@pytest.mark.slow
-def test_a_network_outside_the_repository_through_the_cli_and_predict(
-    prefect_server, tfds_dir, tmp_path, monkeypatch, capsys
-):
-    """A user's file in their own directory: trained by the command line, its members'
-    probabilities served by flows.predict, equal to the run's predictions."""
-    from flows.predict import main as predict_main
-    from flows.train_ensemble import main as train_main
-
-    home = tmp_path / "home"
-    (home / "my_nets").mkdir(parents=True)
-    (home / "my_nets" / "__init__.py").write_text("")
-    (home / "my_nets" / "small.py").write_text(NETWORK)
-    monkeypatch.chdir(home)  # as a user runs it: from the directory that holds their package
-    out = tmp_path / "runs"
-    args = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", f"data.data_dir={tfds_dir}"]
-    args += ["--set", "model.name=my_nets.small:build", "--set", "model.options={width: 6}"]
-    assert train_main([*args, "--output-dir", str(out), "--run-name", "mine"]) == 0
-    run_dir = out / "mine"
-    report = json.loads((run_dir / "report.json").read_text())
-    assert report["config"]["model"] == {"name": "my_nets.small:build", "options": {"width": 6}, "hidden_sizes": [64]}
-    with np.load(run_dir / "predictions.npz") as f:
-        want = f["member_probs"]
-    from ensemble_core import data
-
-    images, _ = data.load_split(data.EMBEDDED, "test", tfds_dir, limit=want.shape[1])
-    np.save(tmp_path / "images.npy", images)
-    capsys.readouterr()
-    rc = predict_main(
-        ["--images", str(tmp_path / "images.npy"), "--run-dir", str(run_dir), "--output", str(tmp_path / "p.npz")]
-    )
-    assert rc == 0, capsys.readouterr().err[-2000:]
-    with np.load(tmp_path / "p.npz") as f:
-        np.testing.assert_allclose(f["member_probs"], want, atol=1e-5)
 
 
 @pytest.mark.parametrize(
