@@ -71,9 +71,9 @@ def model_options(cfg: ModelConfig) -> pydantic.BaseModel | None:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         known = ", ".join(schema.model_fields)
+        got = "" if "got" in first["msg"] else f" (got {show(first.get('input'))})"
         raise ConfigError(
-            f"model.options.{where}: {first['msg']} (got {show(first.get('input'))}); "
-            f"fix: model '{cfg.name}' takes options {known}"
+            f"model.options.{where}: {first['msg']}{got}; fix: model '{cfg.name}' takes options {known}"
         ) from None
 
 
