@@ -266,7 +266,9 @@ def test_rgb_examples_are_drawn_in_colour(rgb):
 
 
 @pytest.mark.slow
-def test_cnn_ensemble_trains_and_evaluates_on_cifar10(cifar10_tfds, tmp_path, caplog):  # noqa: F811
+def test_cnn_ensemble_with_augmentation_trains_and_evaluates_on_cifar10(cifar10_tfds, tmp_path, caplog):  # noqa: F811
+    """With crop-and-flip augmentation on the RGB dataset (BatchNorm/Dropout networks on
+    RGB images: tests/test_models_zoo.py; through the step: tests/test_stateful_members.py)."""
     cfg = load_config(
         None,
         [
@@ -274,6 +276,7 @@ def test_cnn_ensemble_trains_and_evaluates_on_cifar10(cifar10_tfds, tmp_path, ca
             f"data.data_dir={cifar10_tfds}",
             "data.validation_fraction=0",
             "model.name=cnn",
+            "data.augment={crop_padding: 4, flip: true}",
             "ensemble.size=2",
             "train.epochs=1",
             "train.batch_size=16",
