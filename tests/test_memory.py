@@ -28,11 +28,14 @@ def _cfg(*extra):
         (["model.name=mlp", "model.hidden_sizes=[64, 32]", "train.optimizer=adam"], 2),
         (["model.name=mlp", "model.hidden_sizes=[16]", "train.optimizer=sgd", "train.momentum=0"], 0),
         (["model.name=mlp", "model.hidden_sizes=[16]", "data.validation_fraction=0"], 1),
+        (["model.name=tests.user_models.bn_dropout_net:build", "model.options={width: 8}"], 1),
+        (["model.name=resnet", "model.options={depth: 8, width: 4}", "data.validation_fraction=0"], 1),
     ],
 )
 def test_persistent_state_matches_what_init_allocates(extra, slots):
-    """Parameters and optimizer slots of every member on a device, as estimated from shapes,
-    against the bytes of the arrays init_ensemble really places on one device."""
+    """Parameters, optimizer slots and mutable collections (batch_stats) of every member on
+    a device, as estimated from shapes, against the bytes of the arrays init_ensemble really
+    places on one device."""
     cfg = _cfg(*extra)
     plan = setup.plan(cfg)
     est = memory.estimate(cfg, plan, 10, (28, 28, 1), 1000)
@@ -41,15 +44,18 @@ def test_persistent_state_matches_what_init_allocates(extra, slots):
     device = jax.devices()[0]
     on_device = sum(
         shard.data.nbytes
-        for leaf in jax.tree.leaves((state.params, state.opt_state, state.best))
+        for leaf in jax.tree.leaves((state.params, state.model_state, state.opt_state, state.best))
         for shard in leaf.addressable_shards
         if shard.device == device and leaf.ndim > 0
     )
     params = sum(math.prod(p.shape[1:]) for p in jax.tree.leaves(state.params))
-    assert est.params_per_member == params
+    collections = sum(math.prod(p.shape[1:]) for p in jax.tree.leaves(state.model_state))
+    assert est.params_per_member == params and est.collection_elements == collections
+    assert ("batch_stats" in state.model_state) == ("model.name=mlp" not in extra and "model.name=cnn" not in extra)
     persistent = est.state_bytes - est.params_per_member * 4  # less one member's gradients
-    best = 1 if cfg.has_validation else 0  # each member's best-epoch parameters
-    assert persistent == est.members_per_device * params * 4 * (1 + slots + best)
+    best = 1 if cfg.has_validation else 0  # each member's best-epoch parameters and collections
+    m = est.members_per_device
+    assert persistent == m * params * 4 * (1 + slots + best) + m * collections * 4 * (1 + best)
     # the real arrays: the estimate plus a few scalars per member (learning rate, counts)
     assert persistent <= on_device <= persistent + 64 * est.members_per_device
 
@@ -62,6 +68,17 @@ def test_training_split_and_activations():
     assert est.activation_bytes == est.members_per_device * 32 * (100 + 10 + 10) * 4
     unrolled = memory.estimate(cfg, setup.plan(cfg), 10, (28, 28, 1), 1000, "unroll")
     assert unrolled.activation_bytes == 32 * (100 + 10 + 10) * 4
+
+
+def test_augmentation_buffers_are_counted():
+    """A padded and an augmented uint8 copy of the batch per member mapped at once."""
+    base = ("model.name=mlp", "model.hidden_sizes=[16]", "train.batch_size=32", "mesh.member_strategy=vmap")
+    plain = memory.estimate(_cfg(*base), setup.plan(_cfg(*base)), 10, (32, 32, 3), 1000, "vmap")
+    cfg = _cfg(*base, "data.augment={crop_padding: 4, flip: true}")
+    est = memory.estimate(cfg, setup.plan(cfg), 10, (32, 32, 3), 1000, "vmap")
+    assert plain.augmentation_bytes == 0
+    assert est.augmentation_bytes == est.members_per_device * 32 * (40 * 40 * 3 + 32 * 32 * 3)
+    assert est.per_device_bytes - plain.per_device_bytes == est.augmentation_bytes
 
 
 def test_check_refuses_with_the_figures_and_accepts_what_fits():
