@@ -15,30 +15,31 @@ from ensemble_core.train.conv_patches import conv_as_patches
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 
-def _both(module: nn.Module, variables, x):
+def _both(module: nn.Module, variables, x, method="slices"):
     plain = module.apply(variables, x)
-    with conv_as_patches():
+    with conv_as_patches(method):
         patched = module.apply(variables, x)
     return plain, patched
 
 
+@pytest.mark.parametrize("method", ["slices", "lax"])
 @pytest.mark.parametrize("channels", [1, 3])
 @pytest.mark.parametrize("stride", [1, 2])
 @pytest.mark.parametrize(
     "padding", ["SAME", "VALID", ((1, 1), (1, 1)), ((0, 2), (1, 0)), 1], ids=["same", "valid", "11", "02-10", "int"]
 )
 @pytest.mark.parametrize("kernel_size,use_bias", [((3, 3), True), ((3, 3), False), ((1, 1), False), ((5, 3), True)])
-def test_forward_and_gradients_equal_nn_conv(channels, stride, padding, kernel_size, use_bias):
+def test_forward_and_gradients_equal_nn_conv(method, channels, stride, padding, kernel_size, use_bias):
     conv = nn.Conv(5, kernel_size, strides=stride, padding=padding, use_bias=use_bias)
     x = jax.random.normal(jax.random.key(0), (2, 9, 8, channels))
     variables = conv.init(jax.random.key(1), x)
-    plain, patched = _both(conv, variables, x)
+    plain, patched = _both(conv, variables, x, method)
     assert patched.shape == plain.shape
     np.testing.assert_allclose(patched, plain, **TOL)
 
     def loss(v, x, patches):
         if patches:
-            with conv_as_patches():
+            with conv_as_patches(method):
                 y = conv.apply(v, x)
         else:
             y = conv.apply(v, x)

@@ -36,20 +36,28 @@ __all__ = ["conv_as_patches", "conv_patches_call", "supported"]
 _SPATIAL = 2
 
 
+#: How the patches are gathered: 'slices' (strided slices of the padded input, stacked;
+#: the gradient is pads and adds) or 'lax' (``lax.conv_general_dilated_patches``, a
+#: depthwise convolution with a one-hot kernel; the gradient is its transpose).
+METHODS = ("slices", "lax")
+
+
 @contextlib.contextmanager
-def conv_as_patches() -> Iterator[None]:
+def conv_as_patches(method: str = "slices") -> Iterator[None]:
     """Within the context, every supported ``nn.Conv`` (:func:`supported`) is computed by
     :func:`conv_patches_call`; it must be active while the model is *traced* (``apply``,
     ``jax.jit(...).lower``, the first call of a jitted function)."""
-    with nn.intercept_methods(_interceptor):
+    if method not in METHODS:
+        raise ValueError(f"unknown patches method {method!r}; use one of {METHODS}")
+
+    def interceptor(next_fun, args, kwargs, context):
+        module = context.module
+        if context.method_name == "__call__" and isinstance(module, nn.Conv) and supported(module, *args, **kwargs):
+            return conv_patches_call(module, *args, method=method, **kwargs)
+        return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(interceptor):
         yield
-
-
-def _interceptor(next_fun, args, kwargs, context):
-    module = context.module
-    if context.method_name == "__call__" and isinstance(module, nn.Conv) and supported(module, *args, **kwargs):
-        return conv_patches_call(module, *args, **kwargs)
-    return next_fun(*args, **kwargs)
 
 
 def _pair(value, default: int) -> tuple[int, ...] | None:
@@ -126,7 +134,7 @@ def _patches(x, kernel_size, strides, pads, input_dilation, kernel_dilation):
     return jnp.stack(slices, axis=3).reshape(b, out_h, out_w, kh * kw * c)
 
 
-def conv_patches_call(module: nn.Conv, inputs, mask=None):
+def conv_patches_call(module: nn.Conv, inputs, mask=None, *, method: str = "slices"):
     """``module(inputs)`` (``module`` a bound ``nn.Conv``, :func:`supported`) as patches times
     the ``[kh * kw * C, O]`` kernel matrix: the same parameters (created by ``module.param``
     exactly as ``nn.Conv`` creates them) and the same result within float32 rounding."""
@@ -146,8 +154,21 @@ def conv_patches_call(module: nn.Conv, inputs, mask=None):
         dilated_in = [(n - 1) * d + 1 for n, d in zip(inputs.shape[1:3], input_dilation, strict=True)]
         window = [(k - 1) * d + 1 for k, d in zip(kernel_size, kernel_dilation, strict=True)]
         padding = lax.padtype_to_pads(dilated_in, window, strides, padding)
-    patches = _patches(inputs, kernel_size, strides, padding, input_dilation, kernel_dilation)
-    matrix = kernel.reshape(-1, module.features)
+    if method == "lax":  # features ordered (channel, kernel row, kernel column)
+        patches = lax.conv_general_dilated_patches(
+            inputs,
+            kernel_size,
+            strides,
+            padding,
+            lhs_dilation=input_dilation,
+            rhs_dilation=kernel_dilation,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            precision=module.precision,
+        )
+        matrix = jnp.transpose(kernel, (2, 0, 1, 3)).reshape(-1, module.features)
+    else:
+        patches = _patches(inputs, kernel_size, strides, padding, input_dilation, kernel_dilation)
+        matrix = kernel.reshape(-1, module.features)
     y = jnp.einsum("bhwk,ko->bhwo", patches, matrix, precision=module.precision)
     if bias is not None:
         y = y + bias
