@@ -2,6 +2,18 @@
 
     python -m benchmarks.bench                      # full table: cnn+mlp, E in 1..32
     python -m benchmarks.bench --models cnn --sizes 8 --steps 10
+    python -m benchmarks.bench --models resnet20,resnet20-nobn --sizes 1,2,4,8 --steps 3
+    python -m benchmarks.bench --models resnet20 --sizes 8 --devices 1 \
+        --strategy unroll,vmap,vmap_patches --steps 2 --skip-same-options
+
+Models (``--models``, :data:`MODELS`): ``cnn``, ``mlp``, ``resnet20`` (the registry's
+``resnet`` with its defaults: depth 20, width 16, BatchNorm) and ``resnet20-nobn``
+(``model.options: {batch_norm: false}``), all on the embedded MNIST's 28x28x1 images.
+``--strategy`` takes a comma-separated list (each strategy a row, against one loop
+measurement); ``vmap_patches`` is ``vmap`` with every ``nn.Conv`` computed as patches
+times a kernel matrix (:mod:`ensemble_core.train.conv_patches`) while the step and the
+predict function are traced. ``--devices N`` runs the project's workers on N simulated
+host devices instead of the flows' 8.
 
 For each model and ensemble size E, two fresh worker processes (so peak memory is per
 configuration) measure:
@@ -9,7 +21,10 @@ configuration) measure:
 - ``project``: ``ensemble_core``'s jitted struct-of-arrays step on the mesh and member
   strategy the project picks (or ``--strategy``), and the vmapped evaluation;
 - ``loop``: the baseline of the seed documents: each member trained alone by its own
-  jitted single-model step, one member after another, and evaluated the same way.
+  jitted single-model step, one member after another, and evaluated the same way. The
+  step is Flax's single-model pattern: ``apply(..., train=True, mutable=[collections],
+  rngs={'dropout': key})`` with the member's mutable collections (BatchNorm's
+  ``batch_stats``) carried from step to step; evaluation applies ``train=False``.
   ``loop*`` (``train_member_images_per_s_same_options``) is that loop compiled with the
   project's train-step compiler options (:func:`ensemble_core.train.train_compiler_options`):
   ``speedup*`` is what the ensemble gains over a loop compiled as the project compiles.
@@ -178,7 +193,6 @@ def _worker(args: argparse.Namespace) -> dict:
             strategy="vmap_patches" if patches else strategy, mesh={"ensemble": plan.ensemble, "data": plan.data}
         )
     else:
-
         # The seed's step, as a user writes it for one Flax model (Flax's examples): mutable
         # collections (BatchNorm's batch_stats) updated in training mode, dropout from a key.
         def single_step(params, model_state, opt_state, xb, yb, key):
@@ -296,9 +310,7 @@ def _table(rows: list[dict]) -> str:
         if r.get("train_speedup_same_options") is None:
             same = f"{'-':>7} {'-':>8} | "
         else:
-            same = (
-                f"{lp['train_member_images_per_s_same_options']:>7.0f} {r['train_speedup_same_options']:>7.2f}x | "
-            )
+            same = f"{lp['train_member_images_per_s_same_options']:>7.0f} {r['train_speedup_same_options']:>7.2f}x | "
         lines.append(
             f"{r['model']:13} {r['size']:>3} | {p['train_member_images_per_s']:>10.0f} "
             f"{lp['train_member_images_per_s']:>10.0f} {r['train_speedup']:>6.2f}x "
@@ -477,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
         if r["size"] == max(x["size"] for x in rows):
             lp = r["loop"]
             print(
-                f"  {r['model']} E={r['size']} {r['project']['strategy']}: train {lp['train_flops_per_image'] / 1e6:.1f} MFLOP/img, "
+                f"  {r['model']} E={r['size']} {r['project']['strategy']}: "
+                f"train {lp['train_flops_per_image'] / 1e6:.1f} MFLOP/img, "
                 f"project {r['project']['train_gflops_per_s']:.0f} GFLOP/s "
                 f"({100 * r['project']['train_gflops_per_s'] / peak:.0f}% of peak), "
                 f"loop {lp['train_gflops_per_s']:.0f} ({100 * lp['train_gflops_per_s'] / peak:.0f}%); "
