@@ -2,6 +2,18 @@
 
     python -m benchmarks.bench                      # full table: cnn+mlp, E in 1..32
     python -m benchmarks.bench --models cnn --sizes 8 --steps 10
+    python -m benchmarks.bench --models resnet20,resnet20-nobn --sizes 1,2,4,8 --steps 3
+    python -m benchmarks.bench --models resnet20 --sizes 8 --devices 1 \
+        --strategy unroll,vmap,vmap_patches --steps 2 --skip-same-options
+
+Models (``--models``, :data:`MODELS`): ``cnn``, ``mlp``, ``resnet20`` (the registry's
+``resnet`` with its defaults: depth 20, width 16, BatchNorm) and ``resnet20-nobn``
+(``model.options: {batch_norm: false}``), all on the embedded MNIST's 28x28x1 images.
+``--strategy`` takes a comma-separated list (each strategy a row, against one loop
+measurement); ``vmap_patches`` is ``vmap`` with every ``nn.Conv`` computed as patches
+times a kernel matrix (:mod:`ensemble_core.train.conv_patches`) while the step and the
+predict function are traced. ``--devices N`` runs the project's workers on N simulated
+host devices instead of the flows' 8.
 
 For each model and ensemble size E, two fresh worker processes (so peak memory is per
 configuration) measure:
@@ -9,7 +21,10 @@ configuration) measure:
 - ``project``: ``ensemble_core``'s jitted struct-of-arrays step on the mesh and member
   strategy the project picks (or ``--strategy``), and the vmapped evaluation;
 - ``loop``: the baseline of the seed documents: each member trained alone by its own
-  jitted single-model step, one member after another, and evaluated the same way.
+  jitted single-model step, one member after another, and evaluated the same way. The
+  step is Flax's single-model pattern: ``apply(..., train=True, mutable=[collections],
+  rngs={'dropout': key})`` with the member's mutable collections (BatchNorm's
+  ``batch_stats``) carried from step to step; evaluation applies ``train=False``.
   ``loop*`` (``train_member_images_per_s_same_options``) is that loop compiled with the
   project's train-step compiler options (:func:`ensemble_core.train.train_compiler_options`):
   ``speedup*`` is what the ensemble gains over a loop compiled as the project compiles.
@@ -37,7 +52,19 @@ from pathlib import Path
 BATCH = 128
 EVAL_BATCH = 250  # test images per forward pass, project and loop alike (the default eval.batch_size)
 KIND_TITLES = {"train": "training", "eval": "evaluation"}
-REPEATS = 3  # timed chunks per measurement; the fastest counts (least disturbed)
+REPEATS = 3  # timed chunks per measurement (default of --repeats); the fastest counts (least disturbed)
+IMAGE_SHAPE = (28, 28, 1)  # the embedded MNIST subset's images, for every model (ResNet-20 included)
+#: --models names: (registry ``model.name``, ``model.options``)
+MODELS = {
+    "cnn": ("cnn", {}),
+    "mlp": ("mlp", {}),
+    "resnet20": ("resnet", {}),  # depth 20, width 16, BatchNorm (the registry's defaults)
+    "resnet20-nobn": ("resnet", {"batch_norm": False}),  # convolutions with a bias instead of BatchNorm
+}
+#: --strategy values: the project's member strategies plus 'vmap_patches', vmap with every
+#: nn.Conv replaced by patches + one batched matmul over the members
+#: (:mod:`ensemble_core.train.conv_patches`), applied around the step's and predict's tracing
+STRATEGY_CHOICES = ("vmap", "unroll", "vmap_patches")
 
 
 def _best_of(repeats: int, fn) -> float:
@@ -97,11 +124,26 @@ def _worker(args: argparse.Namespace) -> dict:
     data_lib.prepare(data_lib.EMBEDDED, args.data_dir)
     train_x, train_y = data_lib.load_split(data_lib.EMBEDDED, "train", args.data_dir)
     test_x, _ = data_lib.load_split(data_lib.EMBEDDED, "test", args.data_dir)
-    e, steps = args.size, args.steps
+    e, steps, repeats = args.size, args.steps, args.repeats
+    name, options = MODELS[args.model]
+    patches = args.strategy == "vmap_patches"
+    strategy_option = "vmap" if patches else (args.strategy or "auto")
     cfg = PipelineConfig.model_validate(
-        {"model": {"name": args.model}, "ensemble": {"size": e}, "mesh": {"member_strategy": args.strategy or "auto"}}
+        {
+            "model": {"name": name, "options": options},
+            "ensemble": {"size": e},
+            "mesh": {"member_strategy": strategy_option},
+        }
     )
     built = setup.build(cfg, 10)
+    if patches:
+        from ensemble_core.train.conv_patches import conv_as_patches
+
+        intercept = conv_as_patches  # every trace of the step and of predict runs inside it
+    else:
+        import contextlib
+
+        intercept = contextlib.nullcontext
     model, tx = built.model, built.optimizer
     keys = built.member_keys()
     order = np.stack([rngs.epoch_order(keys["data"], 0, len(train_x), BATCH)[: steps + 1]])[0]  # [S+1, E, B]
@@ -115,7 +157,7 @@ def _worker(args: argparse.Namespace) -> dict:
 
     if args.method == "project":
         strategy, plan, mesh = built.strategy, built.plan, built.mesh
-        state = built.init_state(keys["init"], (28, 28, 1))
+        state = built.init_state(keys["init"], IMAGE_SHAPE)
         x = jax.device_put(train_x, replicated(mesh))
         y = jax.device_put(train_y, replicated(mesh))
         sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("ensemble", "data"))
@@ -125,7 +167,8 @@ def _worker(args: argparse.Namespace) -> dict:
             keys["stochastic"], jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("ensemble"))
         )
         t0 = time.perf_counter()
-        compiled = step.lower(state, x, y, member_keys, idx[0]).compile()
+        with intercept():
+            compiled = step.lower(state, x, y, member_keys, idx[0]).compile()
         out["compile_seconds"] = time.perf_counter() - t0
         state, m = compiled(state, x, y, member_keys, idx[0])  # warm-up
         jax.block_until_ready(m)
@@ -136,62 +179,85 @@ def _worker(args: argparse.Namespace) -> dict:
                 state, m = compiled(state, x, y, member_keys, idx[s])
             jax.block_until_ready((state, m))
 
-        out["train_seconds"] = _best_of(REPEATS, train_chunk)
+        out["train_seconds"] = _best_of(repeats, train_chunk)
         predict = built.predict_fn()
         one = strategy == "unroll"
-        member_probs(predict, state.variables, test_x, mesh, EVAL_BATCH, one_member_per_device=one)  # compile
-        out["eval_seconds"] = _best_of(
-            REPEATS, lambda: member_probs(predict, state.variables, test_x, mesh, EVAL_BATCH, one_member_per_device=one)
+
+        def eval_all():
+            with intercept():
+                member_probs(predict, state.variables, test_x, mesh, EVAL_BATCH, one_member_per_device=one)
+
+        eval_all()  # compile
+        out["eval_seconds"] = _best_of(repeats, eval_all)
+        out.update(
+            strategy="vmap_patches" if patches else strategy, mesh={"ensemble": plan.ensemble, "data": plan.data}
         )
-        out.update(strategy=strategy, mesh={"ensemble": plan.ensemble, "data": plan.data})
     else:
+        # The seed's step, as a user writes it for one Flax model (Flax's examples): mutable
+        # collections (BatchNorm's batch_stats) updated in training mode, dropout from a key.
+        def single_step(params, model_state, opt_state, xb, yb, key):
+            def loss_fn(p):
+                logits, updates = model.apply(
+                    {"params": p, **model_state},
+                    data_lib.to_float(xb),
+                    train=True,
+                    mutable=list(model_state),
+                    rngs={"dropout": key},
+                )
+                return cross_entropy(logits, yb).mean(), updates
 
-        def single_step(params, opt_state, xb, yb):
-            logits = lambda p: model.apply({"params": p}, data_lib.to_float(xb), train=True)  # noqa: E731
-            grads = jax.grad(lambda p: cross_entropy(logits(p), yb).mean())(params)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
+            grads, updates = jax.grad(loss_fn, has_aux=True)(params)
+            new_state = {name: updates[name] for name in model_state}
+            grad_updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, grad_updates), new_state, opt_state
 
-        step = jax.jit(single_step)  # the seed's step, as a user writes it
+        step = jax.jit(single_step)
         # the same step with the compiler options of the project's train step: what the
         # ensemble gains over a loop compiled as the project compiles
         step_same_options = jax.jit(single_step, compiler_options=train_compiler_options(jax.default_backend()))
-        apply = jax.jit(lambda p, xb: jax.nn.softmax(model.apply({"params": p}, data_lib.to_float(xb))))
-        members = [model.init(keys["init"][m], jnp.zeros((1, 28, 28, 1)))["params"] for m in range(e)]
+        apply = jax.jit(
+            lambda p, ms, xb: jax.nn.softmax(model.apply({"params": p, **ms}, data_lib.to_float(xb), train=False))
+        )
+        variables = [model.init(keys["init"][m], jnp.zeros((1, *IMAGE_SHAPE)), train=False) for m in range(e)]
+        members = [v["params"] for v in variables]
+        mstate = [{k: v for k, v in dict(var).items() if k != "params"} for var in variables]
         opt = [tx.init(p) for p in members]
+        dropout = [jax.random.fold_in(keys["stochastic"][m], 0) for m in range(e)]
         x, y = jnp.asarray(train_x), jnp.asarray(train_y)
         first = order[0, 0]
         t0 = time.perf_counter()
-        compiled_step = step.lower(members[0], opt[0], x[first], y[first]).compile()
+        compiled_step = step.lower(members[0], mstate[0], opt[0], x[first], y[first], dropout[0]).compile()
         out["compile_seconds"] = time.perf_counter() - t0
         out["train_flops_per_image"] = _flops(compiled_step) / BATCH
-        for m in range(e):  # warm-up: one step per member (as the project's warm-up step)
-            members[m], opt[m] = step(members[m], opt[m], x[order[0, m]], y[order[0, m]])
-        jax.block_until_ready(members)
 
-        def train_chunk(fn=step):
+        def train_chunk(fn=step, steps_range=range(1, steps + 1)):
             for m in range(e):
-                for s in range(1, steps + 1):
-                    members[m], opt[m] = fn(members[m], opt[m], x[order[s, m]], y[order[s, m]])
+                for s in steps_range:
+                    members[m], mstate[m], opt[m] = fn(
+                        members[m], mstate[m], opt[m], x[order[s, m]], y[order[s, m]], dropout[m]
+                    )
             jax.block_until_ready(members)
 
-        out["train_seconds"] = _best_of(REPEATS, train_chunk)
-        for m in range(e):  # compile and warm up
-            members[m], opt[m] = step_same_options(members[m], opt[m], x[order[0, m]], y[order[0, m]])
-        out["train_seconds_same_options"] = _best_of(REPEATS, lambda: train_chunk(step_same_options))
-        out["train_member_images_per_s_same_options"] = e * steps * BATCH / out["train_seconds_same_options"]
+        train_chunk(step, range(1))  # warm-up: one step per member (as the project's warm-up step)
+        out["train_seconds"] = _best_of(repeats, train_chunk)
+        if not args.skip_same_options:
+            train_chunk(step_same_options, range(1))  # compile and warm up
+            out["train_seconds_same_options"] = _best_of(repeats, lambda: train_chunk(step_same_options))
+            out["train_member_images_per_s_same_options"] = e * steps * BATCH / out["train_seconds_same_options"]
         tx_dev = jnp.asarray(test_x)
 
         def eval_all():
             res = [
-                [apply(members[m], tx_dev[i : i + EVAL_BATCH]) for i in range(0, len(test_x), EVAL_BATCH)]
+                [apply(members[m], mstate[m], tx_dev[i : i + EVAL_BATCH]) for i in range(0, len(test_x), EVAL_BATCH)]
                 for m in range(e)
             ]
             jax.block_until_ready(res)
 
         eval_all()  # compile
-        out["eval_flops_per_image"] = _flops(apply.lower(members[0], tx_dev[:EVAL_BATCH]).compile()) / EVAL_BATCH
-        out["eval_seconds"] = _best_of(REPEATS, eval_all)
+        out["eval_flops_per_image"] = (
+            _flops(apply.lower(members[0], mstate[0], tx_dev[:EVAL_BATCH]).compile()) / EVAL_BATCH
+        )
+        out["eval_seconds"] = _best_of(repeats, eval_all)
 
     out["train_member_images_per_s"] = e * steps * BATCH / out["train_seconds"]
     out["eval_member_images_per_s"] = e * len(test_x) / out["eval_seconds"]
@@ -204,7 +270,7 @@ def _worker(args: argparse.Namespace) -> dict:
 # MARK: driver
 
 
-def _run_worker(model: str, size: int, method: str, args, env: dict | None = None) -> dict:
+def _run_worker(model: str, size: int, method: str, args, env: dict | None = None, strategy: str | None = None) -> dict:
     cmd = [
         sys.executable,
         "-m",
@@ -220,9 +286,13 @@ def _run_worker(model: str, size: int, method: str, args, env: dict | None = Non
         str(args.steps),
         "--data-dir",
         args.data_dir,
+        "--repeats",
+        str(args.repeats),
     ]
-    if args.strategy:
-        cmd += ["--strategy", args.strategy]
+    if strategy:
+        cmd += ["--strategy", strategy]
+    if args.skip_same_options:
+        cmd += ["--skip-same-options"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env or os.environ.copy())
     if proc.returncode:
         raise SystemExit(f"worker failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
@@ -231,16 +301,20 @@ def _run_worker(model: str, size: int, method: str, args, env: dict | None = Non
 
 def _table(rows: list[dict]) -> str:
     head = (
-        f"{'model':5} {'E':>3} | {'train proj':>10} {'train loop':>10} {'speedup':>7} {'loop*':>7} {'speedup*':>8} | "
+        f"{'model':13} {'E':>3} | {'train proj':>10} {'train loop':>10} {'speedup':>7} {'loop*':>7} {'speedup*':>8} | "
         f"{'eval proj':>10} {'eval loop':>10} {'speedup':>7} | {'compile s':>9} | {'peak MB':>8} | strategy"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         p, lp = r["project"], r["loop"]
+        if r.get("train_speedup_same_options") is None:
+            same = f"{'-':>7} {'-':>8} | "
+        else:
+            same = f"{lp['train_member_images_per_s_same_options']:>7.0f} {r['train_speedup_same_options']:>7.2f}x | "
         lines.append(
-            f"{r['model']:5} {r['size']:>3} | {p['train_member_images_per_s']:>10.0f} "
+            f"{r['model']:13} {r['size']:>3} | {p['train_member_images_per_s']:>10.0f} "
             f"{lp['train_member_images_per_s']:>10.0f} {r['train_speedup']:>6.2f}x "
-            f"{lp['train_member_images_per_s_same_options']:>7.0f} {r['train_speedup_same_options']:>7.2f}x | "
+            f"{same}"
             f"{p['eval_member_images_per_s']:>10.0f} {lp['eval_member_images_per_s']:>10.0f} "
             f"{r['eval_speedup']:>6.2f}x | {p['compile_seconds']:>9.2f} | {p['peak_host_mb']:>8.0f} | "
             f"{p['strategy']} mesh {p['mesh']['ensemble']}x{p['mesh']['data']}"
@@ -255,19 +329,25 @@ def _plot(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    several = len({r["project"]["strategy"] for r in rows}) > 1
+    lines = [(m, st) for m in models for st in dict.fromkeys(r["project"]["strategy"] for r in rows if r["model"] == m)]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, kind in zip(axes, ("train", "eval"), strict=True):
-        for model, color in (("cnn", "tab:blue"), ("mlp", "tab:orange")):
-            rs = [r for r in rows if r["model"] == model]
-            if not rs:
-                continue
+        for i, (model, strategy) in enumerate(lines):
+            color = colors[i % len(colors)]
+            rs = [r for r in rows if r["model"] == model and r["project"]["strategy"] == strategy]
             sizes = [r["size"] for r in rs]
+            first_of_model = lines.index((model, strategy)) == [m for m, _ in lines].index(model)
             ax.plot(
                 sizes,
                 [r["project"][f"{kind}_member_images_per_s"] for r in rs],
                 "o-",
                 color=color,
-                label=f"{model}: ensemble-pipeline",
+                label=f"{model}: ensemble-pipeline" + (f" ({strategy})" if several else ""),
             )
+            if not first_of_model:
+                continue  # the loop does not depend on the strategy: one line per model
             ax.plot(
                 sizes,
                 [r["loop"][f"{kind}_member_images_per_s"] for r in rs],
@@ -275,7 +355,7 @@ def _plot(rows: list[dict], path: Path, title: str) -> None:
                 color=color,
                 label=f"{model}: per-member loop",
             )
-            if kind == "train" and all("train_member_images_per_s_same_options" in r["loop"] for r in rs):
+            if kind == "train" and all(r["loop"].get("train_member_images_per_s_same_options") for r in rs):
                 ax.plot(
                     sizes,
                     [r["loop"]["train_member_images_per_s_same_options"] for r in rs],
@@ -302,7 +382,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="cnn,mlp")
     parser.add_argument("--sizes", default="1,2,4,8,16,32")
     parser.add_argument("--steps", type=int, default=10, help="timed training steps per member")
-    parser.add_argument("--strategy", choices=["vmap", "unroll"], help="override the member strategy")
+    parser.add_argument(
+        "--strategy",
+        help=f"override the member strategy: one or a comma-separated list of {', '.join(STRATEGY_CHOICES)} "
+        "(each a row against the same loop measurement)",
+    )
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="timed chunks per measurement; the fastest counts")
+    parser.add_argument(
+        "--skip-same-options", action="store_true", help="skip loop* (the loop with the project's compiler options)"
+    )
+    parser.add_argument(
+        "--devices",
+        type=int,
+        help="simulated host devices of the project's workers (XLA_FLAGS=--xla_force_host_platform_device_count; "
+        "default: the flows' 8)",
+    )
     parser.add_argument("--data-dir", default=str(Path(tempfile.gettempdir()) / "ensemble-bench-tfds"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "latest.json"))
     parser.add_argument("--compile-cache", action="store_true", help="also measure cold vs warm compile cache")
@@ -311,6 +405,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--method", choices=["project", "loop", "peak"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    for name in args.models.split(","):
+        if name not in MODELS:
+            parser.error(f"unknown model {name!r}; use one of {', '.join(MODELS)}")
+    strategies = args.strategy.split(",") if args.strategy else [None]
+    for st in strategies:
+        if st is not None and st not in STRATEGY_CHOICES:
+            parser.error(f"unknown strategy {st!r}; use one of {', '.join(STRATEGY_CHOICES)}")
     if args.worker:
         print(json.dumps(_worker(args)))
         return 0
@@ -318,24 +419,30 @@ def main(argv: list[str] | None = None) -> int:
     env = os.environ.copy()
     cache = tempfile.mkdtemp(prefix="ensemble-bench-jax-")
     env["JAX_COMPILATION_CACHE_DIR"] = cache  # fresh per benchmark: compile times are cold
+    if args.devices:
+        flags = " ".join(f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f)
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.devices}".strip()
     rows = []
     for model in args.models.split(","):
         for size in map(int, args.sizes.split(",")):
-            project = _run_worker(model, size, "project", args, env)
-            loop = _run_worker(model, size, "loop", args, env)
-            rows.append(
-                {
-                    "model": model,
-                    "size": size,
-                    "project": project,
-                    "loop": loop,
-                    "train_speedup": project["train_member_images_per_s"] / loop["train_member_images_per_s"],
-                    "train_speedup_same_options": project["train_member_images_per_s"]
-                    / loop["train_member_images_per_s_same_options"],
-                    "eval_speedup": project["eval_member_images_per_s"] / loop["eval_member_images_per_s"],
-                }
-            )
-            print(_table(rows[-1:]).splitlines()[-1], flush=True)
+            loop = None
+            for strategy in strategies:
+                project = _run_worker(model, size, "project", args, env, strategy)
+                if loop is None:  # one loop measurement per model and size, whatever the strategies
+                    loop = _run_worker(model, size, "loop", args, env)
+                same = loop.get("train_member_images_per_s_same_options")
+                rows.append(
+                    {
+                        "model": model,
+                        "size": size,
+                        "project": project,
+                        "loop": loop,
+                        "train_speedup": project["train_member_images_per_s"] / loop["train_member_images_per_s"],
+                        "train_speedup_same_options": project["train_member_images_per_s"] / same if same else None,
+                        "eval_speedup": project["eval_member_images_per_s"] / loop["eval_member_images_per_s"],
+                    }
+                )
+                print(_table(rows[-1:]).splitlines()[-1], flush=True)
     result = {
         "machine": {
             "platform": platform.platform(),
@@ -345,7 +452,11 @@ def main(argv: list[str] | None = None) -> int:
             "devices": rows[0]["project"]["devices"],
         },
         "batch_size": BATCH,
+        "image_shape": list(IMAGE_SHAPE),
         "steps": args.steps,
+        "repeats": args.repeats,
+        "xla_flags": env.get("XLA_FLAGS", ""),
+        "command": "python -m benchmarks.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "peak": _run_worker("cnn", 1, "peak", args, env),
         "rows": rows,
     }
@@ -375,10 +486,11 @@ def main(argv: list[str] | None = None) -> int:
     peak = result["peak"]["matmul_gflops_per_s"]
     print(f"\nroofline: float32 matmul peak {peak:.0f} GFLOP/s (jitted {result['peak']['matmul_n']}^3 matmul)")
     for r in rows:
-        if r["size"] == 8:
+        if r["size"] == max(x["size"] for x in rows):
             lp = r["loop"]
             print(
-                f"  {r['model']} E=8: train {lp['train_flops_per_image'] / 1e6:.1f} MFLOP/img, "
+                f"  {r['model']} E={r['size']} {r['project']['strategy']}: "
+                f"train {lp['train_flops_per_image'] / 1e6:.1f} MFLOP/img, "
                 f"project {r['project']['train_gflops_per_s']:.0f} GFLOP/s "
                 f"({100 * r['project']['train_gflops_per_s'] / peak:.0f}% of peak), "
                 f"loop {lp['train_gflops_per_s']:.0f} ({100 * lp['train_gflops_per_s'] / peak:.0f}%); "
