@@ -11,7 +11,7 @@ Models (``--models``, :data:`MODELS`): ``cnn``, ``mlp``, ``resnet20`` (the regis
 (``model.options: {batch_norm: false}``), all on the embedded MNIST's 28x28x1 images.
 ``--strategy`` takes a comma-separated list (each strategy a row, against one loop
 measurement); ``vmap_patches`` is ``vmap`` with every ``nn.Conv`` computed as patches
-times a kernel matrix (:mod:`ensemble_core.train.conv_patches`) while the step and the
+times a kernel matrix (:mod:`benchmarks.conv_patches`) while the step and the
 predict function are traced. ``--devices N`` runs the project's workers on N simulated
 host devices instead of the flows' 8.
 
@@ -63,7 +63,7 @@ MODELS = {
 }
 #: --strategy values: the project's member strategies plus 'vmap_patches', vmap with every
 #: nn.Conv replaced by patches + one batched matmul over the members
-#: (:mod:`ensemble_core.train.conv_patches`), applied around the step's and predict's tracing
+#: (:mod:`benchmarks.conv_patches`), applied around the step's and predict's tracing
 STRATEGY_CHOICES = ("vmap", "unroll", "vmap_patches")
 
 
@@ -137,7 +137,7 @@ def _worker(args: argparse.Namespace) -> dict:
     )
     built = setup.build(cfg, 10)
     if patches:
-        from ensemble_core.train.conv_patches import conv_as_patches
+        from benchmarks.conv_patches import conv_as_patches
 
         intercept = conv_as_patches  # every trace of the step and of predict runs inside it
     else:
