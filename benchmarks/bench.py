@@ -164,7 +164,8 @@ def _worker(args: argparse.Namespace) -> dict:
         idx = [jax.device_put(o, sharding) for o in order]
         step = built.train_step()
         member_keys = jax.device_put(
-            keys["stochastic"], jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("ensemble"))
+            np.asarray(jax.random.key_data(keys["stochastic"])),
+            jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("ensemble")),
         )
         t0 = time.perf_counter()
         with intercept():

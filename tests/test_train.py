@@ -132,7 +132,8 @@ def test_cpu_step_compiler_options_and_donation(mnist_train, donate):
     )
     step = built.train_step(donate=donate)
     member_keys = jax.device_put(
-        built.member_keys()["stochastic"], jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("ensemble"))
+        np.asarray(jax.random.key_data(built.member_keys()["stochastic"])),
+        jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("ensemble")),
     )
     hlo = step.lower(state, imgs, labs, member_keys, idx).compile().as_text()
     assert "__ynn_fusion" not in hlo

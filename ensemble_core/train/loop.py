@@ -95,7 +95,8 @@ def fit(
     n = int(images.shape[0])
     compiled = None
     timing: dict = {"compile_seconds": 0.0, "train_seconds": 0.0, "steps": 0, "stopped_at": None}
-    stochastic_keys = jax.device_put(stochastic_keys, lr_sharding)
+    # raw key data from the host: in a run across JAX processes each places its own rows
+    stochastic_keys = jax.device_put(np.asarray(jax.random.key_data(stochastic_keys)), lr_sharding)
     start = start or data_position(0)
     start_epoch, start_step = start["epoch"], start["step_in_epoch"]
     for epoch in range(start_epoch, epochs):

@@ -11,6 +11,7 @@ happens on device, inside the step.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -19,7 +20,7 @@ import optax
 from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
-from jaxtyping import Array, Float, Int, Key, UInt8
+from jaxtyping import Array, Float, Int, Key, UInt8, UInt32
 
 from ensemble_core.data import to_float
 from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS
@@ -79,17 +80,25 @@ def default_donate(platform: str) -> bool:
     return platform != "cpu"
 
 
-def train_compiler_options(platform: str) -> dict[str, str]:
+def train_compiler_options(platform: str, batch_norm: bool = False) -> dict[str, str]:
     """XLA options the train step is compiled with on ``platform`` ('cpu', 'gpu', 'tpu').
 
-    On CPU: ``xla_cpu_experimental_ynn_fusion_type=""``, i.e. no YNNPACK fusions in the
-    train step. With jaxlib 0.10, XLA:CPU hands convolutions, reductions and elementwise
-    ops to YNNPACK fusions that materialise broadcast constants at full activation size
-    and run the convolutions' backward passes slowly; without them the Flax MNIST CNN's step
-    measured 1.3-1.7x faster (docs/benchmarks.md). Evaluation keeps them: its forward
-    convolutions are faster with YNNPACK. Other platforms: no options.
+    On CPU, for members without mutable collections: ``xla_cpu_experimental_ynn_fusion_type=""``,
+    i.e. no YNNPACK fusions in the train step. With jaxlib 0.10, XLA:CPU hands convolutions,
+    reductions and elementwise ops to YNNPACK fusions that materialise broadcast constants
+    at full activation size and run the convolutions' backward passes slowly; without them
+    the Flax MNIST CNN's step measured 1.3-1.7x faster (docs/benchmarks.md). Evaluation
+    keeps them: its forward convolutions are faster with YNNPACK.
+
+    With ``batch_norm`` (members with mutable collections) the step keeps XLA's defaults:
+    XLA's own CPU convolutions round differently for different batch sizes, and BatchNorm
+    amplifies that rounding (a CIFAR ResNet at initialisation: 1e-7 to 3e-2 of a step's
+    update), so a member whose batch is split over ``'data'`` would train differently from
+    the same member on one device; YNNPACK's convolutions agree across batch splits to
+    2e-5 of an update (``benchmarks/topology.py``). The price measured on ResNet-20 is
+    about 10% of its per-member loop's speed (docs/benchmarks.md). Other platforms: no options.
     """
-    return {"xla_cpu_experimental_ynn_fusion_type": ""} if platform == "cpu" else {}
+    return {"xla_cpu_experimental_ynn_fusion_type": ""} if platform == "cpu" and not batch_norm else {}
 
 
 # MARK: the step
@@ -109,7 +118,8 @@ def make_train_step(
 
     ``donate``: donate ``state`` to the step (None: :func:`default_donate` for the
     mesh's platform). A donated state must not be used after the call. The step is
-    compiled with :func:`train_compiler_options` for the mesh's platform.
+    compiled with :func:`train_compiler_options` for the mesh's platform and for members
+    with or without mutable collections (whichever the state it gets holds).
     ``crop_padding``/``flip``: the on-device augmentation ``data.augment``
     (:func:`ensemble_core.train.augment.augment`), drawn per member and per step.
 
@@ -122,8 +132,10 @@ def make_train_step(
       state: :class:`~ensemble_core.train.state.EnsembleState`, leaves ``[E, ...]``.
       images: uint8 ``[N, H, W, C]``, the training split, replicated on the mesh.
       labels: int32 ``[N]``, replicated.
-      member_keys: typed keys ``[E]``, each member's ``"stochastic"`` key
-        (:func:`ensemble_core.rngs.member_keys`); sharded ``P('ensemble')``.
+      member_keys: uint32 ``[E, 2]``, the raw key data (``jax.random.key_data``) of each
+        member's ``"stochastic"`` key (:func:`ensemble_core.rngs.member_keys`), sharded
+        ``P('ensemble')``; raw data, so that every JAX process can place its rows from a
+        host array.
       indices: int32 ``[E, B]``: member e trains on ``images[indices[e]]``; sharded
         ``P('ensemble', 'data')``.
       learning_rates: float32 ``[E]``: each member's learning rate for this step (from
@@ -151,7 +163,7 @@ def make_train_step(
         # shares' gradients is the gradient of the global batch mean.
         local_batch = labels.shape[0]
         global_batch = local_batch * data_size
-        dropout_key, augment_key = step_keys(key, step)
+        dropout_key, augment_key = step_keys(jax.random.wrap_key_data(key), step)
         images = augment(
             augment_key,
             images,
@@ -210,7 +222,7 @@ def make_train_step(
         state: EnsembleState,
         images: UInt8[Array, "N H W C"],
         labels: Int[Array, " N"],
-        member_keys: Key[Array, " E"],
+        member_keys: UInt32[Array, "E 2"],
         indices: Int[Array, "E B"],
         learning_rates: Float[Array, " E"] | None = None,
     ) -> tuple[EnsembleState, dict[str, Float[Array, " E"]]]:
@@ -238,8 +250,31 @@ def make_train_step(
     platform = mesh.devices.flat[0].platform
     if donate is None:
         donate = default_donate(platform)
-    return jax.jit(
-        train_step,
-        donate_argnames=("state",) if donate else (),
-        compiler_options=train_compiler_options(platform),
+    return _ByCollections(
+        {
+            stateful: jax.jit(
+                train_step,
+                donate_argnames=("state",) if donate else (),
+                compiler_options=train_compiler_options(platform, batch_norm=stateful),
+            )
+            for stateful in (False, True)
+        }
     )
+
+
+class _ByCollections:
+    """The jitted step, compiled with :func:`train_compiler_options` for members with or
+    without mutable collections, chosen by the state it is called (or lowered) with."""
+
+    def __init__(self, steps: dict[bool, Callable]):
+        self._steps = steps
+
+    def _pick(self, state: EnsembleState) -> Any:
+        return self._steps[bool(jax.tree.leaves(state.model_state))]
+
+    def __call__(self, state: EnsembleState, *args, **kwargs):
+        return self._pick(state)(state, *args, **kwargs)
+
+    def lower(self, state: EnsembleState, *args, **kwargs):
+        """``jax.jit(...).lower`` of the step this state takes."""
+        return self._pick(state).lower(state, *args, **kwargs)
