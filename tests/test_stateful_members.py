@@ -67,11 +67,19 @@ def test_a_batchnorm_dropout_member_equals_flax_trainstate_alone(mnist_train, st
         _close(unstacked(state.model_state["batch_stats"], m), batch_stats, atol=5e-5)
 
 
+@pytest.fixture(scope="module")
+def one_device(mnist_train):
+    """The reference of the topology tests: 4 members on one device."""
+    return _train(mnist_train, _setup(4, "unroll", AUGMENT, devices=1))
+
+
 @pytest.mark.parametrize("devices, ensemble, data", [(2, 2, 1), (8, 4, 2), (4, 1, 4)])
-def test_same_members_with_batchnorm_dropout_and_augmentation_on_any_mesh(mnist_train, devices, ensemble, data):
+def test_same_members_with_batchnorm_dropout_and_augmentation_on_any_mesh(
+    mnist_train, one_device, devices, ensemble, data
+):
     """BatchNorm statistics, dropout masks and augmentations are those of each member's
     whole batch, however the batch is split over 'data'."""
-    ref = _train(mnist_train, _setup(4, "unroll", AUGMENT, devices=1))
+    ref = one_device
     got = _train(mnist_train, _setup(4, "vmap", AUGMENT, devices=devices, ensemble=ensemble, data=data))
     assert got.params["Dense_0"]["kernel"].sharding.mesh.shape == {"ensemble": ensemble, "data": data}
     # Measured on (8, 4, 2): at most 1.4e-4 apart (float32 rounding of the split sums, through
