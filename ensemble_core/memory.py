@@ -26,6 +26,7 @@ import dataclasses
 import math
 import os
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,7 +61,13 @@ class MemoryEstimate:
 
 
 def estimate(
-    cfg: PipelineConfig, plan: MeshPlan, num_classes: int, image_shape, num_train: int, strategy: str = "unroll"
+    cfg: PipelineConfig,
+    plan: MeshPlan,
+    num_classes: int,
+    image_shape,
+    num_train: int,
+    strategy: str = "unroll",
+    model: nn.Module | None = None,
 ) -> MemoryEstimate:
     """Lower bound of the training memory per device for ``cfg`` on ``plan``.
 
@@ -69,11 +76,12 @@ def estimate(
       strategy: ``mesh.member_strategy`` resolved (``unroll`` or ``vmap``).
       num_classes, image_shape ``(H, W, C)``, num_train: the dataset's (after
         ``data.max_train_examples``).
+      model: the member network when the caller has built it already (None: built from ``cfg.model``).
 
     With a validation split the state holds a second copy of every member's parameters
     (its best epoch's), counted with the optimizer slots.
     """
-    model = build_model(cfg.model, num_classes)
+    model = model if model is not None else build_model(cfg.model, num_classes)
     variables = jax.eval_shape(lambda: init_variables(model, jax.random.key(0), tuple(image_shape)))
     params, model_state = split_variables(variables)
     count = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))

@@ -115,6 +115,10 @@ class _Format1State:
     best: _Format1Best | None = None
 
 
+#: The fields ``EnsembleState`` shares with format 1 (all but ``model_state`` and ``best``).
+_FORMAT1_FIELDS = ("step", "params", "opt_state", "healthy", "label_smoothing")
+
+
 def _without_model_state(abstract: Any) -> _Format1State:
     """A format-2 state tree as a format-1 checkpoint holds it: the same fields without
     ``model_state`` (in the state and in ``best``).
@@ -131,8 +135,7 @@ def _without_model_state(abstract: Any) -> _Format1State:
     best = abstract.best
     if best is not None:
         best = _Format1Best(params=best.params, nll=best.nll, epoch=best.epoch, stopped_epoch=best.stopped_epoch)
-    fields = ("step", "params", "opt_state", "healthy", "label_smoothing")
-    return _Format1State(**{f: getattr(abstract, f) for f in fields}, best=best)
+    return _Format1State(**{f: getattr(abstract, f) for f in _FORMAT1_FIELDS}, best=best)
 
 
 def _with_model_state(target: Any, restored: _Format1State) -> Any:
@@ -143,8 +146,7 @@ def _with_model_state(target: Any, restored: _Format1State) -> Any:
         best = target.best.replace(
             params=b.params, model_state={}, nll=b.nll, epoch=b.epoch, stopped_epoch=b.stopped_epoch
         )
-    fields = ("step", "params", "opt_state", "healthy", "label_smoothing")
-    return target.replace(**{f: getattr(restored, f) for f in fields}, model_state={}, best=best)
+    return target.replace(**{f: getattr(restored, f) for f in _FORMAT1_FIELDS}, model_state={}, best=best)
 
 
 class EnsembleCheckpointer:

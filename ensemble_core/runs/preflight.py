@@ -69,9 +69,10 @@ def check_memory(cfg: PipelineConfig, dataset: DatasetInfo) -> memory_lib.Memory
       ConfigError: the model's problem in one line, or the estimate and the memory there is.
     """
     shape = tuple(dataset.image_shape)
-    check_model(build_model(cfg.model, dataset.num_classes), cfg.model, shape, dataset.num_classes)
+    model = build_model(cfg.model, dataset.num_classes)
+    check_model(model, cfg.model, shape, dataset.num_classes)
     est = memory_lib.estimate(
-        cfg, plan(cfg), dataset.num_classes, shape, num_train(cfg, dataset), resolve_strategy(cfg)
+        cfg, plan(cfg), dataset.num_classes, shape, num_train(cfg, dataset), resolve_strategy(cfg), model=model
     )
     memory_lib.check(est, cfg)
     return est

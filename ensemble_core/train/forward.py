@@ -116,11 +116,8 @@ def _batch_norm(module: nn.BatchNorm, next_fun, args, kwargs):
     if nn.merge_param("use_running_average", module.use_running_average, use_running_average):
         return next_fun(*args, **kwargs)  # inference mode: no statistics, no collective
     clone = module.clone(parent=None, axis_name=DATA_AXIS, axis_index_groups=None)
-    mutable = module.is_mutable_collection("batch_stats")
-    out = clone.apply(dict(module.variables), *args, mutable=["batch_stats"] if mutable else False, **kwargs)
-    if not mutable:
-        return out
-    y, updates = out
+    # the caller's batch_stats are mutable in training mode (apply_train), as Flax requires
+    y, updates = clone.apply(dict(module.variables), *args, mutable=["batch_stats"], **kwargs)
     for name, value in updates["batch_stats"].items():
         module.put_variable("batch_stats", name, value)
     return y
