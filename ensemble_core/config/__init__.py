@@ -28,6 +28,7 @@ from ensemble_core.config.limits import (
     MAX_WIDTH,
 )
 from ensemble_core.config.loader import load_config, validate
+from ensemble_core.config.nightly_section import DriftConfig, NightlyConfig, RetentionConfig
 from ensemble_core.config.pipeline import PipelineConfig
 from ensemble_core.config.sections import (
     AugmentConfig,
@@ -66,15 +67,18 @@ __all__ = [
     "CheckpointConfig",
     "DataConfig",
     "DistributedConfig",
+    "DriftConfig",
     "Distribution",
     "DuplicateKeyError",
     "EnsembleConfig",
     "EvalConfig",
     "EvaluatorSpec",
     "MeshConfig",
+    "NightlyConfig",
     "ModelConfig",
     "PipelineConfig",
     "PromotionConfig",
+    "RetentionConfig",
     "SearchSpace",
     "TrainConfig",
     "figure_direction",

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from ensemble_core import hyper
 from ensemble_core.config.limits import HOST_DEVICES, MAX_SEED
 from ensemble_core.config.messages import show
+from ensemble_core.config.nightly_section import NightlyConfig, RetentionConfig
 from ensemble_core.config.sections import (
     CheckpointConfig,
     DataConfig,
@@ -48,6 +49,8 @@ class PipelineConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    nightly: NightlyConfig = Field(default_factory=NightlyConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
 
     def member_hyperparameters(self, num_members: int | None = None) -> list[dict[str, Any]]:
         """Every member's learning rate, weight decay, label smoothing, schedule and warm-up

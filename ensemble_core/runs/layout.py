@@ -9,6 +9,7 @@ A run directory ``<output_dir>/<run_name>/``::
     corrupt-checkpoints/     unreadable steps set aside on resume
     predictions.npz          the test evaluator's member probabilities (evaluation.py)
     eval/<evaluator>.npz     every other evaluator's arrays
+    data_snapshot.json       the data snapshot it trains on (written before training)
     report.json, report.md   the report (report.py)
     plots/*.png
 
@@ -88,6 +89,12 @@ class RunDir:
     @property
     def report_json(self) -> Path:
         return self.path / "report.json"
+
+    @property
+    def data_snapshot(self) -> Path:
+        """The data snapshot the run trains on (:class:`ensemble_core.data.DataSnapshot`
+        as JSON), written before training starts: what retention keeps for it."""
+        return self.path / "data_snapshot.json"
 
     @property
     def report_md(self) -> Path:

@@ -35,6 +35,8 @@ RESUMABLE_KEYS = (
     "distributed.tls_ca_file",
     "distributed.tls_cert",
     "distributed.tls_key",
+    "nightly.*",
+    "retention.*",
 )
 
 
