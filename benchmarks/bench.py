@@ -121,9 +121,9 @@ def _worker(args: argparse.Namespace) -> dict:
     from ensemble_core.predict import member_probs
     from ensemble_core.train import cross_entropy, train_compiler_options
 
-    data_lib.prepare(data_lib.EMBEDDED, args.data_dir)
-    train_x, train_y = data_lib.load_split(data_lib.EMBEDDED, "train", args.data_dir)
-    test_x, _ = data_lib.load_split(data_lib.EMBEDDED, "test", args.data_dir)
+    tfds_dir = data_lib.prepare(data_lib.EMBEDDED, args.data_dir).tfds_data_dir
+    train_x, train_y = data_lib.load_split(data_lib.EMBEDDED, "train", tfds_dir)
+    test_x, _ = data_lib.load_split(data_lib.EMBEDDED, "test", tfds_dir)
     e, steps, repeats = args.size, args.steps, args.repeats
     name, options = MODELS[args.model]
     patches = args.strategy == "vmap_patches"

@@ -81,8 +81,8 @@ def throughput(data_dir: str | None, rounds: int = 2) -> dict:
     from ensemble_core.mesh import replicated
     from ensemble_core.train import fit
 
-    data_lib.prepare(data_lib.EMBEDDED, data_dir)
-    images, labels = data_lib.load_split(data_lib.EMBEDDED, "train", data_dir)
+    tfds_dir = data_lib.prepare(data_lib.EMBEDDED, data_dir).tfds_data_dir
+    images, labels = data_lib.load_split(data_lib.EMBEDDED, "train", tfds_dir)
     no_validation = [
         "train.patience=null",
         "ensemble.select_size=null",

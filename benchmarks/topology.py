@@ -43,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     from ensemble_core.mesh import replicated
     from ensemble_core.train import fit
 
-    data_lib.prepare(data_lib.EMBEDDED, args.data_dir)
+    tfds_dir = data_lib.prepare(data_lib.EMBEDDED, args.data_dir).tfds_data_dir
     n = args.steps * args.batch_size
-    images, labels = data_lib.load_split(data_lib.EMBEDDED, "train", args.data_dir, limit=n)
+    images, labels = data_lib.load_split(data_lib.EMBEDDED, "train", tfds_dir, limit=n)
     e = args.members
 
     def train(devices: int, ensemble: int | None, data: int, group: int | None = None, groups: int = 1):

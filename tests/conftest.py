@@ -20,17 +20,26 @@ def tfds_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def mnist_train(tfds_dir):
+def embedded_dir(tfds_dir):
+    """The TFDS data dir of the embedded dataset's snapshot in ``tfds_dir`` (what
+    ``data.load_split`` takes)."""
     from ensemble_core import data
 
-    return data.load_split(data.EMBEDDED, "train", tfds_dir)
+    return data.prepare(data.EMBEDDED, tfds_dir).tfds_data_dir
 
 
 @pytest.fixture(scope="session")
-def mnist_test(tfds_dir):
+def mnist_train(embedded_dir):
     from ensemble_core import data
 
-    return data.load_split(data.EMBEDDED, "test", tfds_dir)
+    return data.load_split(data.EMBEDDED, "train", embedded_dir)
+
+
+@pytest.fixture(scope="session")
+def mnist_test(embedded_dir):
+    from ensemble_core import data
+
+    return data.load_split(data.EMBEDDED, "test", embedded_dir)
 
 
 # The modules that mostly wait on real processes (a Prefect stack's heartbeats, timeouts

@@ -20,6 +20,11 @@ from ensemble_core.errors import DataError
 VERSION_DIR = Path(data.EMBEDDED) / "1.0.0"
 
 
+def _snap(variant: Path) -> str:
+    """The snapshot's TFDS data dir holding ``variant`` (what ``load_split`` takes)."""
+    return str(variant.parents[1])
+
+
 def _shard(variant: Path, split: str) -> Path:
     (path,) = variant.glob(f"{data.EMBEDDED}-{split}.array_record-*")
     return path
@@ -121,10 +126,10 @@ AT_READ = [_corrupt_middle, _undecodable_records]
 
 @pytest.fixture
 def copied(tfds_dir, tmp_path):
-    """A private copy of the prepared data dir: (data_dir, the dataset's version dir)."""
+    """A private copy of the prepared data dir: (data_dir, the version dir of its snapshot of the dataset)."""
     data_dir = tmp_path / "tfds"
     shutil.copytree(tfds_dir, data_dir)
-    return str(data_dir), data_dir / VERSION_DIR
+    return str(data_dir), Path(data.prepare(data.EMBEDDED, str(data_dir)).tfds_data_dir) / VERSION_DIR
 
 
 def _assert_actionable(err: DataError, damaged: Path, variant: Path) -> str:
@@ -144,9 +149,9 @@ def _apply_fix(msg: str, variant: Path) -> None:
 
 
 def _assert_loads_like(data_dir: str, mnist_train, mnist_test) -> None:
-    data.prepare(data.EMBEDDED, data_dir)
+    snapshot = data.prepare(data.EMBEDDED, data_dir).tfds_data_dir
     for split, (want_x, want_y) in (("train", mnist_train), ("test", mnist_test)):
-        got_x, got_y = data.load_split(data.EMBEDDED, split, data_dir)
+        got_x, got_y = data.load_split(data.EMBEDDED, split, snapshot)
         np.testing.assert_array_equal(got_x, want_x)
         np.testing.assert_array_equal(got_y, want_y)
 
@@ -157,7 +162,7 @@ def test_damage_is_a_data_error_and_its_fix_works(damage, copied, mnist_train, m
     damaged = damage(variant)
     split = "test" if damage is _undecodable_records else "train"
     with pytest.raises(DataError) as err:
-        data.load_split(data.EMBEDDED, split, data_dir)
+        data.load_split(data.EMBEDDED, split, _snap(variant))
     msg = _assert_actionable(err.value, damaged, variant)
     if damage in UP_FRONT:  # found by prepare, i.e. in the preflight, before any compute
         with pytest.raises(DataError) as err:
@@ -171,7 +176,7 @@ def test_prepare_checks_every_split_and_load_split_its_own(copied):
     """prepare checks every split; load_split checks the split it reads."""
     data_dir, variant = copied
     damaged = _zero_bytes(variant)  # the train shard
-    data.load_split(data.EMBEDDED, "test", data_dir, limit=10)
+    data.load_split(data.EMBEDDED, "test", _snap(variant), limit=10)
     with pytest.raises(DataError) as err:
         data.prepare(data.EMBEDDED, data_dir)
     _assert_actionable(err.value, damaged, variant)
@@ -183,18 +188,18 @@ def test_the_copy_loads_like_the_shared_fixture(copied, mnist_train, mnist_test)
 
 
 def test_unknown_split_and_unknown_dataset_stay_what_they_are(copied):
-    data_dir, _ = copied
+    data_dir, variant = copied
     with pytest.raises(DataError, match=r"no split 'validation'.*fix:"):
-        data.load_split(data.EMBEDDED, "validation", data_dir)
+        data.load_split(data.EMBEDDED, "validation", _snap(variant))
     with pytest.raises(DataError, match="unknown dataset 'no_such_dataset'"):
-        data.load_split("no_such_dataset", "train", data_dir)
+        data.load_split("no_such_dataset", "train", _snap(variant))
 
 
 def test_a_sliced_split_spec_still_names_the_damaged_file(copied):
     data_dir, variant = copied
     damaged = _corrupt_middle(variant)
     with pytest.raises(DataError) as err:
-        data.load_split(data.EMBEDDED, "test[:10]+train", data_dir)
+        data.load_split(data.EMBEDDED, "test[:10]+train", _snap(variant))
     _assert_actionable(err.value, damaged, variant)
 
 
@@ -203,12 +208,12 @@ def test_an_unrelated_read_error_is_not_turned_into_damage(error, copied, monkey
     """A read that fails while every file reads on its own is passed on unchanged."""
     from tensorflow_datasets.core.data_sources import array_record as tfds_array_record
 
-    data_dir, _ = copied
+    _, variant = copied
 
     def explode(self, keys):
         raise error
 
     monkeypatch.setattr(tfds_array_record.ArrayRecordDataSource, "__getitems__", explode)
     with pytest.raises(type(error)) as err:
-        data.load_split(data.EMBEDDED, "train", data_dir)
+        data.load_split(data.EMBEDDED, "train", _snap(variant))
     assert err.value is error

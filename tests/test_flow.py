@@ -351,7 +351,9 @@ def test_predict_cli_with_the_champion_and_a_refusal(finished_run, tfds_dir, tmp
         member_probs = f["member_probs"]
     from ensemble_core import data
 
-    images, _ = data.load_split(data.EMBEDDED, "test", tfds_dir, limit=member_probs.shape[1])
+    images, _ = data.load_split(
+        data.EMBEDDED, "test", data.prepare(data.EMBEDDED, tfds_dir).tfds_data_dir, limit=member_probs.shape[1]
+    )
     np.save(tmp_path / "images.npy", images)
     out = tmp_path / "pred.npz"
     rc = main(["--images", str(tmp_path / "images.npy"), "--output-dir", str(run_dir.parent), "--output", str(out)])
@@ -605,7 +607,9 @@ def test_a_network_outside_the_repository_through_the_cli_and_predict(prefect_se
         want = f["member_probs"]
     from ensemble_core import data
 
-    images, _ = data.load_split(data.EMBEDDED, "test", tfds_dir, limit=want.shape[1])
+    images, _ = data.load_split(
+        data.EMBEDDED, "test", data.prepare(data.EMBEDDED, tfds_dir).tfds_data_dir, limit=want.shape[1]
+    )
     np.save(tmp_path / "images.npy", images)
     rc = predict_main(
         ["--images", str(tmp_path / "images.npy"), "--run-dir", str(run_dir), "--output", str(tmp_path / "p.npz")]

@@ -130,16 +130,19 @@ def fashion_dir(tmp_path_factory):
 def test_fashion_mnist_prepares_from_the_debian_files(fashion_dir):
     tfds_dir, info = fashion_dir
     assert (info.num_train, info.num_test, info.num_classes, info.image_shape) == (60000, 10000, 10, (28, 28, 1))
-    assert Path(info.data_dir) == tfds_dir / "fashion_mnist" / "1.0.0"
+    assert (
+        Path(info.data_dir)
+        == tfds_dir / "snapshots" / "fashion_mnist" / info.snapshot.fingerprint / "fashion_mnist" / "1.0.0"
+    )
     assert data.idx_files_available("fashion_mnist") == FASHION_DIR
     assert data.prepare("fashion_mnist", str(tfds_dir)) == info  # prepared once, then reused
-    names = preparation._builder("fashion_mnist", str(tfds_dir)).info.features["label"].names
+    names = preparation._builder("fashion_mnist", info.tfds_data_dir).info.features["label"].names
     assert names == list(data.FASHION_MNIST_CLASSES) and names[0] == "T-shirt/top" and names[9] == "Ankle boot"
 
 
 def test_fashion_mnist_test_split_equals_the_gz_files(fashion_dir):
-    tfds_dir, _ = fashion_dir
-    images, labels = data.load_split("fashion_mnist", "test", str(tfds_dir))
+    _, info = fashion_dir
+    images, labels = data.load_split("fashion_mnist", "test", info.tfds_data_dir)
     ref_images = _reference_parse(FASHION_DIR / "t10k-images-idx3-ubyte.gz")
     ref_labels = _reference_parse(FASHION_DIR / "t10k-labels-idx1-ubyte.gz")
     assert images.shape == (10000, 28, 28, 1) and images.dtype == np.uint8 and labels.dtype == np.int32
@@ -149,7 +152,7 @@ def test_fashion_mnist_test_split_equals_the_gz_files(fashion_dir):
     np.testing.assert_array_equal(labels, ref_labels)
     np.testing.assert_array_equal(images[..., 0], ref_images)
     assert np.bincount(labels, minlength=10).tolist() == [1000] * 10
-    train_images, train_labels = data.load_split("fashion_mnist", "train", str(tfds_dir), limit=5)
+    train_images, train_labels = data.load_split("fashion_mnist", "train", info.tfds_data_dir, limit=5)
     np.testing.assert_array_equal(train_labels, _reference_parse(FASHION_DIR / "train-labels-idx1-ubyte.gz")[:5])
     assert train_images.shape == (5, 28, 28, 1)
 
@@ -192,9 +195,10 @@ def test_manual_dir_with_synthetic_files_prepares_mnist(tmp_path):
     tfds_dir = str(tmp_path / "tfds")
     info = data.prepare("mnist", tfds_dir, str(src))
     assert (info.name, info.num_train, info.num_test, info.image_shape) == ("mnist", 50, 20, (28, 28, 1))
-    assert Path(info.data_dir) == tmp_path / "tfds" / "mnist" / "1.0.0"
+    assert Path(info.data_dir) == Path(info.tfds_data_dir) / "mnist" / "1.0.0"
+    assert Path(info.tfds_data_dir) == tmp_path / "tfds" / "snapshots" / "mnist" / info.snapshot.fingerprint
     for split, prefix in (("train", "train"), ("test", "t10k")):
-        images, labels = data.load_split("mnist", split, tfds_dir)
+        images, labels = data.load_split("mnist", split, info.tfds_data_dir)
         np.testing.assert_array_equal(images[..., 0], arrays[prefix][0])  # file order
         np.testing.assert_array_equal(labels, arrays[prefix][1])
 

@@ -307,7 +307,9 @@ def test_predict_takes_uint8_and_the_same_images_as_floats_alike(reference, tfds
     """uint8 0..255 and the same images / 255 as float32 or float64 give the same predictions."""
     from ensemble_core import data as data_lib
 
-    images, _ = data_lib.load_split(data_lib.EMBEDDED, "test", tfds_dir, 16)
+    images, _ = data_lib.load_split(
+        data_lib.EMBEDDED, "test", data_lib.prepare(data_lib.EMBEDDED, tfds_dir).tfds_data_dir, 16
+    )
     a = runs.predict_images(reference, images)["ensemble_probs"]
     b = runs.predict_images(reference, images.astype(np.float32) / 255.0)["ensemble_probs"]
     c = runs.predict_images(reference, images.astype(np.float64) / 255.0)["ensemble_probs"]

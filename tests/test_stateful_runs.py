@@ -163,7 +163,9 @@ def test_a_checkpoint_from_before_collections_is_restored(tmp_path, tfds_dir):
     want = predictions(run_dir)["member_probs"]
     from ensemble_core import data
 
-    images, _ = data.load_split(data.EMBEDDED, "test", tfds_dir, limit=want.shape[1])
+    images, _ = data.load_split(
+        data.EMBEDDED, "test", data.prepare(data.EMBEDDED, tfds_dir).tfds_data_dir, limit=want.shape[1]
+    )
     got = member_probs(setup.predict_fn(), state.final_variables, images, setup.mesh, 64)
     np.testing.assert_allclose(got, want, atol=1e-6)
     bn = cfg.model_copy(update={"model": load_config(None, [USER_MODEL[0]]).model})

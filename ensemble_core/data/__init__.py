@@ -9,7 +9,9 @@ memory than float32) and become float32 in [0, 1] inside the jitted step
 One concern per module: :mod:`.sources` (the datasets known without the catalog and
 where their files are), :mod:`.mnist5k` (the embedded dataset and its builder),
 :mod:`.idx` (the IDX reader and builder), :mod:`.integrity` (damage checks of prepared
-datasets), :mod:`.preparation` (prepare, load a split) and :mod:`.validation_split`.
+datasets), :mod:`.preparation` (prepare in a TFDS data dir, load a split), :mod:`.snapshot`
+(the data snapshots' layout, fingerprints, lineage), :mod:`.prepare_snapshot` (prepare as a
+snapshot) and :mod:`.validation_split`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ import tensorflow_datasets.core.dataset_metadata  # noqa: F401  (see above)
 from ensemble_core.data.idx import idx_dir, idx_files_available, read_idx, read_idx_split
 from ensemble_core.data.integrity import verify_prepared
 from ensemble_core.data.mnist5k import mnist5k_split_indices, read_mnist5k_csv
-from ensemble_core.data.preparation import DatasetInfo, check_examples, load_split, prepare, to_float
+from ensemble_core.data.preparation import DatasetInfo, check_examples, load_split, to_float
+from ensemble_core.data.prepare_snapshot import fingerprint_source, prepare, tfds_root
+from ensemble_core.data.snapshot import DataSnapshot, SourceFingerprint
 from ensemble_core.data.sources import EMBEDDED, FASHION_MNIST_CLASSES, FILE_FORMAT, IDX_FILES, IDX_SOURCES
 from ensemble_core.data.validation_split import VALIDATION_SEED, validation_size, validation_split
 
@@ -41,8 +45,11 @@ __all__ = [
     "IDX_FILES",
     "IDX_SOURCES",
     "VALIDATION_SEED",
+    "DataSnapshot",
     "DatasetInfo",
+    "SourceFingerprint",
     "check_examples",
+    "fingerprint_source",
     "idx_dir",
     "idx_files_available",
     "load_split",
@@ -51,6 +58,7 @@ __all__ = [
     "read_idx",
     "read_idx_split",
     "read_mnist5k_csv",
+    "tfds_root",
     "to_float",
     "validation_size",
     "validation_split",

