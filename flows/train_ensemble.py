@@ -3,10 +3,12 @@
     python -m flows.train_ensemble [--config FILE] [--set dotted.key=value ...]
                                    [--output-dir DIR] [--run-name NAME]
 
-prepare_dataset -> split_keys -> train_members (orbax checkpoints) -> evaluate_members
--> compare_with_champion -> publish_report.
-The last line printed is the run directory ``DIR/NAME``. Bad input exits with code 2 and
-a one-line message before anything is computed or written.
+prepare_dataset -> check_unchanged -> detect_drift -> split_keys -> train_members (orbax
+checkpoints) -> evaluate_members -> compare_with_champion -> publish_report -> apply_retention.
+The last line printed is the run directory ``DIR/NAME`` (for a run that
+``nightly.when_unchanged=skip`` skipped: a line saying so, then the champion's run
+directory). Bad input exits with code 2 and a one-line message before anything is
+computed or written.
 """
 
 # ruff: noqa: I001  (flows._env must be imported before anything that imports JAX)
@@ -40,6 +42,7 @@ from tasks.champion import compare_with_champion
 from tasks.evaluate import evaluate_members
 from tasks.prepare_dataset import prepare_dataset
 from tasks.report import publish_report
+from tasks.retraining import apply_retention, check_unchanged, detect_drift
 from tasks.split_keys import split_keys
 from tasks.train import train_stage
 
@@ -49,11 +52,14 @@ DEFAULT_OUTPUT_DIR = "runs"
 STAGES = runs.Stages(
     preflight=runs.preflight,
     prepare=prepare_dataset,
+    check_unchanged=check_unchanged,
+    detect_drift=detect_drift,
     split_keys=split_keys,
     train=train_stage,
     evaluate=evaluate_members,
     promote=compare_with_champion,
     report=publish_report,
+    retain=apply_retention,
 )
 
 
@@ -135,6 +141,8 @@ def train_ensemble(
         return _outcome.interrupted(err)
     except EnsembleError as err:
         return _outcome.refused(err)
+    if result.skipped is not None:
+        print(result.skipped.reason)  # log_prints: the run's log and the command line's output
     return services.outcome(str(result.run_dir.path))
 
 

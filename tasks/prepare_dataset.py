@@ -1,28 +1,58 @@
-"""Prefect task: prepare the dataset (cached across runs on its inputs and source); wraps
+"""Prefect task: prepare the dataset as a data snapshot, cached across runs on its inputs,
+its source and the fingerprint of the data it is prepared from; wraps
 :func:`ensemble_core.runs.prepare`."""
 
 from __future__ import annotations
 
-from prefect import get_run_logger, task
-from prefect.cache_policies import INPUTS, TASK_SOURCE
+import uuid
+from typing import Any
 
+from prefect import get_run_logger, task
+from prefect.cache_policies import INPUTS, TASK_SOURCE, CacheKeyFnPolicy
+
+from ensemble_core import data as data_lib
 from ensemble_core import runs
 from ensemble_core.config import DataConfig
 from ensemble_core.data import DatasetInfo
+from ensemble_core.data import snapshot as snapshot_lib
 from tasks import TRANSIENT_RETRIES
 
 
-@task(name="prepare_dataset", cache_policy=INPUTS + TASK_SOURCE, persist_result=True, **TRANSIENT_RETRIES)
+def snapshot_key(context: Any, parameters: dict[str, Any]) -> str:
+    """The data snapshot's fingerprint, part of the task's cache key: replaced source files
+    are a cache miss although the config is the same. A snapshot that is not prepared
+    (removed by retention) or a source that cannot be fingerprinted gives a key of its
+    own, never a hit: the task runs and prepares, or raises the one-line error."""
+    cfg: DataConfig = parameters["data"]
+    try:
+        source = data_lib.fingerprint_source(cfg.name, cfg.data_dir, cfg.manual_dir)
+    except Exception:  # noqa: BLE001  (the task itself raises the right one-line error)
+        return f"unfingerprinted-{uuid.uuid4()}"
+    if source.kind == "prepared":
+        return source.fingerprint
+    root = data_lib.tfds_root(cfg.name, cfg.data_dir)
+    record = snapshot_lib.snapshot_dir(root, cfg.name, source.fingerprint) / snapshot_lib.SNAPSHOT_FILE
+    return source.fingerprint if record.is_file() else f"unprepared-{uuid.uuid4()}"
+
+
+@task(
+    name="prepare_dataset",
+    cache_policy=INPUTS + TASK_SOURCE + CacheKeyFnPolicy(cache_key_fn=snapshot_key),
+    persist_result=True,
+    **TRANSIENT_RETRIES,
+)
 def prepare_dataset(data: DataConfig) -> DatasetInfo:
-    """Prepare ``data.name`` as array_record files; returns its :class:`DatasetInfo`."""
+    """Prepare ``data.name`` as a data snapshot; returns its :class:`DatasetInfo`."""
     info = runs.prepare(data)
+    snapshot = info.snapshot
     get_run_logger().info(
-        "dataset %s: %d train / %d test, %d classes, images %s, in %s",
+        "dataset %s snapshot %s: %d train / %d test, %d classes, images %s, in %s",
         info.name,
+        snapshot.fingerprint if snapshot else "-",
         info.num_train,
         info.num_test,
         info.num_classes,
         tuple(info.image_shape),
-        info.data_dir,
+        info.tfds_data_dir,
     )
     return info

@@ -9,10 +9,13 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from ensemble_core import runs
+from ensemble_core.data import DatasetInfo
 from ensemble_core.runs import report as report_lib
+from ensemble_core.runs import report_data
 from tasks import TRANSIENT_RETRIES
 
 REPORT_KEY = "ensemble-report"
+SNAPSHOT_KEY = "ensemble-data-snapshot"
 MEMBERS_KEY = "ensemble-members"
 POOL_KEY = "ensemble-pool"
 
@@ -31,9 +34,11 @@ def publish_report(
     evaluation: runs.Evaluation,
     run_dir: str,
     promotion: runs.PromotionDecision | None = None,
+    dataset: DatasetInfo | None = None,
+    drift: runs.DriftReport | None = None,
 ) -> str:
     """Write the report files and publish them as artifacts; returns report.json's path."""
-    rep = runs.write_report(run_name, config, training, evaluation, Path(run_dir), promotion)
+    rep = runs.write_report(run_name, config, training, evaluation, Path(run_dir), promotion, dataset, drift)
     create_markdown_artifact(
         markdown=report_lib.render_markdown(rep, plots=False),
         key=REPORT_KEY,
@@ -42,6 +47,12 @@ def publish_report(
     create_table_artifact(
         table=report_lib.member_table(rep), key=MEMBERS_KEY, description="Per-member vs ensemble test metrics"
     )
+    if rep.get("data_snapshot"):
+        create_table_artifact(
+            table=report_data.snapshot_rows(rep["data_snapshot"]),
+            key=SNAPSHOT_KEY,
+            description="The data snapshot this run trained on: fingerprint, source, counts per split and class",
+        )
     if rep.get("pool"):
         create_table_artifact(
             table=report_lib.pool_table(rep),

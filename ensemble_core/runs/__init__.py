@@ -25,10 +25,13 @@ One home per concern:
 ``champion``        the champion/challenger state files and the promotion policy
 ``report``          ``report.json``, ``report.md``, the training curves
 ``results``         the typed values stages hand each other
+``retraining``      before training: nothing new since the champion? the drift signal
+``retention``       what an output directory keeps after each run
 ==================  =======================================================================
 
-:func:`run` is the one sequence: preflight -> prepare the dataset -> split member keys
--> train -> evaluate -> champion/challenger -> report. The Prefect flow runs it with
+:func:`run` is the one sequence: preflight -> prepare the dataset (a data snapshot) ->
+unchanged since the champion? (then skip) -> drift signal -> split member keys -> train
+-> evaluate -> champion/challenger -> report -> retention. The Prefect flow runs it with
 each stage replaced by its task (:class:`Stages`); the benchmarks and tests run it as is.
 """
 
@@ -48,30 +51,49 @@ from ensemble_core.runs.keys import split_keys
 from ensemble_core.runs.layout import OutputDir, RunDir
 from ensemble_core.runs.preflight import preflight
 from ensemble_core.runs.report import write_report
-from ensemble_core.runs.results import Evaluation, PromotionDecision, TrainingSummary
+from ensemble_core.runs.results import DriftReport, Evaluation, PromotionDecision, SkipDecision, TrainingSummary
+from ensemble_core.runs.retention import RetentionReport, apply_retention
+from ensemble_core.runs.retraining import detect_drift, record_snapshot, unchanged_since_champion
 from ensemble_core.runs.training import train
 from ensemble_core.setup import plan
 
 __all__ = [
+    "DriftReport",
     "Evaluation",
     "OutputDir",
     "PromotionDecision",
+    "RetentionReport",
     "RunDir",
     "RunResult",
+    "SkipDecision",
     "Stages",
     "TrainingSummary",
+    "apply_retention",
+    "detect_drift",
     "evaluate",
     "gather_groups",
     "predict_images",
     "preflight",
     "prepare",
     "promote",
+    "retain",
     "run",
     "split_keys",
     "train",
     "train_groups",
+    "unchanged_since_champion",
     "write_report",
 ]
+
+
+def retain(cfg: PipelineConfig, output_dir: str | Path) -> RetentionReport | None:
+    """Apply ``retention`` to the output directory (None when ``retention.enabled`` is
+    false), with the TFDS data dir of ``data.data_dir`` as the snapshots' root."""
+    if not cfg.retention.enabled:
+        return None
+    from ensemble_core.data import tfds_root
+
+    return apply_retention(output_dir, cfg.retention, [tfds_root(cfg.data.name, cfg.data.data_dir)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,21 +107,29 @@ class Stages:
 
     preflight: Callable[..., Any] = preflight
     prepare: Callable[..., Any] = prepare
+    check_unchanged: Callable[..., Any] = unchanged_since_champion
+    detect_drift: Callable[..., Any] = detect_drift
     split_keys: Callable[..., Any] = split_keys
     train: Callable[..., Any] = train_groups
     evaluate: Callable[..., Any] = evaluate
     promote: Callable[..., Any] = promote
     report: Callable[..., Any] = write_report
+    retain: Callable[..., Any] = retain
 
 
 @dataclasses.dataclass(frozen=True)
 class RunResult:
-    """What :func:`run` did: the run directory and every stage's result."""
+    """What :func:`run` did: the run directory and every stage's result. A run skipped by
+    ``nightly.when_unchanged=skip`` has ``skipped`` set, ``run_dir`` the champion's and
+    no training, evaluation or promotion."""
 
     run_dir: RunDir
-    training: TrainingSummary
-    evaluation: Evaluation
+    training: TrainingSummary | None
+    evaluation: Evaluation | None
     promotion: PromotionDecision | None
+    skipped: SkipDecision | None = None
+    drift: DriftReport | None = None
+    retention: RetentionReport | None = None
 
 
 def run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Stages = Stages()) -> RunResult:
@@ -117,11 +147,21 @@ def run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Stag
     stages.preflight(cfg, output_dir, run_name)
     run_dir = OutputDir(Path(output_dir)).run(run_name)
     dataset = stages.prepare(cfg.data)
+    skipped = None if run_dir.has_checkpoint() else stages.check_unchanged(cfg, dataset, str(output_dir))
+    if skipped is not None:
+        retention = stages.retain(cfg, str(output_dir))
+        champion = RunDir(Path(skipped.champion_run_dir))
+        return RunResult(champion, None, None, None, skipped=skipped, retention=retention)
+    drift = stages.detect_drift(cfg, dataset, str(output_dir)) if cfg.promotion.enabled else None
+    record_snapshot(run_dir.path, dataset)
     keys = stages.split_keys(cfg, plan(cfg).padded_members)
     training = stages.train(cfg, dataset, keys, str(run_dir.path))
     evaluation = stages.evaluate(cfg, dataset, str(run_dir.path))
     decision = None
     if cfg.promotion.enabled:
         decision = stages.promote(cfg, dataset, run_name, str(run_dir.path), evaluation, str(output_dir))
-    stages.report(run_name, cfg.model_dump(mode="json"), training, evaluation, str(run_dir.path), decision)
-    return RunResult(run_dir=run_dir, training=training, evaluation=evaluation, promotion=decision)
+    stages.report(
+        run_name, cfg.model_dump(mode="json"), training, evaluation, str(run_dir.path), decision, dataset, drift
+    )
+    retention = stages.retain(cfg, str(output_dir))
+    return RunResult(run_dir, training, evaluation, decision, drift=drift, retention=retention)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "NO_CHAMPION",
     "append_history",
+    "champion_snapshot",
     "decide",
     "figure_value",
     "promote",
@@ -79,7 +80,10 @@ def promote(
     ``promotion.metric`` (:func:`decide`).
 
     Both are scored on this run's test split: when the champion was measured on another
-    data config, its checkpoint is re-evaluated on this one first. The champion pointer
+    data config or another data snapshot (the same config, new source files), its
+    checkpoint is re-evaluated on this one first, and the reason says so. The champion
+    record carries this run's data snapshot and config (what ``nightly.when_unchanged``
+    and the drift signal compare with). The champion pointer
     is replaced atomically and this run's row of ``history.jsonl`` is written (replaced
     when a retry writes it again). A damaged champion pointer, or a champion whose run
     cannot be read back, is set aside in ``<output_dir>/corrupt-state/`` with a warning and
@@ -98,9 +102,11 @@ def promote(
         return _not_promoted(cfg, run_name, evaluation, output_dir, f"{metric} is not available: {err}")
     current = read_champion(output_dir)
     champion_metrics, champion_value = None, None
+    snapshots = (_fingerprint(dataset.snapshot), None if current is None else champion_snapshot(current))
     if current is not None:
         figures = {**current["metrics"], **(current.get("figures") or {})}
-        if current["data"] == data_key and metric in figures:
+        same_snapshot = snapshots[0] is not None and snapshots[0] == snapshots[1]
+        if current["data"] == data_key and metric in figures and same_snapshot:
             champion_metrics, champion_value = current["metrics"], figures[metric]
         else:
             try:
@@ -127,6 +133,11 @@ def promote(
                 )
                 current, champion_metrics, champion_value = None, None, None
     promoted, reason = decide(challenger_value, champion_value, metric)
+    if current is not None and snapshots[0] != snapshots[1]:
+        reason += (
+            f" (trained on different data snapshots: challenger {snapshots[0] or 'unknown'}, champion "
+            f"{snapshots[1] or 'unknown'}; both measured on the challenger's test split)"
+        )
     if promoted:
         write_champion(
             output_dir,
@@ -136,10 +147,25 @@ def promote(
                 "data": data_key,
                 "metrics": evaluation.ensemble,
                 "figures": {metric: challenger_value},
+                "snapshot": None if dataset.snapshot is None else dataset.snapshot.model_dump(mode="json"),
+                "config": cfg.model_dump(mode="json"),
             },
         )
     pair = (challenger_value, champion_value)
-    return _decision(promoted, reason, metric, run_name, evaluation, output_dir, champion_metrics, current, pair)
+    decision = _decision(promoted, reason, metric, run_name, evaluation, output_dir, champion_metrics, current, pair)
+    return decision.model_copy(update={"challenger_snapshot": snapshots[0], "champion_snapshot": snapshots[1]})
+
+
+def _fingerprint(snapshot) -> str | None:
+    return None if snapshot is None else snapshot.fingerprint
+
+
+def champion_snapshot(record: dict) -> str | None:
+    """The fingerprint of the data snapshot the champion was trained on (None: the record
+    predates snapshots, or its ``snapshot`` is not readable)."""
+    snap = record.get("snapshot")
+    fp = snap.get("fingerprint") if isinstance(snap, dict) else None
+    return fp if isinstance(fp, str) and fp else None
 
 
 def figure_value(evaluation: Evaluation, metric: str) -> float:
@@ -175,7 +201,9 @@ def _not_promoted(
     champion = read_champion(output_dir)
     champion_metrics = champion["metrics"] if champion else None
     metric = cfg.promotion.metric
-    return _decision(False, reason, metric, run_name, evaluation, output_dir, champion_metrics, champion, (None, None))
+    return _decision(
+        False, reason, metric, run_name, evaluation, output_dir, champion_metrics, champion, (None, None)
+    ).model_copy(update={"champion_snapshot": None if champion is None else champion_snapshot(champion)})
 
 
 def _decision(

@@ -4,13 +4,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ensemble_core import evaluators
 from ensemble_core.plotting import plt, save
 from ensemble_core.runs.layout import RunDir, atomic_write_json, atomic_write_text
-from ensemble_core.runs.results import Evaluation, PromotionDecision, TrainingSummary
+from ensemble_core.runs.report_data import drift_lines, snapshot_lines
+from ensemble_core.runs.results import DriftReport, Evaluation, PromotionDecision, TrainingSummary
+
+if TYPE_CHECKING:
+    from ensemble_core.data import DatasetInfo
 
 SCORE_KEYS = ("accuracy", "nll", "brier", "ece")
 TRAINING_CURVES = "training_curves.png"
@@ -23,6 +28,8 @@ def build_report(
     evaluation: Evaluation,
     run_dir: str | Path,
     promotion: PromotionDecision | None = None,
+    dataset: DatasetInfo | None = None,
+    drift: DriftReport | None = None,
 ) -> dict:
     """Assemble the ``report.json`` object (docs/evaluation.md lists every key).
 
@@ -30,7 +37,9 @@ def build_report(
     ``member_mean``, ``diversity`` and ``diverged_members``; any other evaluator's are
     under ``evaluations.<name>`` (``metrics`` and ``plots``). ``promotion`` is the
     champion/challenger decision (:func:`ensemble_core.runs.champion.promote`), stored
-    without its history."""
+    without its history; ``data_snapshot`` the lineage of the data
+    (:class:`~ensemble_core.data.DataSnapshot`), ``drift`` the drift signal computed before
+    training (:class:`~ensemble_core.runs.results.DriftReport`)."""
     train_summary = training.model_dump()  # python floats: NaN stays NaN in report.json
     test = evaluation.test
     timing = train_summary["timing"]
@@ -66,6 +75,10 @@ def build_report(
         "promotion": None if promotion is None else promotion.model_dump(exclude={"history"}),
         "selection": evaluation.selection,
         "pool": pool(training, evaluation),
+        "data_snapshot": None
+        if dataset is None or dataset.snapshot is None
+        else dataset.snapshot.model_dump(mode="json"),
+        "drift": None if drift is None else {**drift.model_dump(mode="json"), "drifted": drift.drifted},
     }
     if "temperature" in test:
         report["temperature"] = test["temperature"]
@@ -254,6 +267,8 @@ def render_markdown(report: dict, plots: bool = True) -> str:
         "",
         f"Checkpoint: `{report['checkpoint']['dir']}` step {report['checkpoint']['step']}.",
         "",
+        *snapshot_lines(report.get("data_snapshot")),
+        *drift_lines(report.get("drift")),
         *_topology_lines(report),
         *_selection_lines(report),
     ]
@@ -325,11 +340,13 @@ def write_report(
     evaluation: Evaluation,
     run_dir: str | Path,
     promotion: PromotionDecision | None = None,
+    dataset: DatasetInfo | None = None,
+    drift: DriftReport | None = None,
 ) -> dict:
     """Write ``report.json``, ``report.md`` and ``plots/training_curves.png`` (atomically,
     the plot first); returns the report dict (:func:`build_report`)."""
     run = RunDir(Path(run_dir))
-    rep = build_report(run_name, config, training, evaluation, run.path, promotion)
+    rep = build_report(run_name, config, training, evaluation, run.path, promotion, dataset, drift)
     plot_training_curves(rep, run.plots)
     atomic_write_json(run.report_json, rep)
     atomic_write_text(run.report_md, render_markdown(rep))

@@ -97,3 +97,37 @@ class PromotionDecision(_Result):
     challenger_figure: float | None = None  # promotion.metric of this run (None: not available)
     champion_figure: float | None = None  # promotion.metric of the champion on this run's data
     history: list[dict]  # every run's row of history.jsonl, oldest first
+    challenger_snapshot: str | None = None  # the data snapshot's fingerprint this run trained on
+    champion_snapshot: str | None = None  # the champion's (None: no champion, or it predates snapshots)
+
+
+class SkipDecision(_Result):
+    """``nightly.when_unchanged=skip`` found nothing new: the data snapshot and the config
+    equal the champion's (:func:`ensemble_core.runs.retraining.unchanged_since_champion`)."""
+
+    champion_run: str
+    champion_run_dir: str
+    fingerprint: str
+    reason: str  # one line
+
+
+class DriftReport(_Result):
+    """The drift signal computed before training (:func:`ensemble_core.runs.retraining.detect_drift`).
+
+    ``label_shift``: :func:`ensemble_core.drift.label_shift` (None: not computed);
+    ``uncertainty``: :func:`ensemble_core.drift.uncertainty_shift` (None: not computed);
+    ``exceeded``: the thresholds exceeded (one line each); ``not_computed``: why a figure
+    is missing (no champion, another image shape, ...)."""
+
+    champion_run: str | None
+    snapshot: str | None  # the new data snapshot's fingerprint
+    champion_snapshot: str | None
+    label_shift: dict | None = None
+    uncertainty: dict | None = None
+    exceeded: list[str] = []
+    not_computed: list[str] = []
+
+    @property
+    def drifted(self) -> bool:
+        """Whether any threshold was exceeded (what emits ``data.drift``)."""
+        return bool(self.exceeded)

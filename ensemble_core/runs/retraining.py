@@ -1,0 +1,148 @@
+"""Retraining against the champion: does this run have anything new to learn, and how far
+has the data moved from what the champion learned?
+
+Both are decided before training, from the champion record (``champion.json``, which
+carries the champion's data snapshot and config) and the new data snapshot:
+
+- :func:`unchanged_since_champion`: ``nightly.when_unchanged=skip`` and the same snapshot
+  and config -> the run trains nothing (:class:`~ensemble_core.runs.results.SkipDecision`);
+- :func:`detect_drift`: the champion scores the new training split
+  (:mod:`ensemble_core.drift`; :class:`~ensemble_core.runs.results.DriftReport`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ensemble_core import drift as drift_lib
+from ensemble_core.config import PipelineConfig
+from ensemble_core.data import DatasetInfo, DataSnapshot, load_split
+from ensemble_core.runs.champion import champion_snapshot
+from ensemble_core.runs.champion_state import read_champion
+from ensemble_core.runs.dataset import load
+from ensemble_core.runs.layout import RunDir, atomic_write_json
+from ensemble_core.runs.results import DriftReport, SkipDecision
+from ensemble_core.runs.resume import flat
+
+log = logging.getLogger(__name__)
+
+#: Config keys that do not change what a run trains: the policies of this module and of
+#: retention, and where the data lives (the snapshot's fingerprint says what it is).
+NOT_TRAINING_IDENTITY = ("nightly.", "retention.", "data.data_dir", "data.manual_dir")
+
+
+def training_identity(config: dict[str, Any]) -> dict[str, Any]:
+    """The flat config (``{"train.epochs": 10, ...}``) less :data:`NOT_TRAINING_IDENTITY`:
+    what must equal the champion's for a run to count as unchanged."""
+    full = PipelineConfig.model_validate(config).model_dump(mode="json")  # today's defaults for older records
+    return {k: v for k, v in flat(full).items() if not k.startswith(NOT_TRAINING_IDENTITY)}
+
+
+def unchanged_since_champion(cfg: PipelineConfig, dataset: DatasetInfo, output_dir: str | Path) -> SkipDecision | None:
+    """Whether this run would retrain the champion on the same data with the same config.
+
+    Returns:
+      A :class:`SkipDecision` when ``nightly.when_unchanged`` is ``skip``, promotion is
+      enabled, the output directory has a champion, and both its data snapshot's
+      fingerprint and its config (:func:`training_identity`) equal this run's; None
+      otherwise (also for a champion record that predates snapshots: it trains).
+    """
+    if cfg.nightly.when_unchanged != "skip" or not cfg.promotion.enabled or dataset.snapshot is None:
+        return None
+    current = read_champion(output_dir)
+    if current is None or champion_snapshot(current) != dataset.snapshot.fingerprint:
+        return None
+    try:
+        same = training_identity(current.get("config") or {}) == training_identity(cfg.model_dump(mode="json"))
+    except ValueError:  # a champion config today's schema refuses: not the same config
+        same = False
+    if not same:
+        return None
+    return SkipDecision(
+        champion_run=current["run_name"],
+        champion_run_dir=current["run_dir"],
+        fingerprint=dataset.snapshot.fingerprint,
+        reason=(
+            f"skipped: data snapshot {dataset.snapshot.fingerprint} and the config equal those of champion "
+            f"{current['run_name']}; nothing trained (nightly.when_unchanged=skip)"
+        ),
+    )
+
+
+def record_snapshot(run_dir: str | Path, dataset: DatasetInfo) -> None:
+    """Write the run's data snapshot to ``<run>/data_snapshot.json`` (before training), so
+    that retention keeps the snapshot while the run may still need it."""
+    if dataset.snapshot is not None:
+        run = RunDir(Path(run_dir))
+        run.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(run.data_snapshot, dataset.snapshot.model_dump(mode="json"))
+
+
+def detect_drift(cfg: PipelineConfig, dataset: DatasetInfo, output_dir: str | Path) -> DriftReport:
+    """The champion's view of the new data snapshot (:mod:`ensemble_core.drift`).
+
+    - label shift: the class counts of the new training split (the whole split, from the
+      snapshot's lineage record) against those of the champion's snapshot;
+    - uncertainty shift: the champion ensemble (its selection, without temperature) on
+      the first ``nightly.drift.max_examples`` examples of this run's training split,
+      against the champion on its own test split (read from its snapshot; this run's
+      test split when that snapshot is gone), both capped at the same count.
+
+    A figure that cannot be computed (no champion, a champion that predates snapshots,
+    another image shape or class count) is named in ``not_computed``; nothing raises for
+    it, and a champion whose checkpoints cannot be read only loses the uncertainty figures.
+    """
+    from ensemble_core.runs.evaluation import predict_images
+
+    new_fp = None if dataset.snapshot is None else dataset.snapshot.fingerprint
+    current = read_champion(output_dir) if cfg.nightly.drift.enabled else None
+    if current is None:
+        why = "no champion in the output directory" if cfg.nightly.drift.enabled else "nightly.drift.enabled=false"
+        return DriftReport(champion_run=None, snapshot=new_fp, champion_snapshot=None, not_computed=[why])
+    champion = _snapshot_of(current)
+    report: dict[str, Any] = {"label_shift": None, "uncertainty": None, "not_computed": []}
+    if champion is None or dataset.snapshot is None:
+        report["not_computed"].append("label shift: the champion's record has no data snapshot (older release)")
+    elif "train" not in champion.class_counts or "train" not in dataset.snapshot.class_counts:
+        report["not_computed"].append("label shift: class counts of a training split are missing")
+    else:
+        report["label_shift"] = drift_lib.label_shift(
+            dataset.snapshot.class_counts["train"], champion.class_counts["train"]
+        )
+    n = cfg.nightly.drift.max_examples
+    try:
+        images = load(cfg, dataset, "train")[0][:n]
+        reference = _champion_test_images(champion, cfg, dataset, n)
+        probs = predict_images(current["run_dir"], np.concatenate([images, reference]))["member_probs"]
+        report["uncertainty"] = drift_lib.uncertainty_shift(probs[:, : len(images)], probs[:, len(images) :])
+    except Exception as err:  # noqa: BLE001  (another shape, damaged checkpoints: a figure less, not a failed run)
+        first = str(err).splitlines()[0] if str(err) else ""
+        report["not_computed"].append(f"uncertainty: {type(err).__name__}: {first}"[:300])
+    thresholds = cfg.nightly.drift.model_dump()
+    return DriftReport(
+        champion_run=current["run_name"],
+        snapshot=new_fp,
+        champion_snapshot=None if champion is None else champion.fingerprint,
+        exceeded=drift_lib.exceeded(report, thresholds),
+        **report,
+    )
+
+
+def _snapshot_of(record: dict) -> DataSnapshot | None:
+    try:
+        return DataSnapshot.model_validate(record.get("snapshot"))
+    except ValueError:
+        return None
+
+
+def _champion_test_images(champion: DataSnapshot | None, cfg: PipelineConfig, dataset: DatasetInfo, n: int):
+    """The first ``n`` test images of the champion's snapshot (this run's test split when
+    the champion predates snapshots or its snapshot was removed)."""
+    if champion is not None and Path(champion.path, champion.name).is_dir():
+        return load_split(champion.name, "test", champion.path, n)[0]
+    log.warning("the champion's data snapshot is not available; its uncertainty is measured on this run's test split")
+    return load(cfg, dataset, "test")[0][:n]
