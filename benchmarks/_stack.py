@@ -29,7 +29,17 @@ ZOMBIE_AFTER_S = 50  # the reconciler's heartbeat timeout here (heartbeats every
 
 # The task runs of one training flow run, by their names in the Prefect UI.
 TASK_NAMES = frozenset(
-    {"prepare_dataset", "split_keys", "train_members", "evaluate_members", "compare_with_champion", "publish_report"}
+    {
+        "prepare_dataset",
+        "check_unchanged",
+        "detect_drift",
+        "split_keys",
+        "train_members",
+        "evaluate_members",
+        "compare_with_champion",
+        "publish_report",
+        "apply_retention",
+    }
 )
 
 

@@ -26,7 +26,7 @@ from benchmarks._stack import (
     wait_until,
 )
 from ensemble_core.processutil import free_port
-from tests.deployment_records import assert_complete_records, events, flow_run, run_name, task_runs
+from tests.deployment_records import assert_complete_records, events, flow_run, run_name, task_runs, wait_final
 
 pytestmark = pytest.mark.slow  # a real Prefect stack: server, worker, scheduler
 
@@ -128,44 +128,84 @@ def test_deployments_and_automations(two_runs):
 # MARK: the scheduler
 
 
-def test_scheduled_runs_execute(two_runs):
-    """Regression (SQLAlchemy 2.1 broke Prefect's scheduler): with the nightly schedule
-    replaced by a 20 s interval, the scheduler creates runs and the worker executes two of
-    them to completion, each with every record, in its own run directory, the second
-    compared with the first by the champion/challenger rule."""
-    tmp, env, _ = two_runs
-    dep = api(env, "GET", "/deployments/name/train-ensemble/nightly")
-    for s in dep["schedules"]:
-        api(env, "DELETE", f"/deployments/{dep['id']}/schedules/{s['id']}")
-    params = small_params(tmp, out="nightly-runs")
-    api(
-        env,
-        "POST",
-        f"/deployments/{dep['id']}/schedules",
-        [{"schedule": {"interval": 20}, "active": True, "parameters": params}],
-    )
+def _scheduled_night(env, dep_id: str, params: dict) -> dict:
+    """One night: a schedule whose first run is due in seconds (the next an hour later) is
+    given to the deployment; the scheduler creates the run and the worker executes it;
+    the schedule is deleted once the run has ended (and with it the runs not started)."""
+    import datetime as dt
 
-    def completed():
-        runs = api(
-            env,
-            "POST",
-            "/flow_runs/filter",
-            {"deployments": {"id": {"any_": [dep["id"]]}}, "sort": "EXPECTED_START_TIME_ASC"},
-        )
-        done = [r for r in runs if r["state_type"] == "COMPLETED"]
-        return done[:2] if len(done) >= 2 else None
+    anchor = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=3590)).isoformat()
+    schedule = {"interval": 3600, "anchor_date": anchor, "timezone": "UTC"}
+    api(env, "POST", f"/deployments/{dep_id}/schedules", [{"schedule": schedule, "active": True, "parameters": params}])
+
+    def started():
+        runs = api(env, "POST", "/flow_runs/filter", {"deployments": {"id": {"any_": [dep_id]}}})
+        running = [r for r in runs if r["state_type"] not in ("SCHEDULED", "PENDING")]
+        return [r for r in running if r["id"] not in _scheduled_night.seen]
 
     try:
-        runs = wait_until(completed, 420, "two scheduled runs to complete", every=5)
+        (fr,) = wait_until(started, 240, "the scheduled night's run to start", every=2)
+        _scheduled_night.seen.add(fr["id"])
+        fr = wait_final(env, fr["id"])
     finally:  # deleting the schedule also deletes its runs that have not started
-        for s in api(env, "GET", "/deployments/name/train-ensemble/nightly")["schedules"]:
-            api(env, "DELETE", f"/deployments/{dep['id']}/schedules/{s['id']}")
-    assert all(r["auto_scheduled"] for r in runs)  # created by the scheduler, not by hand
-    dirs = [assert_complete_records(env, r) for r in runs]
-    assert dirs[0] != dirs[1]
+        for s in api(env, "GET", f"/deployments/{dep_id}")["schedules"]:
+            api(env, "DELETE", f"/deployments/{dep_id}/schedules/{s['id']}")
+    assert fr["auto_scheduled"], fr  # created by the scheduler, not by hand
+    return fr
+
+
+_scheduled_night.seen = set()  # type: ignore[attr-defined]
+
+
+def test_three_nights_replayed_by_the_scheduler(two_runs):
+    """The nightly deployment replayed by the real scheduler over three nights of a data
+    export in data.manual_dir: night 1 on 1,000 training digits, night 2 on 3,000 (a new
+    snapshot: trained, the champion compared on the new test split), night 3 on the same
+    3,000 (skipped with nightly.when_unchanged=skip; trained with train)."""
+    from tests._idx_export import write_mnist_export
+
+    tmp, env, _ = two_runs
+    dep = api(env, "GET", "/deployments/name/train-ensemble/nightly")
+    assert dep["parameters"]["config"]["nightly"]["when_unchanged"] == "skip"  # what prefect.yaml ships
+    for s in dep["schedules"]:
+        api(env, "DELETE", f"/deployments/{dep['id']}/schedules/{s['id']}")
+    export, out = tmp / "export", tmp / "nightly-runs"
+    params = small_params(tmp, out=out.name)
+    params["config"]["data"] = {"name": "mnist", "manual_dir": str(export), "data_dir": str(tmp / "tfds")}
+    params["config"]["nightly"] = {"when_unchanged": "skip"}
+
+    write_mnist_export(export, 1000, 300)
+    night1 = _scheduled_night(env, dep["id"], params)
+    write_mnist_export(export, 3000, 300)
+    night2 = _scheduled_night(env, dep["id"], params)
+    night3 = _scheduled_night(env, dep["id"], params)
+    dirs = [assert_complete_records(env, fr) for fr in (night1, night2)]
     rep1, rep2 = (json.loads((d / "report.json").read_text()) for d in dirs)
-    assert rep1["promotion"]["champion"] is None
-    assert rep2["promotion"]["champion"] == pytest.approx(rep1["ensemble"])  # judged against the first
+    snap1, snap2 = rep1["data_snapshot"], rep2["data_snapshot"]
+    assert (snap1["splits"]["train"], snap2["splits"]["train"]) == (1000, 3000)
+    assert sum(snap2["class_counts"]["train"]) == 3000 and snap1["fingerprint"] != snap2["fingerprint"]
+    promo = rep2["promotion"]
+    assert (promo["champion_snapshot"], promo["challenger_snapshot"]) == (snap1["fingerprint"], snap2["fingerprint"])
+    assert "different data snapshots" in promo["reason"]
+    assert rep2["drift"]["champion_run"] == dirs[0].name and rep2["drift"]["label_shift"] is not None
+
+    # night 3: nothing new, nothing trained; one line, an event and an artifact say so
+    assert night3["state_type"] == "COMPLETED"
+    assert sorted(d.name for d in out.iterdir() if d.is_dir()) == sorted(d.name for d in dirs)
+    assert not any(d.name.endswith(night3["name"]) for d in out.iterdir())
+    champion = json.loads((out / "champion.json").read_text())
+    skipped = wait_until(lambda: events(env, "ensemble.skipped", champion["run_name"]), 90, "ensemble.skipped")
+    assert skipped[0]["payload"]["fingerprint"] == snap2["fingerprint"]
+    keys = {a["key"] for a in api(env, "POST", "/artifacts/filter", {"flow_runs": {"id": {"any_": [night3["id"]]}}})}
+    assert "ensemble-skipped" in keys
+    trained = {t["name"].rsplit("-", 1)[0] for t in task_runs(env, night3["id"])}
+    assert "train_members" not in trained and "check_unchanged" in trained
+
+    # the same night with when_unchanged=train trains again
+    params["config"]["nightly"] = {"when_unchanged": "train"}
+    night3_train = _scheduled_night(env, dep["id"], params)
+    rep3 = json.loads((assert_complete_records(env, night3_train) / "report.json").read_text())
+    assert rep3["data_snapshot"]["fingerprint"] == snap2["fingerprint"]
 
 
 # MARK: bad parameters

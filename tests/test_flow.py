@@ -617,3 +617,56 @@ def test_a_network_outside_the_repository_through_the_cli_and_predict(prefect_se
     assert rc == 0
     with np.load(tmp_path / "p.npz") as f:
         np.testing.assert_allclose(f["member_probs"], want, atol=1e-5)
+
+
+def test_a_label_shifted_snapshot_raises_data_drift(prefect_server, tmp_path):
+    """Two flow runs on an export in data.manual_dir: the champion's, then a new export
+    whose training labels are shifted on purpose (digits 0-4 only): the second run's
+    detect_drift task emits data.drift (read back from the server), with the total
+    variation recomputed from the files; an unshifted night raises nothing."""
+    import time
+
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    from ensemble_core import data
+    from flows.train_ensemble import train_ensemble
+    from tests._idx_export import write_export
+
+    images, labels = data.read_mnist5k_csv()
+    train_idx, test_idx = data.mnist5k_split_indices(labels)
+    export, out = tmp_path / "export", tmp_path / "runs"
+    config = {
+        "data": {"name": "mnist", "manual_dir": str(export), "data_dir": str(tmp_path / "tfds")},
+        "model": {"name": "mlp", "hidden_sizes": [32]},
+        "ensemble": {"size": 2},
+        "train": {"epochs": 1, "batch_size": 64},
+        "eval": {"evaluators": ["test"]},
+        "nightly": {"drift": {"max_examples": 200}},
+    }
+    nights = {
+        "normal": train_idx[:600],
+        "shifted": train_idx[600:][labels[train_idx[600:]] < 5][:600],
+    }
+    for night, idx in nights.items():
+        write_export(export, images[idx], labels[idx], images[test_idx[:200]], labels[test_idx[:200]])
+        state = train_ensemble(config=config, output_dir=str(out), run_name=night, return_state=True)
+        assert state.is_completed(), state.message
+    report = json.loads((out / "shifted" / "report.json").read_text())
+    p = np.bincount(labels[nights["shifted"]], minlength=10) / 600
+    q = np.bincount(labels[nights["normal"]], minlength=10) / 600
+    assert report["drift"]["label_shift"]["total_variation"] == pytest.approx(0.5 * np.abs(p - q).sum(), abs=1e-12)
+    assert report["drift"]["drifted"] is True
+
+    api = PREFECT_API_URL.value()
+    body = {"filter": {"event": {"name": ["data.drift"]}, "resource": {"id": ["ensemble-pipeline.data.mnist"]}}}
+    found = []
+    for _ in range(60):  # events are persisted asynchronously
+        found = httpx.post(f"{api}/events/filter", json=body, timeout=30).json()["events"]
+        if found:
+            break
+        time.sleep(1)
+    assert len(found) == 1, found  # the shifted night only
+    payload = found[0]["payload"]
+    assert payload["label_shift"]["total_variation"] == pytest.approx(report["drift"]["label_shift"]["total_variation"])
+    assert any("label_shift_threshold" in line for line in payload["exceeded"])

@@ -29,7 +29,7 @@ from __future__ import annotations
 import tensorflow_datasets
 import tensorflow_datasets.core.dataset_metadata  # noqa: F401  (see above)
 
-from ensemble_core.data.idx import idx_dir, idx_files_available, read_idx, read_idx_split
+from ensemble_core.data.idx import idx_dir, idx_files_available, read_idx, read_idx_split, write_idx, write_idx_dataset
 from ensemble_core.data.integrity import verify_prepared
 from ensemble_core.data.mnist5k import mnist5k_split_indices, read_mnist5k_csv
 from ensemble_core.data.preparation import DatasetInfo, check_examples, load_split, to_float
@@ -63,4 +63,6 @@ __all__ = [
     "validation_size",
     "validation_split",
     "verify_prepared",
+    "write_idx",
+    "write_idx_dataset",
 ]

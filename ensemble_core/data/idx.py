@@ -76,6 +76,34 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     return array.astype(dtype.newbyteorder("="), copy=True)
 
 
+def write_idx(path: str | os.PathLike, array: np.ndarray) -> None:
+    """Write a uint8 array as a gzipped IDX file (the inverse of :func:`read_idx`), through
+    a temporary file renamed into place, as an export should replace a file.
+
+    Raises:
+      ValueError: the array is not uint8. OSError: the file cannot be written.
+    """
+    array = np.asarray(array)
+    if array.dtype != np.uint8:
+        raise ValueError(f"write_idx writes uint8 arrays, not {array.dtype}")
+    header = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, ">u4").tobytes()
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(gzip.compress(header + np.ascontiguousarray(array).tobytes(), mtime=0))
+    tmp.replace(path)
+
+
+def write_idx_dataset(directory: str | os.PathLike, train: tuple, test: tuple) -> None:
+    """Write the four gzipped IDX files of :data:`IDX_FILES` into ``directory`` from
+    ``train`` and ``test`` = (images uint8 ``[N, 28, 28(, 1)]``, labels ``[N]`` in 0..9):
+    what ``data.manual_dir`` of ``mnist``/``fashion_mnist`` takes (e.g. a nightly export)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for prefix, (images, labels) in (("train", train), ("t10k", test)):
+        write_idx(directory / f"{prefix}-images-idx3-ubyte.gz", np.asarray(images, np.uint8).reshape(-1, 28, 28))
+        write_idx(directory / f"{prefix}-labels-idx1-ubyte.gz", np.asarray(labels).astype(np.uint8))
+
+
 def _idx_source(name: str) -> tuple[str, str | None]:
     if name not in IDX_SOURCES:
         raise DataError(f"'{name}' is not an IDX dataset; fix: use one of {sorted(IDX_SOURCES)}")
