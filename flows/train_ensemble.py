@@ -40,7 +40,7 @@ from flows import _cli
 from flows._cli import EXIT_BAD_INPUT, report_error
 from tasks.champion import compare_with_champion
 from tasks.evaluate import evaluate_members
-from tasks.prepare_dataset import prepare_dataset
+from tasks.prepare_dataset import prepare_stage
 from tasks.report import publish_report
 from tasks.retraining import apply_retention, check_unchanged, detect_drift
 from tasks.split_keys import split_keys
@@ -51,7 +51,7 @@ DEFAULT_OUTPUT_DIR = "runs"
 # The sequence of ensemble_core.runs.run, each stage a Prefect task.
 STAGES = runs.Stages(
     preflight=runs.preflight,
-    prepare=prepare_dataset,
+    prepare=prepare_stage,
     check_unchanged=check_unchanged,
     detect_drift=detect_drift,
     split_keys=split_keys,

@@ -5,6 +5,7 @@ its source and the fingerprint of the data it is prepared from; wraps
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -14,25 +15,19 @@ from ensemble_core import data as data_lib
 from ensemble_core import runs
 from ensemble_core.config import DataConfig
 from ensemble_core.data import DatasetInfo
-from ensemble_core.data import snapshot as snapshot_lib
 from tasks import TRANSIENT_RETRIES
 
 
 def snapshot_key(context: Any, parameters: dict[str, Any]) -> str:
     """The data snapshot's fingerprint, part of the task's cache key: replaced source files
-    are a cache miss although the config is the same. A snapshot that is not prepared
-    (removed by retention) or a source that cannot be fingerprinted gives a key of its
-    own, never a hit: the task runs and prepares, or raises the one-line error."""
+    are a cache miss although the config is the same. A source that cannot be
+    fingerprinted gives a key of its own, never a hit: the task runs and raises the
+    one-line error."""
     cfg: DataConfig = parameters["data"]
     try:
-        source = data_lib.fingerprint_source(cfg.name, cfg.data_dir, cfg.manual_dir)
+        return data_lib.fingerprint_source(cfg.name, cfg.data_dir, cfg.manual_dir).fingerprint
     except Exception:  # noqa: BLE001  (the task itself raises the right one-line error)
         return f"unfingerprinted-{uuid.uuid4()}"
-    if source.kind == "prepared":
-        return source.fingerprint
-    root = data_lib.tfds_root(cfg.name, cfg.data_dir)
-    record = snapshot_lib.snapshot_dir(root, cfg.name, source.fingerprint) / snapshot_lib.SNAPSHOT_FILE
-    return source.fingerprint if record.is_file() else f"unprepared-{uuid.uuid4()}"
 
 
 @task(
@@ -55,4 +50,13 @@ def prepare_dataset(data: DataConfig) -> DatasetInfo:
         tuple(info.image_shape),
         info.tfds_data_dir,
     )
+    return info
+
+
+def prepare_stage(data: DataConfig) -> DatasetInfo:
+    """The flow's prepare stage: :func:`prepare_dataset`, prepared again (cache refreshed)
+    when a cached result names a snapshot directory that retention has removed since."""
+    info = prepare_dataset(data)
+    if not Path(info.data_dir).is_dir():
+        info = prepare_dataset.with_options(refresh_cache=True)(data)
     return info

@@ -670,3 +670,30 @@ def test_a_label_shifted_snapshot_raises_data_drift(prefect_server, tmp_path):
     payload = found[0]["payload"]
     assert payload["label_shift"]["total_variation"] == pytest.approx(report["drift"]["label_shift"]["total_variation"])
     assert any("label_shift_threshold" in line for line in payload["exceeded"])
+
+
+def test_prepare_dataset_cache_follows_the_source_files(prefect_server, tmp_path):
+    """The task's cache key holds the snapshot's fingerprint: the same files are Cached,
+    replaced files (same config) are prepared again and give the new counts."""
+    from ensemble_core.config import DataConfig
+    from tasks.prepare_dataset import prepare_dataset
+    from tests._idx_export import write_mnist_export
+
+    export = tmp_path / "export"
+    cfg = DataConfig(name="mnist", manual_dir=str(export), data_dir=str(tmp_path / "tfds"))
+    write_mnist_export(export, 200, 50)
+    first = prepare_dataset(cfg, return_state=True)
+    again = prepare_dataset(cfg, return_state=True)
+    write_mnist_export(export, 300, 50)
+    replaced = prepare_dataset(cfg, return_state=True)
+    assert (first.name, again.name, replaced.name) == ("Completed", "Cached", "Completed")
+    assert (first.result().num_train, again.result().num_train, replaced.result().num_train) == (200, 200, 300)
+    assert replaced.result().snapshot.fingerprint != first.result().snapshot.fingerprint
+    # a cached snapshot removed since (retention) is prepared again, not handed on
+    import shutil
+
+    from tasks.prepare_dataset import prepare_stage
+
+    shutil.rmtree(replaced.result().tfds_data_dir)
+    again = prepare_stage(cfg)
+    assert again.num_train == 300 and Path(again.data_dir).is_dir()
