@@ -25,10 +25,10 @@ def class_frequencies(counts) -> np.ndarray:
     """Counts per class ``[C]`` -> frequencies ``[C]`` (float64, sum 1).
 
     Raises:
-      ValueError: no examples, or a negative count.
+      ValueError: no examples, a negative or non-finite count.
     """
     counts = np.asarray(counts, dtype=np.float64)
-    if counts.ndim != 1 or (counts < 0).any() or counts.sum() <= 0:
+    if counts.ndim != 1 or not np.isfinite(counts).all() or (counts < 0).any() or counts.sum() <= 0:
         raise ValueError(f"class counts {counts.tolist()} are not non-negative counts of at least one example")
     return counts / counts.sum()
 

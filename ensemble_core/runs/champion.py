@@ -102,10 +102,11 @@ def promote(
         return _not_promoted(cfg, run_name, evaluation, output_dir, f"{metric} is not available: {err}")
     current = read_champion(output_dir)
     champion_metrics, champion_value = None, None
-    snapshots = (_fingerprint(dataset.snapshot), None if current is None else champion_snapshot(current))
+    snapshot = None if dataset is None else dataset.snapshot
+    snapshots = (_fingerprint(snapshot), None if current is None else champion_snapshot(current))
     if current is not None:
         figures = {**current["metrics"], **(current.get("figures") or {})}
-        same_snapshot = snapshots[0] is not None and snapshots[0] == snapshots[1]
+        same_snapshot = snapshots[0] == snapshots[1]  # both None: no lineage known, the data config decides
         if current["data"] == data_key and metric in figures and same_snapshot:
             champion_metrics, champion_value = current["metrics"], figures[metric]
         else:
@@ -147,7 +148,7 @@ def promote(
                 "data": data_key,
                 "metrics": evaluation.ensemble,
                 "figures": {metric: challenger_value},
-                "snapshot": None if dataset.snapshot is None else dataset.snapshot.model_dump(mode="json"),
+                "snapshot": None if snapshot is None else snapshot.model_dump(mode="json"),
                 "config": cfg.model_dump(mode="json"),
             },
         )

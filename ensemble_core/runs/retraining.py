@@ -89,8 +89,9 @@ def detect_drift(cfg: PipelineConfig, dataset: DatasetInfo, output_dir: str | Pa
       snapshot's lineage record) against those of the champion's snapshot;
     - uncertainty shift: the champion ensemble (its selection, without temperature) on
       the first ``nightly.drift.max_examples`` examples of this run's training split,
-      against the champion on its own test split (read from its snapshot; this run's
-      test split when that snapshot is gone), both capped at the same count.
+      against the champion on the first ``nightly.drift.max_examples`` examples of its own
+      test split (read from its snapshot; this run's test split when that snapshot is
+      gone). Each side is a mean over its own examples, so the counts may differ.
 
     A figure that cannot be computed (no champion, a champion that predates snapshots,
     another image shape or class count) is named in ``not_computed``; nothing raises for
