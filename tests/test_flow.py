@@ -109,8 +109,12 @@ def test_report_keys(finished_run):
         "diversity",
         "timing",
         "checkpoint",
+        "data_snapshot",
+        "drift",
     ):
         assert key in r
+    assert r["data_snapshot"]["splits"] == {"train": 4000, "test": 1000} and r["data_snapshot"]["kind"] == "embedded"
+    assert sum(r["data_snapshot"]["class_counts"]["test"]) == 1000
     assert r["run_name"] == "tiny" and r["backend"] == "cpu" and r["devices"] == 8
     assert r["mesh"] == {"ensemble": 4, "data": 1}
     assert r["config"]["ensemble"]["size"] == 4 and len(r["members"]) == 4
