@@ -144,7 +144,7 @@ def _scheduled_night(env, dep_id: str, params: dict) -> dict:
         return [r for r in running if r["id"] not in _scheduled_night.seen]
 
     try:
-        (fr,) = wait_until(started, 240, "the scheduled night's run to start", every=2)
+        (fr,) = wait_until(started, 240, "the scheduled night's run to start", every=1)
         _scheduled_night.seen.add(fr["id"])
         fr = wait_final(env, fr["id"])
     finally:  # deleting the schedule also deletes its runs that have not started

@@ -142,3 +142,27 @@ def test_a_catalog_dataset_prepared_by_the_user_is_used_in_place(tmp_path):
         assert sum(info.snapshot.class_counts["train"]) == info.num_train
         fp = prepare_snapshot.fingerprint_source("cifar10", str(root))
         assert fp.fingerprint == info.snapshot.fingerprint
+
+
+def test_concurrent_runs_prepare_a_snapshot_once_and_share_it(export):
+    """Two processes prepare the same new export at once: they take turns on the
+    preparation lock; one prepares, the other finds the snapshot and reuses it."""
+    import subprocess
+    import sys
+
+    src, root = export
+    code = (
+        "import json, sys; from ensemble_core import data; "
+        f"info = data.prepare('mnist', {root!r}, {str(src)!r}); "
+        "print('RESULT', json.dumps([info.tfds_data_dir, info.snapshot.prepared_at, info.num_train]))"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    results = [json.loads(next(x for x in o.splitlines() if x.startswith("RESULT"))[7:]) for o in outputs]
+    assert results[0] == results[1] and results[0][2] == 300  # the same snapshot and lineage record
+    prepared = sum(o.count("downloaded and prepared to") for o in outputs)
+    assert prepared == 1, outputs  # TFDS prepared it once
