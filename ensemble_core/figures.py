@@ -66,8 +66,9 @@ FIGURE_HIGHER_IS_BETTER = {name: f.higher_is_better for name, f in FIGURES.items
 
 def figure(metric: str) -> Figure:
     """The figure ``promotion.metric`` names: a test metric, or the last segment of the dotted
-    path ``<evaluator>.<path>`` that is a known figure (e.g. ``letters.ensemble.entropy.auroc``
-    and ``letters.ensemble.auroc.entropy`` both name AUROC).
+    path ``<evaluator>.<path>`` that is a known figure (``letters.ensemble.auroc.entropy``
+    names AUROC). Whether the path leads to a figure the evaluator produces is checked
+    before training, on the dataset (:mod:`ensemble_core.runs.figure_check`).
 
     Raises:
       ValueError: not a test metric, no evaluator name first, or no known figure in the path.

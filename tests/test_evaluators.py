@@ -8,9 +8,10 @@ import pytest
 from sklearn.metrics import accuracy_score, average_precision_score, log_loss, roc_auc_score
 
 from ensemble_core import data, runs
-from ensemble_core.config import load_config
+from ensemble_core.config import PipelineConfig, load_config
 from ensemble_core.errors import ConfigError
 from ensemble_core.runs.evaluation import cached_arrays
+from ensemble_core.runs.figure_check import figure_paths, probe
 from tests.ensembles import tiny_config
 
 SHIFTS = ("rotation", "translation", "corruptions")
@@ -130,6 +131,20 @@ def test_promotion_on_an_evaluator_figure(finished, tfds_dir):
     assert promo["challenger_figure"] == pytest.approx(figure) and promo["promoted"]
     champion = json.loads((result.run_dir.path.parent / "champion.json").read_text())
     assert champion["figures"] == {promo["metric"]: pytest.approx(figure)}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_the_probe_produces_the_figure_paths_of_a_trained_run(finished, name):
+    """The structure the check relies on is the real one: every evaluator's figure paths on
+    the probe equal those of the same evaluator on a trained ensemble (same config)."""
+    result, report = finished
+    metrics = report["evaluations"][name]["metrics"] if name != "test" else result.evaluation.results["test"].metrics
+    if metrics.get("skipped"):
+        pytest.skip(f"{name} skipped here: {metrics['skipped']}")
+    cfg = PipelineConfig.model_validate(report["config"])
+    dataset = data.prepare(cfg.data.name, cfg.data.data_dir)
+    probed = probe(cfg, dataset, name).metrics
+    assert set(figure_paths(probed)) == set(figure_paths(metrics))
 
 
 def test_promotion_metric_is_checked_before_any_compute(tfds_dir):

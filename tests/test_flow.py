@@ -23,6 +23,10 @@ def prefect_server():
         yield
 
 
+_means = "promotion.metric=rotation.means.ensemble.nll"  # 'mean', not 'means'
+_swapped = "promotion.metric=letters.ensemble.entropy.auroc"  # the figure before the score
+
+
 def _tiny(tfds_dir):
     return ["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", f"data.data_dir={tfds_dir}"]
 
@@ -249,6 +253,8 @@ def _locked(tmp_path):
         ("learning_rate_inf", "config key 'train.learning_rate'"),
         ("duplicate_section", "twice"),
         ("binary_config", "fix:"),
+        ("promotion_path_nowhere", "produces no figure at 'means.ensemble.nll'"),
+        ("promotion_path_order", "e.g. letters.ensemble.auroc.entropy"),
     ],
 )
 def test_cli_refuses_bad_input_before_any_compute(tmp_path, tfds_dir, capsys, finished_run, case, fragment):
@@ -284,6 +290,8 @@ def test_cli_refuses_bad_input_before_any_compute(tmp_path, tfds_dir, capsys, fi
         "learning_rate_inf": ["--set", "train.learning_rate=.inf"],
         "duplicate_section": _config_file(tmp_path, b"train:\n  epochs: 1\ntrain:\n  batch_size: 8\n", "dup.yaml"),
         "binary_config": _config_file(tmp_path, bytes(range(256)), "binary.yaml"),
+        "promotion_path_nowhere": ["--set", "eval.evaluators=[test,rotation]", "--set", _means],
+        "promotion_path_order": ["--set", "eval.evaluators=[test,letters]", "--set", _swapped],
     }[case]
     if case == "catalog_offline":
         import importlib.util

@@ -220,7 +220,7 @@ def _context(rgb, **kwargs) -> EvalContext:
         predict=predict,
         load=lambda split: (images, labels),
         predict_split=lambda split: predict(images),
-        cached=lambda key, build: build(),
+        cached=lambda key, build, shapes=None: build(),
         **kwargs,
     )
 

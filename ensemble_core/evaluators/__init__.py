@@ -62,10 +62,11 @@ class EvalContext:
       predict_split: ``predict_split(split)``: ``predict`` of ``load(split)``'s images,
         computed once per evaluation (every evaluator that compares with the test split
         uses the same probabilities).
-      cached: ``cached(key, build) -> arrays``: the arrays ``build()`` returns (a dict of
-        numpy arrays, e.g. a transformed test set), computed once and kept beside the
-        prepared dataset under ``key`` (the run layer decides where; a key must name
-        everything the arrays depend on).
+      cached: ``cached(key, build, shapes=None) -> arrays``: the arrays ``build()`` returns
+        (a dict of numpy arrays, e.g. a transformed test set), computed once and kept beside
+        the prepared dataset under ``key`` (the run layer decides where; a key must name
+        everything the arrays depend on); a kept file whose arrays are not of ``shapes``
+        (``{name: shape}``) is built again.
       temperature: the ensemble's fitted temperature (``eval.temperature_scaling``), or
         None; evaluators report their ensemble figures after scaling too
         (:func:`ensemble_core.calibration.apply_temperature`).
@@ -80,7 +81,7 @@ class EvalContext:
     predict: Callable[[np.ndarray], tuple[np.ndarray, float]]
     load: Callable[[str], tuple[np.ndarray, np.ndarray]]
     predict_split: Callable[[str], tuple[np.ndarray, float]]
-    cached: Callable[[str, Callable[[], dict[str, np.ndarray]]], dict[str, np.ndarray]]
+    cached: Callable[..., dict[str, np.ndarray]]
     temperature: float | None = None
     name: str = ""
     options: Any = None

@@ -37,7 +37,7 @@ def shifted_test_set(
     def build() -> dict[str, np.ndarray]:
         return {"images": np.concatenate([transform(images, level) for level in levels])}
 
-    shifted = ctx.cached(key, build)["images"]
+    shifted = ctx.cached(key, build, {"images": (len(levels) * len(images), *images.shape[1:])})["images"]
     level = np.repeat(np.asarray(levels, np.float32), len(images))
     return shifted, np.tile(labels.astype(np.int32), len(levels)), level
 

@@ -26,7 +26,8 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     n = len(ctx.load("test")[0])
     per_letter = -(-n // 10)
     key = f"letters-v{CACHE_VERSION}-{per_letter}-seed{SEED}"
-    images = ctx.cached(key, lambda: {"images": shifts.letters(per_letter, SEED)})["images"][:n]
+    shape = {"images": (10 * per_letter, 28, 28, 1)}
+    images = ctx.cached(key, lambda: {"images": shifts.letters(per_letter, SEED)}, shape)["images"][:n]
     return _ood.evaluate_ood(ctx, images, "letters A-J rendered from DejaVu fonts, seeded affine jitter")
 
 

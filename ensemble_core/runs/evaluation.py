@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import time
 import zipfile
@@ -27,6 +26,7 @@ from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.dataset import load
 from ensemble_core.runs.layout import RunDir, atomic_savez, atomic_write_json
 from ensemble_core.runs.results import Evaluation, EvaluatorResult
+from ensemble_core.runs.selection_file import read_selection
 from ensemble_core.selection import greedy_selection
 from ensemble_core.setup import EnsembleSetup, build
 from ensemble_core.train import EnsembleState
@@ -220,7 +220,7 @@ def evaluate(
         predict=predict,
         load=load_split,
         predict_split=functools.cache(lambda split: predict(load_split(split)[0])),
-        cached=lambda key, build: cached_arrays(dataset, key, build),
+        cached=lambda key, build, shapes=None: cached_arrays(dataset, key, build, shapes),
         temperature=None if selection is None else selection["temperature"],
     )
     results = {}
@@ -246,9 +246,16 @@ def derived_dir(dataset: DatasetInfo) -> Path:
     return variant.parents[1] / "ensemble-derived" / variant.parent.name / variant.name
 
 
-def cached_arrays(dataset: DatasetInfo, key: str, build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def cached_arrays(
+    dataset: DatasetInfo,
+    key: str,
+    build: Callable[[], dict[str, np.ndarray]],
+    shapes: dict[str, tuple[int, ...]] | None = None,
+) -> dict[str, np.ndarray]:
     """``build()``'s arrays, read from ``derived_dir(dataset)/<key>.npz`` when present
-    (written atomically the first time). A cache file that cannot be read is rebuilt.
+    (written atomically the first time). A cache file that cannot be read, or whose
+    arrays are not the ``shapes`` given (``{name: shape}``; e.g. a readable file with the
+    wrong number of rows), is built again, with one warning.
 
     Raises:
       ValueError: ``key`` is not a plain file name.
@@ -258,7 +265,15 @@ def cached_arrays(dataset: DatasetInfo, key: str, build: Callable[[], dict[str, 
     path = derived_dir(dataset) / f"{key}.npz"
     try:
         with np.load(path, allow_pickle=False) as f:
-            return {k: f[k] for k in f.files}
+            arrays = {k: f[k] for k in f.files}
+        wrong = [
+            f"{name} {arrays[name].shape if name in arrays else 'missing'} instead of {shape}"
+            for name, shape in (shapes or {}).items()
+            if name not in arrays or tuple(arrays[name].shape) != tuple(shape)
+        ]
+        if not wrong:
+            return arrays
+        log.warning("cached %s holds %s; building it again", path, ", ".join(wrong))
     except FileNotFoundError:
         pass
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
@@ -347,7 +362,7 @@ def predict_images(run_dir: str | Path, images: np.ndarray, *, batch_size: int |
             f"images have shape {tuple(images.shape)} but the model takes [N, {dims}]; fix: reshape them to [N, {dims}]"
         )
     state, setup = restore(cfg, run.path, meta["dataset"]["num_classes"], shape)
-    chosen = read_selection(run)
+    chosen = read_selection(run, cfg.ensemble.size)
     if chosen is not None and cfg.ensemble.select_size is not None:
         members = selected_members(cfg, state, setup, chosen["members"], meta["dataset"]["num_classes"])
     else:
@@ -367,11 +382,3 @@ def predict_images(run_dir: str | Path, images: np.ndarray, *, batch_size: int |
         "members": members.rows[members.healthy].astype(np.int32),
         "temperature": np.float32(np.nan if temperature is None else temperature),
     }
-
-
-def read_selection(run: RunDir) -> dict | None:
-    """The run's ``selection.json`` (``members``, ``temperature``), or None when absent."""
-    try:
-        return json.loads(run.selection_json.read_text())
-    except FileNotFoundError:
-        return None

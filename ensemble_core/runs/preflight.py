@@ -13,6 +13,7 @@ from ensemble_core.errors import ConfigError
 from ensemble_core.models import build_model, check_model, import_model_function, is_import_path, model_options
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.dataset import num_train, num_validation, prepare
+from ensemble_core.runs.figure_check import check_promotion_figure
 from ensemble_core.runs.layout import run_dir_for
 from ensemble_core.runs.lock import ensure_unlocked
 from ensemble_core.runs.resume import check_resumable
@@ -83,8 +84,10 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
 
     Mesh, output directory, run name, the run's lock, each evaluator's options, the model's
     import path and options, the dataset (prepared if needed) against the config (and the
-    augmentation), the model on the dataset's shape, the memory training needs against what there is, and an existing
-    run's checkpoint against the config (:mod:`ensemble_core.runs.resume`).
+    augmentation), a dotted ``promotion.metric`` against the figures its evaluator produces
+    (:mod:`ensemble_core.runs.figure_check`), the model on the dataset's shape, the memory
+    training needs against what there is, and an existing run's checkpoint against the
+    config (:mod:`ensemble_core.runs.resume`).
 
     Returns:
       The dataset's :class:`~ensemble_core.data.DatasetInfo`.
@@ -108,6 +111,7 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
         import_model_function(cfg.model.name)
     dataset = prepare(cfg.data)
     check_against_dataset(cfg, dataset)
+    check_promotion_figure(cfg, dataset)
     check_memory(cfg, dataset)
     checked = [(run, mesh_plan.padded_members)] + [(d, group_plan.padded_members) for d in group_dirs]
     for where, members in checked:
