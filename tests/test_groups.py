@@ -280,3 +280,37 @@ def test_a_killed_dask_worker_is_replaced_and_its_group_resumes(tfds_dir, tmp_pa
     ref = _reference(tfds_dir, tmp_path, *slow)
     for k, v in predictions(ref.run_dir.path).items():
         np.testing.assert_array_equal(predictions(run)[k], v)
+
+
+def test_a_stopped_grouped_run_is_not_restarted_under_another_layout(one_program, tmp_path, tfds_dir):
+    """Regression: a grouped run stopped by SIGTERM (its checkpoints only under groups/<g>/)
+    and rerun with member_groups=1 trained from epoch 0 beside the orphaned group
+    checkpoints. Now that rerun is refused before any compute, naming the old count, and
+    the original layout resumes it to the same members as one uninterrupted program."""
+    import functools
+
+    from ensemble_core.errors import PreemptedError
+    from ensemble_core.runs.groups import train_groups
+
+    cfg1, ref = one_program
+    grouped = tiny_config(tfds_dir, *COMMON, "distributed.member_groups=2")
+    sent = []
+
+    def stop_once(record):  # a real SIGTERM to this process after the first group's first epoch
+        if not sent:
+            sent.append(record["epoch"])
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    stages = runs.Stages(train=functools.partial(train_groups, on_epoch=stop_once))
+    with pytest.raises(PreemptedError):
+        runs.run(grouped, tmp_path, "r", stages)
+    run = runs.RunDir(tmp_path / "r")
+    assert (run.path / "groups" / "0" / "checkpoints").is_dir() and not run.has_checkpoint()
+    with pytest.raises(IncompatibleRunError, match=r"distributed.member_groups: 2 -> 1") as err:
+        runs.preflight(cfg1, tmp_path, "r")
+    assert "\n" not in str(err.value) and "fix:" in str(err.value)
+    assert not run.has_checkpoint()  # nothing started over
+    result = runs.run(grouped, tmp_path, "r")  # the original layout resumes
+    got, want = _members(result.run_dir.path, grouped), _members(ref.run_dir.path, cfg1)
+    for a, b in zip(got["params"] + got["best"], want["params"] + want["best"], strict=True):
+        np.testing.assert_array_equal(a, b)

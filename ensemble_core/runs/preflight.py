@@ -14,7 +14,7 @@ from ensemble_core.models import build_model, check_model, import_model_function
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.dataset import num_train, num_validation, prepare
 from ensemble_core.runs.figure_check import check_promotion_figure
-from ensemble_core.runs.layout import run_dir_for
+from ensemble_core.runs.layout import RunDir, run_dir_for
 from ensemble_core.runs.lock import ensure_unlocked
 from ensemble_core.runs.resume import check_resumable
 from ensemble_core.setup import plan, resolve_strategy
@@ -114,6 +114,10 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
     check_promotion_figure(cfg, dataset)
     check_memory(cfg, dataset)
     checked = [(run, mesh_plan.padded_members)] + [(d, group_plan.padded_members) for d in group_dirs]
+    # A run stopped while its member groups trained has checkpoints under groups/<g>/ only:
+    # with another group count (e.g. 1, which looks at checkpoints/ alone) it would start
+    # over and orphan them, so every group directory with a checkpoint is checked too.
+    checked += [(d, group_plan.padded_members) for d in stopped_groups(run) if d not in group_dirs]
     for where, members in checked:
         if not where.has_checkpoint():
             continue
@@ -125,6 +129,15 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
         if meta is not None:
             check_resumable(meta, cfg, where.path, members)
     return dataset
+
+
+def stopped_groups(run: RunDir) -> list[RunDir]:
+    """The member-group directories ``groups/<g>/`` of ``run`` that hold a checkpoint."""
+    root = run.path / "groups"
+    if not root.is_dir():
+        return []
+    dirs = sorted((d for d in root.iterdir() if d.name.isdigit()), key=lambda d: int(d.name))
+    return [RunDir(d) for d in dirs if RunDir(d).has_checkpoint()]
 
 
 def check_scheduler(cfg: PipelineConfig, timeout_s: float = SCHEDULER_TIMEOUT_S) -> None:
