@@ -67,6 +67,29 @@ class _RefusalTraceback(logging.Filter):
 logging.getLogger("prefect.flow_runs").addFilter(_RefusalTraceback())
 
 
+class _TaskRefusalTraceback(logging.Filter):
+    """Drops the traceback Prefect's task engine logs with a task run that raised one of the
+    project's refusals (:class:`~ensemble_core.errors.EnsembleError`: bad input, a
+    damaged file, one line naming the fix); the line itself stays.
+
+    Prefect logs every failed task run at ERROR with ``exc_info=True``
+    (``prefect.task_engine``), so a refusal inside a task (``flows.predict`` on a damaged
+    champion, a dataset refused in ``prepare_dataset``) printed a traceback before the
+    flow's one-line state message. The project owns that boundary here rather than
+    catching its errors inside every task, which would mark refused tasks Completed.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, EnsembleError) and not isinstance(exc, PreemptedError):
+            record.msg, record.args = f"Task run refused: error: {exc}", ()
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+logging.getLogger("prefect.task_runs").addFilter(_TaskRefusalTraceback())
+
+
 def _flush_logs() -> None:
     with contextlib.suppress(Exception):
         # What APILogHandler.flush does outside an event loop (it is an instance method: called

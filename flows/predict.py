@@ -78,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    from ensemble_core.runs import prediction
+
+    try:  # every refusal before Prefect starts: one line, exit 2
+        prediction.preflight(args.images, args.tfds_name, args.run_dir, args.output_dir, args.output)
+    except EnsembleError as err:
+        return _cli.report_error(err)
     return _outcome.run_cli(
         predict,
         images_npy=args.images,

@@ -709,3 +709,84 @@ def test_prepare_dataset_cache_follows_the_source_files(prefect_server, tmp_path
     shutil.rmtree(replaced.result().tfds_data_dir)
     again = prepare_stage(cfg)
     assert again.num_train == 300 and Path(again.data_dir).is_dir()
+
+
+def _predict_inputs(tmp_path: Path, run_dir: Path) -> dict:
+    """Bad inputs of the prediction command line, each a list of its flags."""
+    images = tmp_path / "images"
+    images.mkdir(exist_ok=True)
+
+    def npy(name, array):
+        path = images / f"{name}.npy"
+        np.save(path, array, allow_pickle=True)
+        return str(path)
+
+    text = images / "notes.npy"
+    text.write_text("these are not images\n")
+    empty_run = tmp_path / "empty-run"
+    empty_run.mkdir(exist_ok=True)
+    (tmp_path / "damaged").mkdir(exist_ok=True)
+    (tmp_path / "damaged" / "champion.json").write_bytes(b"\x00garbage")
+    ok = npy("ok", np.zeros((2, 28, 28, 1), np.uint8))
+    run = ["--run-dir", str(run_dir)]
+    return {
+        "nan-images": ([*run, "--images", npy("nan", np.full((2, 28, 28, 1), np.nan, np.float32))], "NaN"),
+        "one-image-no-batch-axis": ([*run, "--images", npy("one", np.zeros((28, 28, 1), np.uint8))], "batch axis"),
+        "three-channels": ([*run, "--images", npy("rgb", np.zeros((2, 28, 28, 3), np.uint8))], "[N, 28, 28, 1]"),
+        "wrong-size": ([*run, "--images", npy("big", np.zeros((2, 32, 32, 1), np.uint8))], "[N, 28, 28, 1]"),
+        "pickled-objects": ([*run, "--images", npy("obj", np.array([{"a": 1}], dtype=object))], "Python objects"),
+        "text-renamed-npy": ([*run, "--images", str(text)], "not a .npy file"),
+        "missing-file": ([*run, "--images", str(images / "nope.npy")], "does not exist"),
+        "run-without-checkpoints": (["--run-dir", str(empty_run), "--images", ok], "has no checkpoint"),
+        "output-not-writable": ([*run, "--images", ok, "--output", str(ROOT / "README.md" / "p.npz")], "--output"),
+        "damaged-champion": (["--output-dir", str(tmp_path / "damaged"), "--images", ok], "no champion"),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "nan-images",
+        "one-image-no-batch-axis",
+        "three-channels",
+        "wrong-size",
+        "pickled-objects",
+        "text-renamed-npy",
+        "missing-file",
+        "run-without-checkpoints",
+        "output-not-writable",
+        "damaged-champion",
+    ],
+)
+def test_predict_refusals_are_one_line_before_prefect_starts(finished_run, tmp_path, capsys, case):
+    """Every refusal of the prediction command line: exit 2, one `error: ...; fix: ...` line
+    on stderr, no traceback anywhere, nothing written."""
+    from flows.predict import main
+
+    args, fragment = _predict_inputs(tmp_path, finished_run[2])[case]
+    before = sorted(p.name for p in finished_run[2].iterdir())
+    rc = main(args)
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert rc == 2 and len(errors) == 1 and fragment in errors[0] and "fix:" in errors[0], (rc, err)
+    assert "Traceback" not in out + err
+    assert all(line.startswith(("error: ", "warning")) or "set aside" in line for line in lines), lines
+    assert sorted(p.name for p in finished_run[2].iterdir()) == before
+
+
+def test_a_refusal_inside_a_task_is_logged_without_its_traceback(prefect_server, finished_run, tmp_path, caplog):
+    """Under Prefect (a deployment's run), a task that refuses its input logs one line, not
+    Prefect's task-run traceback; the flow ends Failed with the one-line message."""
+    import logging
+
+    from flows.predict import predict
+
+    text = tmp_path / "notes.npy"
+    text.write_text("these are not images\n")
+    with caplog.at_level(logging.INFO):
+        state = predict(images_npy=str(text), run_dir=str(finished_run[2]), return_state=True)
+    assert state.is_failed() and state.message.startswith("error: ") and "not a .npy file" in state.message
+    refused = [r for r in caplog.records if r.name == "prefect.task_runs" and r.levelno >= logging.ERROR]
+    assert refused and all(r.exc_info is None for r in refused)
+    assert "Traceback" not in caplog.text

@@ -283,6 +283,26 @@ def cached_arrays(
     return arrays
 
 
+def check_image_shape(images: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``images`` as ``[N, H, W, C]`` for a model taking ``shape`` = ``(H, W, C)`` (a grey
+    ``[N, H, W]`` gains its channel axis).
+
+    Raises:
+      DataError: any other shape (a single image without its batch axis, another size or
+        channel count), naming the shape found and the one the model takes.
+    """
+    if images.ndim == 3 and shape[-1] == 1 and tuple(images.shape[1:]) == tuple(shape[:2]):
+        images = images[..., None]
+    if images.ndim != 4 or tuple(images.shape[1:]) != tuple(shape):
+        dims = ", ".join(map(str, shape))
+        single = " (one image needs its batch axis: images[None])" if tuple(images.shape) == tuple(shape) else ""
+        raise DataError(
+            f"images have shape {tuple(images.shape)} but the model takes [N, {dims}]{single}; "
+            f"fix: reshape them to [N, {dims}]"
+        )
+    return images
+
+
 def check_image_values(images: np.ndarray) -> None:
     """Images must be what the model was trained on: uint8 in 0..255, or floats in [0, 1].
 
@@ -354,13 +374,7 @@ def predict_images(run_dir: str | Path, images: np.ndarray, *, batch_size: int |
         cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"batch_size": batch_size})})
     shape = tuple(meta["dataset"]["image_shape"])
     check_image_values(images)
-    if images.ndim == 3 and shape[-1] == 1:
-        images = images[..., None]
-    if images.ndim != 4 or tuple(images.shape[1:]) != shape:
-        dims = ", ".join(map(str, shape))
-        raise DataError(
-            f"images have shape {tuple(images.shape)} but the model takes [N, {dims}]; fix: reshape them to [N, {dims}]"
-        )
+    images = check_image_shape(images, shape)
     state, setup = restore(cfg, run.path, meta["dataset"]["num_classes"], shape)
     chosen = read_selection(run, cfg.ensemble.size)
     if chosen is not None and cfg.ensemble.select_size is not None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble_core import data as data_lib
-from ensemble_core.errors import DataError
+from ensemble_core.errors import CheckpointError, DataError
 from ensemble_core.runs.champion import read_champion
 from ensemble_core.runs.evaluation import predict_images
 from ensemble_core.runs.layout import atomic_savez, atomic_write
@@ -58,6 +58,97 @@ def images_file(images_npy: str | None, tfds_name: str | None, tfds_split: str, 
     return str(out)
 
 
+NPY_MAGIC = b"\x93NUMPY"
+
+
+def read_images(images_npy: str | Path) -> np.ndarray:
+    """The array of a ``.npy`` file, read without pickles.
+
+    Raises:
+      DataError: the file is missing or unreadable, is not a ``.npy`` (no NumPy header:
+        a text or image file renamed), or holds Python objects (a pickled object array).
+    """
+    path = Path(images_npy)
+    fix = "fix: save the images with numpy.save(path, images) as uint8 [N, H, W, C] (or float in [0, 1])"
+    try:
+        with path.open("rb") as f:
+            magic = f.read(len(NPY_MAGIC))
+    except FileNotFoundError:
+        raise DataError(f"images file '{path}' does not exist; fix: pass an existing .npy file") from None
+    except OSError as err:
+        raise DataError(f"cannot read images from '{path}' ({err.strerror or type(err).__name__}); {fix}") from None
+    if magic != NPY_MAGIC:
+        raise DataError(f"'{path}' is not a .npy file (it has no NumPy header); {fix}")
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as err:
+        if "pickle" in str(err):
+            raise DataError(
+                f"'{path}' holds Python objects (a pickled object array), not image values; {fix}"
+            ) from None
+        raise DataError(f"cannot read images from '{path}' ({err}); {fix}") from None
+    except (OSError, EOFError) as err:
+        raise DataError(f"cannot read images from '{path}' ({type(err).__name__}: {err}); {fix}") from None
+
+
+def check_output(output: str | Path) -> None:
+    """That ``output`` can be written: its directory exists (or can be made) and takes a
+    file (one is created and removed).
+
+    Raises:
+      DataError: naming the path, the reason and the fix.
+    """
+    import tempfile
+
+    parent = Path(output).absolute().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".write-check-"):
+            pass
+    except OSError as err:
+        raise DataError(
+            f"cannot write the predictions to '{output}' ({err.strerror or type(err).__name__}); "
+            f"fix: choose a writable --output"
+        ) from None
+
+
+def preflight(
+    images_npy: str | None,
+    tfds_name: str | None,
+    run_dir: str | None,
+    output_dir: str | Path,
+    output: str | None,
+) -> None:
+    """Every check of a prediction that can fail before the model runs: the run (given, or
+    the champion) has a readable checkpoint, the images file is a readable ``.npy`` of
+    values and a shape the model takes, the output can be written. The command line runs
+    it before Prefect starts, so a refusal is one line.
+
+    Raises:
+      DataError, CheckpointError: the first problem, in one line with its fix.
+    """
+    from ensemble_core.runs.checkpoint import EnsembleCheckpointer
+    from ensemble_core.runs.evaluation import check_image_shape, check_image_values
+    from ensemble_core.runs.layout import RunDir
+
+    run, _ = resolve_run(run_dir, output_dir)
+    if not RunDir(Path(run)).has_checkpoint():
+        raise CheckpointError(
+            f"run directory '{run}' has no checkpoint; fix: pass the directory of a trained run as --run-dir, "
+            f"or train one (python -m flows.train_ensemble)"
+        )
+    with EnsembleCheckpointer(RunDir(Path(run)).checkpoints) as ckpt:
+        meta = ckpt.read_meta()
+    if images_npy:
+        images = read_images(images_npy)
+        check_image_values(images)
+        check_image_shape(images, tuple(meta["dataset"]["image_shape"]))
+    elif not tfds_name:
+        raise DataError("no input: fix: pass --images (a .npy file) or --tfds-name (a TFDS dataset)")
+    stem = Path(images_npy).stem if images_npy else f"{tfds_name}"
+    check_output(output or Path(run) / f"predictions-{stem}.npz")
+
+
 def predict_file(run_dir: str | Path, images_npy: str | Path, output: str | Path) -> dict[str, np.ndarray]:
     """Predict the images of ``images_npy`` with the run and write the result to
     ``output`` (``.npz``, atomically). Returns the arrays of
@@ -68,10 +159,7 @@ def predict_file(run_dir: str | Path, images_npy: str | Path, output: str | Path
       DataError: the file is not a readable ``.npy`` (no pickles), or its images are refused.
       CheckpointError: the run has no readable checkpoint.
     """
-    try:
-        images = np.load(images_npy, allow_pickle=False)
-    except (OSError, ValueError) as err:
-        raise DataError(f"cannot read images from '{images_npy}' ({err}); fix: save them with numpy.save") from None
+    images = read_images(images_npy)
     result = predict_images(run_dir, images)
     atomic_savez(Path(output), **result)
     return result
