@@ -19,8 +19,9 @@ DRIFT_KEY = "ensemble-drift"
 RETENTION_KEY = "ensemble-retention"
 
 
-def _resource(name: str) -> dict[str, str]:
-    return {"prefect.resource.id": f"ensemble-pipeline.run.{name}", "prefect.resource.name": name}
+def _data_resource(dataset: str) -> dict[str, str]:
+    """The resource of the data events (``ensemble.skipped``, ``data.drift``): the dataset."""
+    return {"prefect.resource.id": f"ensemble-pipeline.data.{dataset}", "prefect.resource.name": dataset}
 
 
 @task(name="check_unchanged", **TRANSIENT_RETRIES)
@@ -31,8 +32,8 @@ def check_unchanged(config: PipelineConfig, dataset: DatasetInfo, output_dir: st
     decision = runs.unchanged_since_champion(config, dataset, output_dir)
     if decision is None:
         return None
-    emit_event(
-        event="ensemble.skipped", resource=_resource(decision.champion_run), payload=decision.model_dump(mode="json")
+    emit_event(  # about the data (nothing new in it), not about the champion's run: that run did nothing
+        event="ensemble.skipped", resource=_data_resource(dataset.name), payload=decision.model_dump(mode="json")
     )
     create_markdown_artifact(
         markdown=f"# Nothing to train\n\n{decision.reason}.\n\nThe champion's report: `{decision.champion_run_dir}`.\n",
@@ -60,10 +61,7 @@ def detect_drift(config: PipelineConfig, dataset: DatasetInfo, output_dir: str) 
     if drift.drifted:
         emit_event(
             event="data.drift",
-            resource={
-                "prefect.resource.id": f"ensemble-pipeline.data.{dataset.name}",
-                "prefect.resource.name": dataset.name,
-            },
+            resource=_data_resource(dataset.name),
             payload=drift.model_dump(mode="json"),
         )
         logger.warning("data.drift: %s", "; ".join(drift.exceeded))

@@ -92,7 +92,10 @@ def test_the_rotation_evaluator_rebuilds_a_wrong_cache(tmp_path, tfds_dir):
     cfg = tiny_config(tfds_dir, "eval.evaluators=[test,rotation]")
     first = runs.run(cfg, tmp_path, "r")
     dataset = data.prepare(cfg.data.name, cfg.data.data_dir)
-    (cache,) = [p for p in derived_dir(dataset).glob("rotation-*.npz") if "-n100-" in p.name]
+    from ensemble_core.evaluators import _shift, rotation
+
+    degrees = "_".join(f"{x:g}" for x in rotation.Options().degrees)
+    cache = derived_dir(dataset) / f"rotation-v{_shift.CACHE_VERSION}-n100-{degrees}.npz"  # this run's cache
     with np.load(cache) as f:
         images = f["images"]
     np.savez(cache, images=images[:7])

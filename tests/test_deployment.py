@@ -178,8 +178,8 @@ def test_three_nights_replayed_by_the_scheduler(two_runs):
     night1 = _scheduled_night(env, dep["id"], params)
     write_mnist_export(export, 3000, 300)
     night2 = _scheduled_night(env, dep["id"], params)
-    night3 = _scheduled_night(env, dep["id"], params)
     dirs = [assert_complete_records(env, fr) for fr in (night1, night2)]
+    night3 = _scheduled_night(env, dep["id"], params)
     rep1, rep2 = (json.loads((d / "report.json").read_text()) for d in dirs)
     snap1, snap2 = rep1["data_snapshot"], rep2["data_snapshot"]
     assert (snap1["splits"]["train"], snap2["splits"]["train"]) == (1000, 3000)
@@ -194,8 +194,10 @@ def test_three_nights_replayed_by_the_scheduler(two_runs):
     assert sorted(d.name for d in out.iterdir() if d.is_dir()) == sorted(d.name for d in dirs)
     assert not any(d.name.endswith(night3["name"]) for d in out.iterdir())
     champion = json.loads((out / "champion.json").read_text())
-    skipped = wait_until(lambda: events(env, "ensemble.skipped", champion["run_name"]), 90, "ensemble.skipped")
-    assert skipped[0]["payload"]["fingerprint"] == snap2["fingerprint"]
+    body = {"filter": {"event": {"name": ["ensemble.skipped"]}, "resource": {"id": ["ensemble-pipeline.data.mnist"]}}}
+    skipped = wait_until(lambda: api(env, "POST", "/events/filter", body)["events"], 90, "ensemble.skipped")
+    assert len(skipped) == 1 and skipped[0]["payload"]["fingerprint"] == snap2["fingerprint"]
+    assert skipped[0]["payload"]["champion_run"] == champion["run_name"] == dirs[1].name
     keys = {a["key"] for a in api(env, "POST", "/artifacts/filter", {"flow_runs": {"id": {"any_": [night3["id"]]}}})}
     assert "ensemble-skipped" in keys
     trained = {t["name"].rsplit("-", 1)[0] for t in task_runs(env, night3["id"])}
