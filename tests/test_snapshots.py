@@ -166,3 +166,19 @@ def test_concurrent_runs_prepare_a_snapshot_once_and_share_it(export):
     assert results[0] == results[1] and results[0][2] == 300  # the same snapshot and lineage record
     prepared = sum(o.count("downloaded and prepared to") for o in outputs)
     assert prepared == 1, outputs  # TFDS prepared it once
+
+
+@pytest.mark.parametrize("damage", [b"", b"\x00garbage", b'{"fingerprint": 3}'])
+def test_a_damaged_lineage_record_or_hash_cache_is_built_again(export, damage):
+    """snapshot.json and the hash cache are read back validated: a damaged one is written
+    again from the prepared snapshot and the files, never trusted or fatal."""
+    src, root = export
+    first = data.prepare("mnist", root, str(src))
+    record = Path(first.tfds_data_dir) / snapshot.SNAPSHOT_FILE
+    cache = Path(root) / snapshot.SNAPSHOTS / snapshot.HASH_CACHE
+    record.write_bytes(damage)
+    cache.write_bytes(damage)
+    again = data.prepare("mnist", root, str(src))
+    assert again.snapshot.model_dump(exclude={"prepared_at"}) == first.snapshot.model_dump(exclude={"prepared_at"})
+    assert json.loads(record.read_text())["fingerprint"] == first.snapshot.fingerprint
+    assert str(src.resolve() / "train-images-idx3-ubyte.gz") in json.loads(cache.read_text())
