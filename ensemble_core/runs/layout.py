@@ -60,9 +60,23 @@ class RunDir:
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
 
+    @property
+    def groups_dir(self) -> Path:
+        """``groups/``: the member groups' own run directories."""
+        return self.path / "groups"
+
     def group(self, g: int) -> RunDir:
         """Member group ``g``'s own run directory ``groups/<g>/`` (its lock and checkpoints)."""
-        return RunDir(self.path / "groups" / str(g))
+        return RunDir(self.groups_dir / str(g))
+
+    def existing_groups(self) -> list[RunDir]:
+        """The member-group directories ``groups/<g>/`` that exist, in group order."""
+        if not self.groups_dir.is_dir():
+            return []
+        return [
+            RunDir(d)
+            for d in sorted((d for d in self.groups_dir.iterdir() if d.name.isdigit()), key=lambda d: int(d.name))
+        ]
 
     @property
     def corrupt_checkpoints(self) -> Path:

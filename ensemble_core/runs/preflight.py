@@ -133,11 +133,7 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
 
 def stopped_groups(run: RunDir) -> list[RunDir]:
     """The member-group directories ``groups/<g>/`` of ``run`` that hold a checkpoint."""
-    root = run.path / "groups"
-    if not root.is_dir():
-        return []
-    dirs = sorted((d for d in root.iterdir() if d.name.isdigit()), key=lambda d: int(d.name))
-    return [RunDir(d) for d in dirs if RunDir(d).has_checkpoint()]
+    return [g for g in run.existing_groups() if g.has_checkpoint()]
 
 
 def check_scheduler(cfg: PipelineConfig, timeout_s: float = SCHEDULER_TIMEOUT_S) -> None:

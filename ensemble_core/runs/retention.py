@@ -249,8 +249,7 @@ def _references(run: RunDir) -> tuple[set[Path], set[str], bool]:
 
 def _group_dirs(run: RunDir) -> list[Path]:
     """The member group directories of ``run`` that have a lock file."""
-    groups = run.group(0).path.parent
-    return sorted(g for g in groups.iterdir() if (g / ".lock").is_file()) if groups.is_dir() else []
+    return [g.path for g in run.existing_groups() if g.lock.is_file()]
 
 
 def _in_progress(run: RunDir) -> bool:
@@ -279,7 +278,7 @@ def _held(run: RunDir) -> Iterator[None]:
 
 def _heavy(run: RunDir) -> list[Path]:
     """What pruning deletes, in its order: the checkpoints first (the step that ends a whole run)."""
-    return [run.checkpoints, run.group(0).path.parent, run.corrupt_checkpoints, run.predictions, run.eval_dir]
+    return [run.checkpoints, run.groups_dir, run.corrupt_checkpoints, run.predictions, run.eval_dir]
 
 
 def _prune(run: RunDir, policy: RetentionConfig) -> tuple[Literal["pruned", "already pruned"], int]:
