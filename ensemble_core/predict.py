@@ -12,6 +12,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ensemble_core import stopping
 from ensemble_core.data import to_float
 from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS, host_value
 from ensemble_core.train import map_members
@@ -77,6 +78,7 @@ def member_probs(
     sharding = NamedSharding(mesh, P(DATA_AXIS))
     out = []
     for start in range(0, n, chunk):
+        stopping.check()  # a stop request ends evaluation/prediction here (inside a stage)
         part = images[start : start + chunk]
         pad = chunk - len(part)
         if pad:

@@ -50,44 +50,38 @@ __all__ = [
 PREEMPTED_PREFIX = "preempted: "
 
 
-class _RefusalTraceback(logging.Filter):
-    """Drops the traceback Prefect's engine logs after a run that ended with our refusal.
+class _OneLineForOwnErrors(logging.Filter):
+    """Drops the traceback Prefect's engines log with the project's own errors; the line
+    itself stays.
 
-    A deployment's flow-run process re-raises a Failed final state as ``FailedRun`` and
-    logs it as "Engine execution exited with unexpected exception" with a traceback, which
-    ``--watch`` then prints below the one-line ``error: ...; fix: ...`` it repeats. Only
-    that record is dropped; any other failure keeps its traceback.
+    - A task run or a subflow run that raised an
+      :class:`~ensemble_core.errors.EnsembleError` (a refusal naming its fix, a damaged
+      file, a preemption: the training stage's member-groups subflow re-raises a group's
+      stop) is logged by ``prefect.task_engine`` / ``prefect.flow_engine`` at ERROR with
+      ``exc_info``, which printed a traceback before the command's one-line message.
+    - A deployment's flow-run process re-raises a Failed final state as ``FailedRun``
+      and logs it as "Engine execution exited with unexpected exception" with a
+      traceback, which ``--watch`` then prints below the ``error: ...; fix: ...`` line.
+
+    The project owns that boundary here rather than catching its errors inside every
+    task, which would mark refused tasks Completed; any other exception keeps its
+    traceback.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        return not (isinstance(exc, FailedRun) and str(exc).startswith("error: ") and "; fix: " in str(exc))
-
-
-logging.getLogger("prefect.flow_runs").addFilter(_RefusalTraceback())
-
-
-class _TaskRefusalTraceback(logging.Filter):
-    """Drops the traceback Prefect's task engine logs with a task run that raised one of the
-    project's refusals (:class:`~ensemble_core.errors.EnsembleError`: bad input, a
-    damaged file, one line naming the fix); the line itself stays.
-
-    Prefect logs every failed task run at ERROR with ``exc_info=True``
-    (``prefect.task_engine``), so a refusal inside a task (``flows.predict`` on a damaged
-    champion, a dataset refused in ``prepare_dataset``) printed a traceback before the
-    flow's one-line state message. The project owns that boundary here rather than
-    catching its errors inside every task, which would mark refused tasks Completed.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, EnsembleError) and not isinstance(exc, PreemptedError):
-            record.msg, record.args = f"Task run refused: error: {exc}", ()
+        if isinstance(exc, FailedRun) and str(exc).startswith("error: ") and "; fix: " in str(exc):
+            return False
+        if isinstance(exc, EnsembleError):
+            what = "stopped" if isinstance(exc, PreemptedError) else "refused"
+            kind = "Task run" if record.name.endswith("task_runs") else "Flow run"
+            record.msg, record.args = f"{kind} {what}: error: {exc}", ()
             record.exc_info, record.exc_text = None, None
         return True
 
 
-logging.getLogger("prefect.task_runs").addFilter(_TaskRefusalTraceback())
+for _logger in ("prefect.flow_runs", "prefect.task_runs"):
+    logging.getLogger(_logger).addFilter(_OneLineForOwnErrors())
 
 
 def _flush_logs() -> None:

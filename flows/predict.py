@@ -25,7 +25,8 @@ from pathlib import Path
 from prefect import flow
 from prefect.states import State
 
-from ensemble_core.errors import EnsembleError
+from ensemble_core import stopping
+from ensemble_core.errors import EnsembleError, PreemptedError
 from flows import _cli, _outcome
 from tasks.predict import load_images, predict_images, resolve_run
 
@@ -50,10 +51,15 @@ def predict(
     """
     services = _outcome.PrefectServices()
     try:
-        run = resolve_run(run_dir, output_dir)
-        images = load_images(images_npy, tfds_name, tfds_split, data_dir)
-        out = output or str(Path(run) / f"predictions-{Path(images).stem}.npz")
-        path = predict_images(run, images, out)
+        # SIGTERM/SIGINT stop prediction at its next batch (ensemble_core.stopping); the
+        # output is written atomically, so nothing half-written is left.
+        with stopping.stop_signals(), stopping.stage("prediction", "run the command again"):
+            run = resolve_run(run_dir, output_dir)
+            images = load_images(images_npy, tfds_name, tfds_split, data_dir)
+            out = output or str(Path(run) / f"predictions-{Path(images).stem}.npz")
+            path = predict_images(run, images, out)
+    except PreemptedError as err:
+        return _outcome.interrupted(err)
     except EnsembleError as err:  # bad input: Failed at once with the one-line message
         return _outcome.refused(err)
     return services.outcome(path)

@@ -5,11 +5,15 @@ shows it is :mod:`tasks._progress`."""
 
 from __future__ import annotations
 
+import signal
+from pathlib import Path
+
 from prefect import flow, get_run_logger, task
 
-from ensemble_core import runs
+from ensemble_core import runs, stopping
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
+from ensemble_core.errors import PreemptedError
 from tasks import TRANSIENT_RETRIES
 from tasks._progress import PROGRESS_INTERVAL_S, PROGRESS_KEY, train_with_progress
 from tasks._runners import local_cluster_kwargs, pin_to_core, place_group, submit_each, task_runner
@@ -64,10 +68,17 @@ def gather_members(
 @flow(name="train-member-groups", log_prints=True)
 def _member_groups(config: PipelineConfig, dataset: DatasetInfo, keys: dict, run_dir: str) -> runs.TrainingSummary:
     """:func:`ensemble_core.runs.train_groups` with one ``train_member_group`` task run per
-    group, submitted to this flow's task runner, and the ``gather_members`` task."""
-    return runs.train_groups(
-        config, dataset, keys, run_dir, group_call=train_member_group, gather=gather_members, mapper=submit_each
-    )
+    group, submitted to this flow's task runner, and the ``gather_members`` task.
+
+    A subflow's engine puts Prefect's own SIGTERM handler back for its duration (one that
+    raises wherever the main thread is, so a stop can be lost in a garbage-collection
+    callback, and the groups' threads never see it): the project's stop requests
+    (:mod:`ensemble_core.stopping`) are installed again here, so each group stops at its
+    next step after a checkpoint."""
+    with stopping.stop_signals():
+        return runs.train_groups(
+            config, dataset, keys, run_dir, group_call=train_member_group, gather=gather_members, mapper=submit_each
+        )
 
 
 def train_stage(config: PipelineConfig, dataset: DatasetInfo, keys: dict, run_dir: str) -> runs.TrainingSummary:
@@ -75,4 +86,16 @@ def train_stage(config: PipelineConfig, dataset: DatasetInfo, keys: dict, run_di
     the ``train-member-groups`` subflow on the configured task runner."""
     if config.distributed.member_groups == 1:
         return train_members(config, dataset, keys, run_dir)
-    return _member_groups.with_options(task_runner=task_runner(config))(config, dataset, keys, run_dir)
+    from prefect.exceptions import TerminationSignal
+
+    try:
+        return _member_groups.with_options(task_runner=task_runner(config))(config, dataset, keys, run_dir)
+    except TerminationSignal as err:
+        # While the subflow's engine starts and ends (outside its body, where the groups
+        # train under the project's handler) Prefect's own SIGTERM bridge is installed
+        # (prefect.utilities.engine.capture_sigterm) and raises this; the groups'
+        # checkpoints are what they were, so this is a stop like any other.
+        raise PreemptedError(
+            f"stopped by {signal.Signals(err.signal).name} while the member groups started or ended; their "
+            f"checkpoints are kept; fix: rerun with the same run name (run_name {Path(run_dir).name}) to resume"
+        ) from None

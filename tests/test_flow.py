@@ -427,7 +427,7 @@ def test_cli_stop_signal_checkpoints_and_exits_75(tmp_path, tfds_dir, signals):
     assert proc.returncode == 75, err[-2000:]
     assert time.monotonic() - sent < 50  # no retry delay, no second training in-process
     line = [ln for ln in err.splitlines() if ln.startswith("error: ")][-1]
-    assert "training stopped at epoch" in line and "--run-name term" in line
+    assert "training stopped at epoch" in line and "--run-name term" in line, err[-3000:]
     assert "Traceback" not in err
     steps = sorted(int(p.name) for p in (out / "term" / "checkpoints").iterdir() if p.name.isdigit())
     assert steps and steps[-1] < 30 * 8  # stopped before the end (8 steps an epoch)

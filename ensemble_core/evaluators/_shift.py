@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ensemble_core import metrics as metrics_lib
+from ensemble_core import stopping
 from ensemble_core.calibration import apply_temperature
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput
 from ensemble_core.plotting import plt, save
@@ -35,7 +36,11 @@ def shifted_test_set(
     key = f"{name}-v{CACHE_VERSION}-n{len(images)}-" + "_".join(f"{x:g}" for x in levels)
 
     def build() -> dict[str, np.ndarray]:
-        return {"images": np.concatenate([transform(images, level) for level in levels])}
+        shifted = []
+        for level in levels:
+            stopping.check()  # building a shifted set takes seconds: a stop request ends it between levels
+            shifted.append(transform(images, level))
+        return {"images": np.concatenate(shifted)}
 
     shifted = ctx.cached(key, build, {"images": (len(levels) * len(images), *images.shape[1:])})["images"]
     level = np.repeat(np.asarray(levels, np.float32), len(images))

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ensemble_core import stopping
 from ensemble_core.config import PipelineConfig
 from ensemble_core.runs.champion import promote
 from ensemble_core.runs.dataset import prepare
@@ -138,30 +139,52 @@ def run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Stag
     Re-using a run name resumes that run (from its latest checkpoint; a finished run is
     evaluated and reported again). The run directory is ``<output_dir>/<run_name>``.
 
+    SIGTERM and SIGINT (main thread) are stop requests (:mod:`ensemble_core.stopping`):
+    training stops at its next step after a checkpoint, evaluation at its next batch,
+    every other stage when it ends; a request that arrives once the report is written
+    stops nothing (the run is complete: retention runs, and the run is returned).
+
     Raises:
       EnsembleError: preflight refused the run (nothing computed or written), or a stage
         failed (ConfigError, MeshError, DataError, RunLockedError, IncompatibleRunError,
-        CheckpointError, DivergenceError), or training was stopped (PreemptedError,
-        after a checkpoint).
+        CheckpointError, DivergenceError), or the run was stopped (PreemptedError; rerun
+        with the same name to resume).
     """
+    with stopping.stop_signals():
+        return _run(cfg, output_dir, run_name, stages)
+
+
+def _run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Stages) -> RunResult:
+    fix = f"rerun with the same run name (run_name {run_name}) to resume"
+
+    def stage(what: str, call: Callable[..., Any], *args: Any) -> Any:
+        with stopping.stage(what, fix):
+            return call(*args)
+
     stages.preflight(cfg, output_dir, run_name)
     run_dir = OutputDir(Path(output_dir)).run(run_name)
-    dataset = stages.prepare(cfg.data)
-    skipped = None if run_dir.has_checkpoint() else stages.check_unchanged(cfg, dataset, str(output_dir))
+    dataset = stage("dataset preparation", stages.prepare, cfg.data)
+    skipped = None
+    if not run_dir.has_checkpoint():
+        skipped = stage("the unchanged-data check", stages.check_unchanged, cfg, dataset, str(output_dir))
     if skipped is not None:
         retention = stages.retain(cfg, str(output_dir))
         champion = RunDir(Path(skipped.champion_run_dir))
         return RunResult(champion, None, None, None, skipped=skipped, retention=retention)
-    drift = stages.detect_drift(cfg, dataset, str(output_dir)) if cfg.promotion.enabled else None
+    drift = None
+    if cfg.promotion.enabled:
+        drift = stage("the drift check", stages.detect_drift, cfg, dataset, str(output_dir))
     record_snapshot(run_dir.path, dataset)
-    keys = stages.split_keys(cfg, plan(cfg).padded_members)
-    training = stages.train(cfg, dataset, keys, str(run_dir.path))
-    evaluation = stages.evaluate(cfg, dataset, str(run_dir.path))
+    keys = stage("key splitting", stages.split_keys, cfg, plan(cfg).padded_members)
+    training = stage("training", stages.train, cfg, dataset, keys, str(run_dir.path))
+    evaluation = stage("evaluation", stages.evaluate, cfg, dataset, str(run_dir.path))
     decision = None
     if cfg.promotion.enabled:
-        decision = stages.promote(cfg, dataset, run_name, str(run_dir.path), evaluation, str(output_dir))
-    stages.report(
-        run_name, cfg.model_dump(mode="json"), training, evaluation, str(run_dir.path), decision, dataset, drift
-    )
+        args = (cfg, dataset, run_name, str(run_dir.path), evaluation, str(output_dir))
+        decision = stage("the champion/challenger comparison", stages.promote, *args)
+    with stopping.stage("the report", fix):
+        pass  # a stop before the report stops there; once it is written, the run is complete
+    config = cfg.model_dump(mode="json")
+    stages.report(run_name, config, training, evaluation, str(run_dir.path), decision, dataset, drift)
     retention = stages.retain(cfg, str(output_dir))
     return RunResult(run_dir, training, evaluation, decision, drift=drift, retention=retention)

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ensemble_core import evaluators
+from ensemble_core import evaluators, stopping
 from ensemble_core import metrics as metrics_lib
 from ensemble_core.calibration import apply_temperature, fit_temperature, temperature_nll
 from ensemble_core.config import PipelineConfig
@@ -225,6 +225,7 @@ def evaluate(
     )
     results = {}
     for name, spec in cfg.eval.evaluators.items():
+        stopping.check()  # a stop request ends evaluation between evaluators (and batches)
         module = evaluators.get(spec.type)
         out = module.evaluate(dataclasses.replace(ctx, name=name, options=evaluators.options(name, spec)))
         plots: dict[str, str] = {}

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ensemble_core import stopping
 from ensemble_core.config import HOST_DEVICES, PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import EnsembleError, PreemptedError
@@ -27,7 +28,6 @@ from ensemble_core.processutil import free_port
 from ensemble_core.runs.layout import RunDir
 from ensemble_core.runs.lock import run_lock
 from ensemble_core.runs.results import TrainingSummary
-from ensemble_core.runs.training import stop_signals
 
 HEARTBEAT_TIMEOUT_S = 10  # a process that misses heartbeats this long is declared dead
 EXIT_GRACE_S = 30  # then the launcher waits this long for the others before killing them
@@ -80,7 +80,7 @@ def train_processes(
     run.path.mkdir(parents=True, exist_ok=True)
     with (
         run_lock(run.path),
-        stop_signals() as term,
+        stopping.stop_signals(),
         tempfile.TemporaryDirectory(prefix="ensemble-processes-") as tmp,
     ):
         spec = Path(tmp) / "spec.json"
@@ -106,7 +106,8 @@ def train_processes(
         reader = threading.Thread(target=_forward, args=(procs[0].stdout, records, on_epoch), daemon=True)
         reader.start()
         try:
-            failed = _supervise(procs, lambda: term.is_set() or (should_stop is not None and should_stop()))
+            stop = stopping.requested
+            failed = _supervise(procs, lambda: stop() is not None or (should_stop is not None and should_stop()))
         finally:
             for proc in procs:
                 if proc.poll() is None:

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
 import numpy as np
 
+from ensemble_core import stopping
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import ConfigError, DivergenceError, PreemptedError
@@ -39,24 +38,7 @@ from ensemble_core.runs.summary import images_per_s, member_records, where_train
 from ensemble_core.setup import EnsembleSetup, build, group_size
 from ensemble_core.train import DataPosition, EnsembleState, data_position, fit
 
-__all__ = ["Hooks", "MemberKeyData", "TrainingRun", "group_keys", "split_keys", "stop_signals", "train"]
-
-
-@contextlib.contextmanager
-def stop_signals() -> Iterator[threading.Event]:
-    """While active (main thread only), SIGTERM and SIGINT (Ctrl-C) set the yielded event
-    instead of killing: training stops at the next step boundary after a checkpoint.
-    The previous handlers come back on exit."""
-    event = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield event
-        return
-    previous = {sig: signal.signal(sig, lambda *_: event.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield event
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+__all__ = ["Hooks", "MemberKeyData", "TrainingRun", "group_keys", "split_keys", "train"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +72,11 @@ class TrainingRun:
     group: int | None = None
     worker: str | None = None
     own_run_dir: bool = True
+
+    @property
+    def run_name(self) -> str:
+        """The run's name (a member group trains in ``<run>/groups/<g>/``)."""
+        return self.run.path.parent.parent.name if self.group is not None else self.run.name
 
     @property
     def members(self) -> int:
@@ -231,7 +218,7 @@ class _Checkpoints:
             raise PreemptedError(
                 f"training stopped at epoch {stop['epoch'] + 1}, step {stop['step_in_epoch']} (global step "
                 f"{int(state.step)}); a checkpoint was saved there; fix: rerun with the same run name "
-                f"(run_name {self.ctx.run.name}) to resume"
+                f"(run_name {self.ctx.run_name}) to resume"
             )
         self.ckpt.wait()
         return self.ckpt.latest_step()
@@ -259,7 +246,8 @@ def run_training(ctx: TrainingRun, keys: MemberKeyData, hooks: Hooks = Hooks()) 
     with (
         run_lock(ctx.run.path) if ctx.own_run_dir else contextlib.nullcontext(),
         EnsembleCheckpointer(ctx.run.checkpoints, keep=cfg.checkpoint.keep) as ckpt,
-        stop_signals() if ctx.own_run_dir else contextlib.nullcontext(threading.Event()) as term,
+        stopping.stop_signals() if ctx.own_run_dir else contextlib.nullcontext(),
+        stopping.outside_stage(),  # validation batches must not stop training before its checkpoint
     ):
         state, record = _resume(ckpt, state, ctx)
         checkpoints = _Checkpoints(ckpt, ctx, record, hooks.on_epoch)
@@ -278,7 +266,9 @@ def run_training(ctx: TrainingRun, keys: MemberKeyData, hooks: Hooks = Hooks()) 
             end_of_epoch=validate,
             on_step=hooks.on_step,
             on_epoch_end=checkpoints.end_of_epoch,
-            should_stop=lambda: term.is_set() or (hooks.should_stop is not None and hooks.should_stop()),
+            # A stop request from a signal in any thread's run (a member group on a thread
+            # pool never receives one itself), or the caller's.
+            should_stop=lambda: stopping.requested() is not None or bool(hooks.should_stop and hooks.should_stop()),
         )
         step = checkpoints.finish(state, timing)
     return _summary(ctx, state, timing, record, step)
@@ -356,5 +346,13 @@ def train(
       PreemptedError: stopped by SIGTERM / SIGINT / ``should_stop`` (a checkpoint was saved).
       DivergenceError: a member diverged and ``train.on_divergence`` is ``fail``.
     """
+    run_name = Path(run_dir).name
+    sig = stopping.requested()
+    if sig is not None:  # e.g. a member group queued behind one that stopped
+        what = "training" if group is None else f"member group {group}"
+        raise PreemptedError(
+            f"stopped by {sig.name} before {what} started; fix: rerun with the same run name "
+            f"(run_name {run_name}) to resume"
+        )
     ctx = training_run(cfg, dataset, run_dir, group=group, strategy=strategy, worker=worker, own_run_dir=own_run_dir)
     return run_training(ctx, keys, Hooks(on_step=on_step, on_epoch=on_epoch, should_stop=should_stop))
