@@ -14,7 +14,9 @@ safe:
   thread-pool task runner never sees a signal itself);
 - evaluation and prediction, before every batch (:func:`ensemble_core.predict.member_probs`)
   and between evaluators, inside a :func:`stage`;
-- every stage of :func:`ensemble_core.runs.run`, when it starts and when it ends.
+- every stage of :func:`ensemble_core.runs.run`, when it starts and when it ends;
+- member groups in other processes (Dask workers), through a file in the run directory
+  (:func:`relay_to_file`, :func:`file_requested`).
 
 :func:`check` then raises :class:`~ensemble_core.errors.PreemptedError` naming the signal,
 the stage and the fix, which the command lines turn into one line and exit code 75.
@@ -26,11 +28,22 @@ import contextlib
 import contextvars
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from ensemble_core.errors import PreemptedError
 
-__all__ = ["check", "clear", "outside_stage", "request", "requested", "stage", "stop_signals"]
+__all__ = [
+    "check",
+    "clear",
+    "file_requested",
+    "outside_stage",
+    "relay_to_file",
+    "request",
+    "requested",
+    "stage",
+    "stop_signals",
+]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -136,3 +149,41 @@ def outside_stage() -> Iterator[None]:
         yield
     finally:
         _stage.reset(token)
+
+
+@contextlib.contextmanager
+def relay_to_file(path: Path, poll_s: float = 0.2) -> Iterator[None]:
+    """While active, a stop request of this process is relayed to ``path`` (written within
+    ``poll_s`` seconds, holding the signal's name) for code in *other processes* to see
+    with :func:`file_requested`: member groups on Dask workers, which never receive the
+    signal the run's process got, share the run directory. A stale file from an earlier
+    stop is removed on entry and the file on exit (by then the groups have ended).
+
+    Raises:
+      OSError: the stale file cannot be removed (the run directory is not writable).
+    """
+    path.unlink(missing_ok=True)
+    done = threading.Event()
+
+    def relay() -> None:
+        while not done.wait(poll_s):
+            sig = _requested
+            if sig is not None:
+                with contextlib.suppress(OSError):  # the run's own stop is still honoured
+                    path.write_text(sig.name)
+                return
+
+    watcher = threading.Thread(target=relay, name="stop-relay", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+        path.unlink(missing_ok=True)
+
+
+def file_requested(path: Path) -> Callable[[], bool]:
+    """A ``should_stop`` for training in another process: True once :func:`relay_to_file`
+    wrote ``path`` (one ``stat`` per call: microseconds, cheap enough for every step)."""
+    return path.exists

@@ -18,8 +18,14 @@ from ensemble_core.config import PipelineConfig
 def submit_each(task, calls: Sequence[tuple]) -> list:
     """The mapper of :func:`ensemble_core.runs.groups.map_groups` for a Prefect task:
     submit ``task(*args)`` for every call to the flow's task runner, then wait for all
-    (results in call order; the first failure raises)."""
+    (results in call order; then the first failure, in call order, raises).
+
+    Every group ends before anything raises: when one group stops or fails, the others
+    finish their own stop (a checkpoint at their step) rather than being killed
+    mid-write when the task runner shuts down (a Dask cluster's workers are)."""
     futures = [task.submit(*args) for args in calls]
+    for f in futures:
+        f.wait()
     return [f.result() for f in futures]
 
 

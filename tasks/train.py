@@ -45,9 +45,12 @@ def train_member_group(
     """Train (or resume) member group ``group`` under ``run_dir/groups/<group>/``, in
     whichever process the task runner gives it; returns the group's training summary."""
     worker = place_group(config)
-    return train_with_progress(
-        config, group, lambda **hooks: runs.train(config, dataset, keys, run_dir, group=group, worker=worker, **hooks)
-    )
+    stop = stopping.file_requested(runs.RunDir(Path(run_dir)).stop_request)  # a stop relayed from the flow
+
+    def train(**hooks):
+        return runs.train(config, dataset, keys, run_dir, group=group, worker=worker, should_stop=stop, **hooks)
+
+    return train_with_progress(config, group, train)
 
 
 @task(name="gather_members", **TRANSIENT_RETRIES)
@@ -73,9 +76,10 @@ def _member_groups(config: PipelineConfig, dataset: DatasetInfo, keys: dict, run
     A subflow's engine puts Prefect's own SIGTERM handler back for its duration (one that
     raises wherever the main thread is, so a stop can be lost in a garbage-collection
     callback, and the groups' threads never see it): the project's stop requests
-    (:mod:`ensemble_core.stopping`) are installed again here, so each group stops at its
-    next step after a checkpoint."""
-    with stopping.stop_signals():
+    (:mod:`ensemble_core.stopping`) are installed again here, and relayed through the run
+    directory to groups on Dask workers (other processes, which the signal never
+    reaches), so each group stops at its next step after a checkpoint."""
+    with stopping.stop_signals(), stopping.relay_to_file(runs.RunDir(Path(run_dir)).stop_request):
         return runs.train_groups(
             config, dataset, keys, run_dir, group_call=train_member_group, gather=gather_members, mapper=submit_each
         )

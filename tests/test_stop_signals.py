@@ -35,9 +35,11 @@ SMALL = [
 ]
 
 
-def _stop_proc(tmp_path: Path, tfds_dir: str, stages: str, *overrides: str) -> tuple[dict, list[dict], str]:
+def _stop_proc(
+    tmp_path: Path, tfds_dir: str, stages: str, *overrides: str, tries: int = TRIES
+) -> tuple[dict, list[dict], str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "XLA_FLAGS"}
-    cmd = [sys.executable, "-m", "tests.stop_proc", str(tmp_path / "runs"), tfds_dir, stages, str(TRIES)]
+    cmd = [sys.executable, "-m", "tests.stop_proc", str(tmp_path / "runs"), tfds_dir, stages, str(tries)]
     done = subprocess.run([*cmd, *SMALL, *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     first, *tries = (json.loads(line) for line in done.stdout.splitlines() if line.startswith("{"))
@@ -85,6 +87,23 @@ def test_sigterm_stops_member_groups_on_the_local_runner(tmp_path, tfds_dir):
     for t in stopped_inside:
         step = int(re.search(r"global step (\d+)", t["message"]).group(1))
         assert step < 20 * 7 and any(c.endswith(f"/checkpoints/{step}") for c in t["checkpoints"]), t
+
+
+def test_sigterm_reaches_member_groups_on_dask_workers(tmp_path, tfds_dir):
+    """Groups on Dask workers (other processes: the signal reaches only the run's process)
+    stop at their next step through the run directory's stop request; twice (each run
+    starts a Dask cluster, seconds), signalled once a group has committed a checkpoint."""
+    overrides = ["train.epochs=60", "distributed.member_groups=2", "distributed.task_runner=dask"]
+    first, tries, stderr = _stop_proc(tmp_path, tfds_dir, "train@checkpoint", *overrides, tries=2)
+    assert len(tries) == 2
+    _check_tries(first, tries, stderr)
+    for t in tries:
+        assert "training stopped at epoch" in t["message"], t
+        # Every group stopped before its end (60 epochs x 7 steps) and kept the step it stopped at.
+        for g in (0, 1):
+            steps = [int(c.rsplit("/", 1)[1]) for c in t["checkpoints"] if c.startswith(f"groups/{g}/")]
+            assert steps and max(steps) < 60 * 7, t
+        assert not (tmp_path / "runs" / t["run"] / ".stop-request").exists()  # the relay cleans up
 
 
 def _evaluation_started(proc: subprocess.Popen, lines: list[str], seen: threading.Event) -> None:

@@ -61,6 +61,12 @@ class RunDir:
         return self.path / "checkpoints"
 
     @property
+    def stop_request(self) -> Path:
+        """``.stop-request``: a stop of the run's process relayed to its member groups in
+        other processes (:func:`ensemble_core.stopping.relay_to_file`)."""
+        return self.path / ".stop-request"
+
+    @property
     def groups_dir(self) -> Path:
         """``groups/``: the member groups' own run directories."""
         return self.path / "groups"
