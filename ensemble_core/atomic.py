@@ -24,7 +24,8 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
     permissions ``open()`` would give it (0666 less the umask).
 
     Raises:
-      OSError: the directory cannot be written (read-only, full, missing permissions).
+      OSError: the directory cannot be written (read-only, full, missing permissions);
+        its ``filename`` is ``path`` when the failing call named no file (a ``write()``).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -36,9 +37,11 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.filename is None:  # a write() that failed: name the file
+            err.filename = str(path)
         raise
 
 

@@ -41,3 +41,13 @@ class DivergenceError(EnsembleError):
 
 class IncompatibleRunError(ConfigError):
     """The run directory holds checkpoints of a different model, dataset, seed or E."""
+
+
+class OutputError(EnsembleError):
+    """A file of the run cannot be written where it belongs: a read-only file system, or
+    one that accepts directories but no files (``/proc``, ``/sys``, ...)."""
+
+
+class DiskFullError(OutputError):
+    """No space left (``ENOSPC``) or the disk quota used up (``EDQUOT``) where the run
+    writes; the message names the path, the free space and the fix."""

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ensemble_core import diskspace
 from ensemble_core.config import PipelineConfig
 from ensemble_core.figures import TEST_METRICS, figure_direction
 from ensemble_core.runs.champion_state import (
@@ -68,6 +69,7 @@ def decide(challenger: float, champion: float | None, metric: str) -> tuple[bool
 # MARK: the promotion policy
 
 
+@diskspace.output_errors("output_dir")
 def promote(
     cfg: PipelineConfig,
     dataset: DatasetInfo,

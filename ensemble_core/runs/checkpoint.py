@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import shutil
 import time
 import warnings
@@ -22,7 +23,9 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
+from ensemble_core import diskspace
 from ensemble_core.errors import CheckpointError, EnsembleError, IncompatibleRunError
+from ensemble_core.runs import orbax_logs  # noqa: F401  (installed on import: failed saves in one line)
 from ensemble_core.runs.layout import RunDir
 
 if TYPE_CHECKING:
@@ -36,6 +39,10 @@ if TYPE_CHECKING:
 #: checkpoints without the key are format 1 (params-only members) and are restored by
 #: :meth:`EnsembleCheckpointer.restore` with empty collections.
 STATE_FORMAT = 2
+
+#: Free space a checkpoint save needs beyond its arrays and metadata (orbax's own small
+#: files: commit markers, metadata, the OCDBT manifest).
+SAVE_MARGIN_BYTES = 256 * 1024
 
 
 def dataset_record(dataset: DatasetInfo) -> dict:
@@ -178,6 +185,7 @@ class EnsembleCheckpointer:
             registry.add(item, save, handler)
             registry.add(item, restore, handler)
         self._manager = ocp.CheckpointManager(self.directory, options=options, handler_registry=registry)
+        self._saving: int | None = None  # the step of the latest save started
 
     def latest_step(self) -> int | None:
         """The newest saved step (completed epochs), or None."""
@@ -187,13 +195,28 @@ class EnsembleCheckpointer:
         return list(self._manager.all_steps())
 
     def save(self, step: int, state: Any, meta: dict) -> None:
-        """Start an asynchronous save of ``state`` and ``meta`` as checkpoint ``step``.
+        """Start an asynchronous save of ``state`` and ``meta`` as checkpoint ``step``, once
+        the previous one has finished (as orbax would) and if its file system has room for it.
+
+        The room a save needs is the size of the latest finished checkpoint on disk (the
+        same arrays, compressed alike), or for the first one the arrays' size: a save that
+        cannot fit is refused before it starts, instead of failing in orbax's writer
+        threads (whose event loop closes under tensorstore's pending writes).
 
         Raises:
-          CheckpointError: this or the previous (asynchronous) save failed, e.g. disk full;
-            earlier finished checkpoints are untouched (orbax writes to a temporary
-            directory and renames it only when complete).
+          DiskFullError: not enough free space for it, or the disk filled up while this or
+            the previous save wrote.
+          CheckpointError: this or the previous (asynchronous) save failed otherwise.
+          Either way earlier finished checkpoints are untouched (orbax writes to a
+          temporary directory, removed on failure, and renames it only when complete).
         """
+        self.wait()
+        needed = self._latest_size() or sum(x.nbytes for x in jax.tree.leaves(state) if hasattr(x, "nbytes"))
+        needed += len(json.dumps(meta)) + SAVE_MARGIN_BYTES
+        free = diskspace.free_bytes(self.directory)
+        if free is not None and free < needed:
+            raise diskspace.disk_full(self.directory / str(step), needed=needed, done=self._intact())
+        self._saving = step
         with self._write_errors(step):
             self._manager.save(
                 step,
@@ -201,20 +224,33 @@ class EnsembleCheckpointer:
                 force=True,
             )
 
+    def _latest_size(self) -> int:
+        """Bytes the latest finished checkpoint takes on disk, in whole blocks (0 if none)."""
+        step = self.latest_step()
+        if step is None:
+            return 0
+        return sum(f.stat().st_blocks * 512 for f in (self.directory / str(step)).rglob("*") if f.is_file())
+
+    def _intact(self) -> str:
+        finished = sorted((p.name for p in self.directory.iterdir() if p.name.isdigit()), key=int)
+        return f"the finished checkpoints {finished} are intact; " if finished else ""
+
     @contextlib.contextmanager
     def _write_errors(self, step: int | None):
         try:
             yield
         except Exception as err:  # noqa: BLE001  (OSError, or orbax re-raising one from its thread)
-            errno_name = ""
-            for e in (err, err.__cause__, err.__context__):
-                if isinstance(e, OSError) and e.errno:
-                    errno_name = f" [{errno.errorcode.get(e.errno, e.errno)}]"
-                    break
-            finished = [p.name for p in sorted(self.directory.iterdir()) if p.name.isdigit()]
+            code = diskspace.errno_of(err)
+            for tmp in self.directory.glob("*.orbax-checkpoint-tmp*"):  # the failed save's half
+                shutil.rmtree(tmp, ignore_errors=True)
+            step = self._saving if step is None else step  # wait(): the save in flight
+            if code in diskspace.NO_SPACE:
+                where = self.directory / str(step) if step is not None else self.directory
+                raise diskspace.disk_full(where, code, done=self._intact()) from None
+            errno_name = f" [{errno.errorcode.get(code, code)}]" if code else ""
             raise CheckpointError(
                 f"saving a checkpoint in {self.directory} failed{errno_name} ({type(err).__name__}: "
-                f"{str(err)[:300]}); the finished checkpoints {finished} are intact; "
+                f"{str(err)[:300]}); {self._intact()}"
                 f"fix: free disk space (or fix the write error) and rerun with the same run name to resume"
             ) from None
 

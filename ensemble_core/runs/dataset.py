@@ -5,15 +5,23 @@ from __future__ import annotations
 import numpy as np
 
 from ensemble_core import data as data_lib
+from ensemble_core import diskspace
 from ensemble_core.config import DataConfig, PipelineConfig
 from ensemble_core.data import DatasetInfo
 
 
+def _data_dir(data_cfg: DataConfig) -> str:
+    return str(data_lib.tfds_root(data_cfg.name, data_cfg.data_dir))
+
+
+@diskspace.output_errors(_data_dir, setting="data.data_dir")
 def prepare(data_cfg: DataConfig) -> DatasetInfo:
     """Prepare (or find) ``data_cfg.name`` as array_record files (:func:`ensemble_core.data.prepare`).
 
     Raises:
       DataError: an unknown dataset, files that cannot be found or are damaged.
+      DiskFullError, OutputError: the TFDS data dir is full or read-only
+        (:mod:`ensemble_core.diskspace`).
     """
     return data_lib.prepare(data_cfg.name, data_cfg.data_dir, data_cfg.manual_dir)
 

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ensemble_core import evaluators, stopping
+from ensemble_core import diskspace, evaluators, stopping
 from ensemble_core import metrics as metrics_lib
 from ensemble_core.calibration import apply_temperature, fit_temperature, temperature_nll
 from ensemble_core.config import PipelineConfig
@@ -179,6 +179,7 @@ def choose_members(
     return members, record
 
 
+@diskspace.output_errors("run_dir")
 def evaluate(
     cfg: PipelineConfig,
     dataset: DatasetInfo,
@@ -206,7 +207,6 @@ def evaluate(
             f"train.learning_rate and train again"
         )
     members, selection = choose_members(cfg, dataset, state, setup, run, write)
-    healthy = members.healthy
 
     # Every evaluator starts from the test split: read it, and predict it, once per evaluation.
     def predict(images: np.ndarray) -> tuple[np.ndarray, float]:
@@ -216,7 +216,7 @@ def evaluate(
     ctx = evaluators.EvalContext(
         config=cfg,
         dataset=dataset,
-        healthy=healthy,
+        healthy=members.healthy,
         predict=predict,
         load=load_split,
         predict_split=functools.cache(lambda split: predict(load_split(split)[0])),

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import jax
 import numpy as np
 
+from ensemble_core import diskspace
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import ConfigError
@@ -63,6 +64,7 @@ def train_group(cfg: PipelineConfig, dataset: DatasetInfo, keys: MemberKeyData, 
     return train(cfg, dataset, keys, run_dir, group=group, **hooks)
 
 
+@diskspace.output_errors("run_dir")
 def train_groups(
     cfg: PipelineConfig,
     dataset: DatasetInfo,
@@ -134,6 +136,7 @@ def _restore_groups(cfg: PipelineConfig, dataset: DatasetInfo, run: RunDir, step
     return parts, metas
 
 
+@diskspace.output_errors("run_dir")
 def gather_groups(
     cfg: PipelineConfig, dataset: DatasetInfo, run_dir: str | Path, summaries: list[TrainingSummary]
 ) -> TrainingSummary:

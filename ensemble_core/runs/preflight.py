@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from ensemble_core import evaluators
+from ensemble_core import diskspace, evaluators
 from ensemble_core import memory as memory_lib
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
@@ -82,7 +82,9 @@ def check_memory(cfg: PipelineConfig, dataset: DatasetInfo) -> memory_lib.Memory
 def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> DatasetInfo:
     """Every check that can fail before training, in order; writes nothing in the run dir.
 
-    Mesh, output directory, run name, the run's lock, each evaluator's options, the model's
+    Mesh, output directory (a probe file written, fsynced and removed there: a full disk
+    or a file system that takes no files, such as ``/proc``, is refused here,
+    :func:`ensemble_core.diskspace.probe_writable`), run name, the run's lock, each evaluator's options, the model's
     import path and options, the dataset (prepared if needed) against the config (and the
     augmentation), a dotted ``promotion.metric`` against the figures its evaluator produces
     (:mod:`ensemble_core.runs.figure_check`), the model on the dataset's shape, the memory
@@ -94,12 +96,13 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
 
     Raises:
       EnsembleError: the first problem found (ConfigError, MeshError, DataError,
-        RunLockedError, IncompatibleRunError).
+        RunLockedError, IncompatibleRunError, DiskFullError, OutputError).
     """
     mesh_plan = plan(cfg)
     groups = cfg.distributed.member_groups
     group_plan = plan(cfg, group=True) if groups > 1 else mesh_plan
     run = run_dir_for(output_dir, run_name)
+    diskspace.probe_writable(output_dir)  # a file really written, fsynced and removed
     group_dirs = [run.group(g) for g in range(groups)] if groups > 1 else []
     for where in [run, *group_dirs]:
         ensure_unlocked(where.path)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ensemble_core import evaluators
+from ensemble_core import diskspace, evaluators
 from ensemble_core.plotting import plt, save
 from ensemble_core.runs.layout import RunDir, atomic_write_json, atomic_write_text
 from ensemble_core.runs.report_data import drift_lines, snapshot_lines
@@ -333,6 +333,7 @@ def plot_training_curves(report: dict, plots_dir: str | Path) -> Path:
     return save(fig, Path(plots_dir) / TRAINING_CURVES)
 
 
+@diskspace.output_errors("run_dir")
 def write_report(
     run_name: str,
     config: dict,

@@ -41,6 +41,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from ensemble_core import diskspace
 from ensemble_core.config.nightly_section import RetentionConfig
 from ensemble_core.data import snapshot
 from ensemble_core.errors import RunLockedError
@@ -106,6 +107,7 @@ class _Run:
     refs_known: bool
 
 
+@diskspace.output_errors("output_dir")
 def apply_retention(
     output_dir: str | Path,
     policy: RetentionConfig,

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ensemble_core import diskspace
 from ensemble_core import drift as drift_lib
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo, DataSnapshot, load_split
@@ -42,6 +43,7 @@ def training_identity(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in flat(full).items() if not k.startswith(NOT_TRAINING_IDENTITY)}
 
 
+@diskspace.output_errors("output_dir")
 def unchanged_since_champion(cfg: PipelineConfig, dataset: DatasetInfo, output_dir: str | Path) -> SkipDecision | None:
     """Whether this run would retrain the champion on the same data with the same config.
 
@@ -73,6 +75,7 @@ def unchanged_since_champion(cfg: PipelineConfig, dataset: DatasetInfo, output_d
     )
 
 
+@diskspace.output_errors("run_dir")
 def record_snapshot(run_dir: str | Path, dataset: DatasetInfo) -> None:
     """Write the run's data snapshot to ``<run>/data_snapshot.json`` (before training), so
     that retention keeps the snapshot while the run may still need it."""
@@ -82,6 +85,7 @@ def record_snapshot(run_dir: str | Path, dataset: DatasetInfo) -> None:
         atomic_write_json(run.data_snapshot, dataset.snapshot.model_dump(mode="json"))
 
 
+@diskspace.output_errors("output_dir")
 def detect_drift(cfg: PipelineConfig, dataset: DatasetInfo, output_dir: str | Path) -> DriftReport:
     """The champion's view of the new data snapshot (:mod:`ensemble_core.drift`).
 

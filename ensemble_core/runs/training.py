@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from ensemble_core import stopping
+from ensemble_core import diskspace, stopping
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import ConfigError, DivergenceError, PreemptedError
@@ -298,6 +298,7 @@ def _summary(ctx: TrainingRun, state, timing: dict, record: _Record, step: int |
     )
 
 
+@diskspace.output_errors("run_dir")
 def train(
     cfg: PipelineConfig,
     dataset: DatasetInfo,

@@ -1,0 +1,69 @@
+"""A failed orbax save reported once, as the project's one-line error.
+
+When a checkpoint save fails in orbax's writer threads (a disk that filled up while it
+wrote), :class:`~ensemble_core.runs.checkpoint.EnsembleCheckpointer` raises the failure
+as one :class:`~ensemble_core.errors.DiskFullError` or
+:class:`~ensemble_core.errors.CheckpointError` naming the fix. Two other reports of the same
+failure printed tracebacks around that line (29 and more in a training run):
+
+- orbax logs the failure from each thread it went through (``absl`` logger, ``exc_info``):
+  the line stays, its traceback goes (:class:`_NoTracebackFromOrbax`).
+- orbax runs each save's writes on an event loop of its own and closes it when the first
+  write fails; tensorstore's other writes still pending then complete and call
+  ``loop.call_soon_threadsafe`` on the closed loop, each raising ``RuntimeError: Event
+  loop is closed`` that Python prints as an unraisable exception: those are dropped
+  (:func:`_closed_loop`), any other unraisable exception is printed as before.
+
+The checkpointer refuses a save that cannot fit before it starts, so these only show when
+the disk fills up during a save (another writer); installed on import.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+
+class _NoTracebackFromOrbax(logging.Filter):
+    """Drops the traceback of a record orbax logged with ``exc_info`` (the line stays):
+    the exception reaches orbax's caller, which reports it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and "/orbax/" in record.pathname.replace("\\", "/"):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _closed_loop(unraisable: Any) -> bool:
+    """Whether ``unraisable`` is a pending write completing on the closed event loop of a
+    failed orbax save: ``RuntimeError('Event loop is closed')`` from asyncio's
+    ``call_soon_threadsafe``, raised in a callback of tensorstore's (no object)."""
+    if unraisable.exc_type is not RuntimeError or unraisable.object is not None:
+        return False
+    if str(unraisable.exc_value) != "Event loop is closed":
+        return False
+    names, tb = [], unraisable.exc_traceback
+    while tb is not None:
+        names.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return names[-2:] == ["call_soon_threadsafe", "_check_closed"]
+
+
+def install() -> None:
+    """Install both (once per process): the ``absl`` logger's filter and the unraisable
+    hook, which hands every other exception to the hook it replaces."""
+    absl = logging.getLogger("absl")
+    if any(isinstance(f, _NoTracebackFromOrbax) for f in absl.filters):
+        return
+    absl.addFilter(_NoTracebackFromOrbax())
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if not _closed_loop(unraisable):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+
+
+install()
