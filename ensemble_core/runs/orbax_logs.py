@@ -15,7 +15,9 @@ failure printed tracebacks around that line (29 and more in a training run):
   (:func:`_closed_loop`), any other unraisable exception is printed as before.
 
 The checkpointer refuses a save that cannot fit before it starts, so these only show when
-the disk fills up during a save (another writer); installed on import.
+the disk fills up during a save (another writer); installed on import. No upstream orbax
+issue reports the closed loop (searched 2026-11-25, orbax-checkpoint as pinned in
+requirements.lock); remove the hook when orbax awaits its pending writes before closing.
 """
 
 from __future__ import annotations
