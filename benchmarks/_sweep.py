@@ -1,0 +1,188 @@
+"""The reliability sweep's machinery: cases, the processes they run, and their verdicts.
+
+A case is a function of a :class:`Ctx` (its own directory, the shared prepared data and
+finished run) registered with :func:`case`; it runs one or more real commands through
+:meth:`Ctx.cli` or :meth:`Ctx.start` and returns the primary command's :class:`Proc` and
+the result of its own "nothing lost / left behind" check. :func:`verdict` judges it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+TINY = str(ROOT / "configs" / "tiny.yaml")
+CASES: list[Case] = []
+
+
+@dataclass
+class Proc:
+    rc: int | None  # None: hung (killed at its timeout)
+    out: str
+    err: str
+    argv: list[str]
+    seconds: float
+
+
+@dataclass
+class Case:
+    entry: str
+    name: str
+    what: str
+    expect: int
+    fn: Callable
+    stream: str = "err"  # where the one `error:` line must be ("out" for prefect deployment run)
+
+
+@dataclass
+class Ctx:
+    """What one case sees: its directory, the shared data dir and base run, and every
+    process it ran (all of them are checked for tracebacks)."""
+
+    dir: Path
+    data: Path
+    base: Path  # output dir holding the finished run 'base' (the champion)
+    env: dict[str, str]
+    procs: list[Proc] = field(default_factory=list)
+    mounts: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def cli(self, args: list[str], timeout: float = 240, env: dict | None = None, cwd: Path = ROOT) -> Proc:
+        """Run ``python args`` to the end (killed at ``timeout``: rc None)."""
+        return self.finish(self.start(args, env=env, cwd=cwd), timeout)
+
+    def start(self, args: list[str], env: dict | None = None, cwd: Path = ROOT) -> subprocess.Popen:
+        """Start ``python args`` in its own process group, its output to files of the case."""
+        n = self.__dict__["_count"] = self.__dict__.get("_count", -1) + 1
+        out, err = (open(self.dir / f"cmd{n}.{s}", "w+") for s in ("out", "err"))  # noqa: SIM115
+        argv = [PY, *args] if not args[0].startswith(("/", "scripts/")) else list(args)
+        p = subprocess.Popen(
+            argv, cwd=cwd, env={**self.env, **(env or {})}, stdout=out, stderr=err, start_new_session=True
+        )
+        p.files, p.argv, p.t0 = (out, err), argv, time.monotonic()  # type: ignore[attr-defined]
+        self.__dict__.setdefault("_live", []).append(p)
+        return p
+
+    def finish(self, p: subprocess.Popen, timeout: float) -> Proc:
+        """Wait for ``p`` (the whole group killed at ``timeout``); its :class:`Proc`."""
+        try:
+            rc: int | None = p.wait(timeout=max(1.0, timeout - (time.monotonic() - p.t0)))  # type: ignore[attr-defined]
+        except subprocess.TimeoutExpired:
+            rc = None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)  # whatever it left (its temporary server dies with it)
+        p.wait()
+        out, err = (Path(f.name).read_text(errors="replace") for f in p.files)  # type: ignore[attr-defined]
+        for f in p.files:  # type: ignore[attr-defined]
+            f.close()
+        self._live.remove(p)
+        proc = Proc(rc, out, err, p.argv, round(time.monotonic() - p.t0, 1))  # type: ignore[attr-defined]
+        self.procs.append(proc)
+        return proc
+
+    def wait_output(self, p: subprocess.Popen, pattern: str, timeout: float = 180) -> bool:
+        """Until ``pattern`` appears in ``p``'s stdout or stderr (False: it ended or timed out)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and p.poll() is None:
+            text = "".join(Path(f.name).read_text(errors="replace") for f in p.files)  # type: ignore[attr-defined]
+            if re.search(pattern, text):
+                return True
+            time.sleep(0.2)
+        return False
+
+    def wait_path(self, p: subprocess.Popen, glob: str, root: Path, timeout: float = 180) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and p.poll() is None:
+            if any(p.name.isdigit() for p in root.glob(glob)):  # a committed checkpoint step
+                return True
+            time.sleep(0.2)
+        return False
+
+    def train(self, *args: str, out: Path | None = None, run: str = "r", timeout: float = 240, **kw) -> Proc:
+        """The training CLI on the tiny config, the shared data and the test evaluator."""
+        return self.cli(self.train_args(*args, out=out, run=run), timeout=timeout, **kw)
+
+    def train_args(self, *args: str, out: Path | None = None, run: str | None = "r", config: str = TINY) -> list[str]:
+        argv = ["-m", "flows.train_ensemble", "--config", config, "--set", f"data.data_dir={self.data}"]
+        argv += ["--set", "eval.evaluators=[test]", "--output-dir", str(out or self.dir / "runs")]
+        return argv + (["--run-name", run] if run else []) + list(args)
+
+    def predict(self, *args: str, timeout: float = 180) -> Proc:
+        return self.cli(["-m", "flows.predict", *args], timeout=timeout)
+
+    def copy_base(self, name: str = "runs") -> Path:
+        """A copy of the base output dir (its champion pointing into the copy)."""
+        dst = self.dir / name
+        shutil.copytree(self.base, dst, symlinks=True)
+        for f in dst.glob("*.json*"):
+            f.write_text(f.read_text().replace(str(self.base), str(dst)))
+        return dst
+
+    def mount_tmpfs(self, path: Path, options: str) -> Path:
+        """A tmpfs at ``path`` (created), unmounted when the case ends."""
+        path.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=True)
+        self.mounts.append(path)
+        return path
+
+    def cleanup(self) -> None:
+        for p in list(getattr(self, "_live", [])):
+            self.finish(p, 0)
+        for m in reversed(self.mounts):
+            subprocess.run(["umount", "-l", str(m)], check=False)
+
+
+def case(entry: str, name: str, expect: int, what: str, stream: str = "err"):
+    """Register the decorated ``fn(ctx) -> (Proc, ok, note)`` as a case."""
+
+    def register(fn):
+        CASES.append(Case(entry, name, what, expect, fn, stream))
+        return fn
+
+    return register
+
+
+def error_lines(text: str, stream: str) -> list[str]:
+    if stream == "out":  # prefect's --watch output and state message: the line may be indented or quoted
+        return [ln.strip() for ln in text.splitlines() if "error: " in ln]
+    return [ln for ln in text.splitlines() if ln.startswith("error: ")]
+
+
+def verdict(c: Case, ctx: Ctx, proc: Proc, ok: bool) -> str:
+    """``clean`` or what is wrong, in the order an operator would notice it."""
+    if proc.rc is None or any(p.rc is None for p in ctx.procs):
+        return "hang"
+    if proc.rc != c.expect:
+        return "wrong-exit"
+    text = "".join(p.out + p.err for p in ctx.procs)
+    if "Traceback" in text or "Exception ignored" in text:
+        return "traceback"
+    lines = error_lines(proc.out if c.stream == "out" else proc.err, c.stream)
+    if c.expect == 0 and lines:
+        return "error-line"
+    if c.expect != 0 and ((len(lines) != 1 and c.stream == "err") or not lines or "fix:" not in lines[0]):
+        return "no-one-line" if not lines or "fix:" not in lines[0] else "many-lines"
+    if not ok:
+        return "left-behind"
+    return "clean"
+
+
+def listing(root: Path) -> list[str]:
+    """Every path under ``root`` (relative), for before/after comparisons."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
+
+
+def nothing_under(root: Path) -> bool:
+    """No run directory or file was written under ``root`` (absent or empty)."""
+    return not root.exists() or not any(root.iterdir())

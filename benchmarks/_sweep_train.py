@@ -1,0 +1,217 @@
+"""Sweep cases of the training command line: bad config, run names, output directories
+and the run's own state (refused before compute: nothing written)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+from benchmarks._sweep import Ctx, case, listing, nothing_under
+from ensemble_core.processutil import free_port
+
+T = "train CLI"
+
+
+def refused(ctx: Ctx, *args: str, run: str = "r", **kw):
+    """The command refuses before compute: nothing under its output dir."""
+    out = ctx.dir / "runs"
+    proc = ctx.train(*args, out=out, run=run, **kw)
+    return proc, nothing_under(out), "nothing written" if nothing_under(out) else f"wrote {listing(out)[:3]}"
+
+
+def _sets(*pairs: str) -> list[str]:
+    return [a for p in pairs for a in ("--set", p)]
+
+
+BAD_SETS = {
+    "set-unknown-key": ("train.lr=0.1", "an unknown key (typo of learning_rate)"),
+    "set-wrong-type": ("ensemble.size=four", "a word for an integer"),
+    "set-nan-lr": ("train.learning_rate=.nan", "NaN learning rate"),
+    "set-no-equals": ("trainepochs", "--set without '='"),
+    "set-seed-huge": ("seed=99999999999", "a seed over 2**32"),
+    "set-epochs-zero": ("train.epochs=0", "0 epochs"),
+    "set-batch-huge": ("train.batch_size=100000", "batch larger than the training split"),
+    "set-width-huge": ("model.hidden_sizes=[100000000]", "an MLP layer of 1e8 units"),
+    "set-model-missing": ("model.name=resnet9000", "a model name that does not exist"),
+    "set-model-import-missing": ("model.name=nowhere.nets:build", "package.module:function that does not import"),
+    "set-dataset-unknown": ("data.name=no_such_set", "a dataset name that does not exist"),
+    "set-mesh-too-big": ("mesh.ensemble=16", "a mesh larger than the 8 devices"),
+    "set-memory-huge": ("ensemble.size=1024", "1024 members of 2 x 4096 units: more memory than the host"),
+}
+
+
+def _bad_set(name: str, assignment: str, what: str) -> None:
+    extra = ["--set", "model.hidden_sizes=[4096,4096]"] if name == "set-memory-huge" else []
+
+    @case(T, name, 2, f"--set {assignment}: {what}")
+    def run(ctx: Ctx):
+        return refused(ctx, *extra, "--set", assignment)
+
+
+for _name, (_assignment, _what) in BAD_SETS.items():
+    _bad_set(_name, _assignment, _what)
+
+
+@case(T, "model-function-raises", 2, "model.name=package.module:function whose function raises")
+def model_raises(ctx: Ctx):
+    (ctx.dir / "sweep_nets.py").write_text("def build(cfg, num_classes):\n    raise ValueError('no such width')\n")
+    out = ctx.dir / "runs"
+    proc = ctx.cli(ctx.train_args("--set", "model.name=sweep_nets:build", out=out), env={"PYTHONPATH": str(ctx.dir)})
+    return proc, nothing_under(out), ""
+
+
+@case(T, "model-returns-dict", 2, "model.name=module:function returning a dict, not a Flax module")
+def model_dict(ctx: Ctx):
+    (ctx.dir / "sweep_nets2.py").write_text("def build(cfg, num_classes):\n    return {'w': 1}\n")
+    out = ctx.dir / "runs"
+    proc = ctx.cli(ctx.train_args("--set", "model.name=sweep_nets2:build", out=out), env={"PYTHONPATH": str(ctx.dir)})
+    return proc, nothing_under(out), ""
+
+
+@case(T, "data-dir-is-file", 2, "data.data_dir names a regular file")
+def data_dir_file(ctx: Ctx):
+    (ctx.dir / "f").write_text("x")
+    return refused(ctx, "--set", f"data.data_dir={ctx.dir / 'f'}")
+
+
+CONFIGS = {
+    "config-missing": (None, "--config naming no file"),
+    "config-directory": ("DIR", "--config naming a directory"),
+    "config-binary": (b"\x00\x01\x02\x89PNG\r\n", "--config of binary bytes"),
+    "config-list": (b"- train\n- epochs\n", "YAML that is a list, not a mapping"),
+    "config-bad-yaml": (b"train: [1, 2\n", "YAML with an unclosed bracket"),
+    "config-wrong-file": (None, "a .npy file passed as --config (the user's wrong file)"),
+}
+
+
+def _bad_config(name: str, content, what: str) -> None:
+    @case(T, name, 2, what)
+    def run(ctx: Ctx):
+        path = ctx.dir / "cfg.yaml"
+        if content == "DIR":
+            path.mkdir()
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        elif name == "config-wrong-file":
+            import numpy as np
+
+            np.save(ctx.dir / "cfg.npy", np.zeros((2, 28, 28, 1), np.uint8))
+            path = ctx.dir / "cfg.npy"
+        out = ctx.dir / "runs"
+        proc = ctx.cli(ctx.train_args(out=out, config=str(path)), timeout=120)
+        return proc, nothing_under(out), ""
+
+
+for _name, (_content, _what) in CONFIGS.items():
+    _bad_config(_name, _content, _what)
+
+
+RUN_NAMES = {
+    "run-name-slash": ("a/b", "a run name with '/'"),
+    "run-name-dotdot": ("..", "run name '..'"),
+    "run-name-space": ("my run", "a run name with a space"),
+    "run-name-long": ("x" * 300, "a 300-character run name"),
+}
+
+
+def _bad_name(name: str, run: str, what: str) -> None:
+    @case(T, name, 2, what)
+    def run_(ctx: Ctx):
+        argv = [*ctx.train_args(out=ctx.dir / "runs", run=None), f"--run-name={run}"]
+        proc = ctx.cli(argv, timeout=120)
+        escaped = any(p.name == "escape" for p in ctx.dir.iterdir())
+        return proc, nothing_under(ctx.dir / "runs") and not escaped, ""
+
+
+for _name, (_run, _what) in RUN_NAMES.items():
+    _bad_name(_name, _run, _what)
+
+
+@case(T, "output-dir-is-file", 2, "--output-dir names a regular file")
+def out_file(ctx: Ctx):
+    (ctx.dir / "runs").write_text("not a dir")
+    proc = ctx.train(out=ctx.dir / "runs", timeout=120)
+    return proc, (ctx.dir / "runs").read_text() == "not a dir", ""
+
+
+@case(T, "output-dir-readonly", 2, "--output-dir on a read-only tmpfs")
+def out_ro(ctx: Ctx):
+    out = ctx.mount_tmpfs(ctx.dir / "runs", "ro,size=1m")
+    return ctx.train(out=out, timeout=120), nothing_under(out), ""
+
+
+@case(T, "output-disk-full-at-start", 2, "--output-dir on a tmpfs already full (64 KiB, filled)")
+def out_full(ctx: Ctx):
+    out = ctx.mount_tmpfs(ctx.dir / "runs", "size=64k")
+    subprocess.run(["dd", "if=/dev/zero", f"of={out / 'filler'}", "bs=4k"], capture_output=True)
+    proc = ctx.train(out=out, timeout=240)
+    left = [p for p in listing(out) if p != "filler" and "orbax-checkpoint-tmp" in p]
+    return proc, not left, f"left {left[:2]}" if left else ""
+
+
+@case(T, "output-disk-fills-in-training", 2, "--output-dir on a 3 MiB tmpfs that fills while checkpointing")
+def out_fills(ctx: Ctx):
+    out = ctx.mount_tmpfs(ctx.dir / "runs", "size=3m")
+    proc = ctx.train("--set", "train.epochs=30", "--set", "checkpoint.keep=100", out=out, timeout=300)
+    tmp_left = [p for p in listing(out) if "orbax-checkpoint-tmp" in p]
+    return proc, not tmp_left, f"orbax temporaries left: {tmp_left[:2]}" if tmp_left else ""
+
+
+@case(T, "run-dir-locked", 2, "the run directory's lock held by another live process")
+def locked(ctx: Ctx):
+    out = ctx.copy_base()
+    code = "import sys,time; from ensemble_core.runs.lock import run_lock\nwith run_lock(sys.argv[1]):\n"
+    code += "    print('held', flush=True); time.sleep(600)\n"
+    holder = ctx.start(["-c", code, str(out / "base")])
+    ctx.wait_output(holder, "held", 120)
+    before = listing(out)
+    proc = ctx.train(out=out, run="base", timeout=180)
+    ctx.finish(holder, 0)
+    ctx.procs.pop()  # the holder was killed on purpose
+    return proc, listing(out) == before, ""
+
+
+@case(T, "resume-changed-config", 2, "rerun a finished run's name with another learning rate")
+def resume_changed(ctx: Ctx):
+    out = ctx.copy_base()
+    before = listing(out)
+    proc = ctx.train("--set", "train.learning_rate=0.05", out=out, run="base", timeout=180)
+    return proc, listing(out) == before, ""
+
+
+@case(T, "resume-fewer-epochs", 2, "rerun a finished 2-epoch run with train.epochs=1")
+def resume_fewer(ctx: Ctx):
+    out = ctx.copy_base()
+    before = listing(out)
+    proc = ctx.train("--set", "train.epochs=1", out=out, run="base", timeout=180)
+    return proc, listing(out) == before, ""
+
+
+@case(T, "server-unreachable", 2, "PREFECT_API_URL naming a port where nothing listens")
+def server_down(ctx: Ctx):
+    out = ctx.dir / "runs"
+    proc = ctx.cli(ctx.train_args(out=out), env={"PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"})
+    return proc, nothing_under(out), ""
+
+
+@case(T, "dataset-shard-truncated", 2, "a prepared dataset's shard truncated to half (copied data dir)")
+def shard(ctx: Ctx):
+    data = ctx.dir / "data"
+    shutil.copytree(ctx.data, data, symlinks=True)
+    shard = sorted(p for p in data.glob("snapshots/mnist5k/*/mnist5k/*/*-train.*-of-*"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    out = ctx.dir / "runs"
+    proc = ctx.train("--set", f"data.data_dir={data}", out=out)
+    return proc, nothing_under(out), ""
+
+
+def check_json(path: Path) -> bool:
+    try:
+        return isinstance(json.loads(path.read_text()), dict)
+    except (OSError, ValueError):
+        return False
+
+
+__all__ = ["check_json", "refused"]
