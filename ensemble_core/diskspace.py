@@ -73,20 +73,28 @@ def human(n: int | None) -> str:
     return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
 
 
+RESUME = "rerun with the same run_name to resume"
+
+
 def disk_full(
-    path: str | Path, code: int = errno.ENOSPC, needed: int | None = None, done: str = "", setting: str = "output_dir"
+    path: str | Path,
+    code: int = errno.ENOSPC,
+    needed: int | None = None,
+    done: str = "",
+    setting: str = "output_dir",
+    rerun: str = RESUME,
 ) -> DiskFullError:
     """The one-line error for a full disk (``code`` ENOSPC) or quota (EDQUOT) at ``path``.
 
     ``needed``: the bytes the write needs, when known; ``done``: what is kept, e.g. "the
     finished checkpoints [7] are intact; "; ``setting``: the config key or parameter that
-    moves the files elsewhere.
+    moves the files elsewhere; ``rerun``: what to do once there is space.
     """
     mount, free = _where(path)
     need = f", needs about {human(needed)}" if needed is not None else ""
     return DiskFullError(
         f"{NO_SPACE.get(code, os.strerror(code))} writing '{path}' ({human(free)} free on {mount}{need}); {done}"
-        f"fix: free space on {mount} and rerun with the same run_name to resume, or set {setting} to a directory "
+        f"fix: free space on {mount} and {rerun}, or set {setting} to a directory "
         f"on another file system"
     )
 
@@ -98,14 +106,16 @@ def _where(path: str | Path) -> tuple[Path | str, int | None]:
         return Path(path).anchor or "its file system", None
 
 
-def as_output_error(err: OSError, path: str | Path, setting: str = "output_dir") -> OutputError | None:
+def as_output_error(
+    err: OSError, path: str | Path, setting: str = "output_dir", rerun: str = RESUME
+) -> OutputError | None:
     """``err`` as the project's one-line error if it is a full disk, a used-up quota or a
-    read-only file system (``path``: where the stage writes, when ``err`` names no file);
-    None for any other OSError."""
+    read-only file system (``path``: where the stage writes, when ``err`` names no file;
+    ``setting``, ``rerun``: as :func:`disk_full`'s); None for any other OSError."""
     where = err.filename if isinstance(err.filename, str | bytes | os.PathLike) else path
     where = os.fsdecode(where)
     if err.errno in NO_SPACE:
-        return disk_full(where, err.errno, setting=setting)
+        return disk_full(where, err.errno, setting=setting, rerun=rerun)
     if err.errno == errno.EROFS:
         return OutputError(
             f"'{where}' is on a read-only file system ({_where(where)[0]}); fix: set {setting} to a directory on a "

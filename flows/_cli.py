@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import signal
 import sys
@@ -39,23 +38,11 @@ def report_error(err: EnsembleError) -> int:
     return EXIT_PREEMPTED if isinstance(err, PreemptedError) else EXIT_BAD_INPUT
 
 
-def exit_cleanly_while_starting() -> None:
-    """Until :func:`raise_on_stop_signals`: SIGINT or SIGTERM ends the command at once with
-    one line and exit 75 (while modules import nothing is written, so nothing is lost),
-    instead of a traceback from the middle of an import."""
-
-    def handler(signum: int, _frame) -> None:
-        line = f"error: stopped by {signal.Signals(signum).name} while starting; fix: run the command again\n"
-        os.write(2, line.encode())
-        os._exit(EXIT_PREEMPTED)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, handler)
-
-
 @contextlib.contextmanager
 def raise_on_stop_signals() -> Iterator[None]:
-    """While active: SIGINT raises KeyboardInterrupt and SIGTERM Prefect's
+    """Replaces the handlers ``flows/__init__.py`` installs while a command starts.
+
+    While active: SIGINT raises KeyboardInterrupt and SIGTERM Prefect's
     ``TerminationSignal`` (what its engine raises), for :func:`stopped` to report;
     training replaces both while it runs, to stop at a step boundary after a checkpoint.
     The previous handlers come back on exit (``main`` may be called in-process)."""

@@ -87,7 +87,10 @@ def temporary_server() -> Iterator[str | None]:
     # Same command line as Prefect's SubprocessASGIServer, with this module's factory.
     cmd = [sys.executable, "-m", "uvicorn", "--app-dir", root, "--factory", "flows._ephemeral:create_app"]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
-    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # Its own session: Ctrl-C in a terminal signals the whole foreground process group, and
+    # a server that died of it left the command waiting on it after training had stopped
+    # cleanly. It still dies with this process (die_with_parent).
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     url = f"http://127.0.0.1:{port}/api"
     try:
         deadline = time.monotonic() + timeout

@@ -9,14 +9,10 @@ run. Writes ``ensemble_probs`` [N, C], ``predictive_entropy`` [N], ``mutual_info
 output path.
 """
 
+# ruff: noqa: I001  (flows._env must be imported before anything that imports JAX)
 from __future__ import annotations
 
 from flows import _env  # noqa: F401  (must precede every JAX import)
-
-if __name__ == "__main__":
-    from flows import _cli as _startup
-
-    _startup.exit_cleanly_while_starting()  # Ctrl-C during the imports below: one line
 
 import argparse
 import sys

@@ -16,11 +16,6 @@ from __future__ import annotations
 
 from flows import _env  # noqa: F401  (must precede every JAX import)
 
-if __name__ == "__main__":
-    from flows import _cli as _startup
-
-    _startup.exit_cleanly_while_starting()  # Ctrl-C during the imports below: one line
-
 import argparse
 import datetime as dt
 import sys

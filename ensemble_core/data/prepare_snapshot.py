@@ -31,6 +31,22 @@ def tfds_root(name: str, data_dir: str | None) -> Path:
     return Path(_builder(name, None).data_dir).parents[1]
 
 
+def _check_data_dir(data_dir: Path) -> None:
+    """Refuse a ``data.data_dir`` that is, or lies under, something other than a directory.
+
+    Raises:
+      DataError: one line naming the path and the fix.
+    """
+    for path in (data_dir, *data_dir.parents):
+        if path.exists():
+            if not path.is_dir():
+                raise DataError(
+                    f"data.data_dir {data_dir} cannot be a data directory: {path} is a file, not a directory; "
+                    f"fix: set data.data_dir to a directory (it is created if missing)"
+                )
+            return
+
+
 def _files_under(directory: Path) -> list[Path]:
     if not directory.is_dir():
         return []
@@ -129,6 +145,8 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
         and a source file that changed while it was read (the half-prepared snapshot is
         removed; rerun once the source is complete).
     """
+    if data_dir is not None:
+        _check_data_dir(Path(data_dir))
     source = fingerprint_source(name, data_dir, manual_dir)
     root = tfds_root(name, data_dir)
     record_dir = snap.snapshot_dir(root, name, source.fingerprint)

@@ -255,11 +255,22 @@ class EnsembleCheckpointer:
             ) from None
 
     def read_meta(self, step: int | None = None) -> dict:
-        """The JSON metadata of ``step`` (default: latest) without touching the arrays."""
+        """The JSON metadata of ``step`` (default: latest) without touching the arrays.
+
+        Raises:
+          CheckpointError: no checkpoint, or its metadata cannot be read (damaged).
+        """
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"no checkpoint in {self.directory}")
-        return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        try:
+            return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        except (ValueError, KeyError, TypeError, OSError) as err:  # json/orbax on a damaged file
+            raise CheckpointError(
+                f"the metadata of checkpoint {step} in {self.directory} cannot be read ({type(err).__name__}: "
+                f"{str(err)[:200]}); fix: rerun the run's training with its run name (a damaged checkpoint is set "
+                f"aside and it resumes from an older one)"
+            ) from None
 
     def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict]:
         """Restore onto ``target``'s structure, shapes and shardings.

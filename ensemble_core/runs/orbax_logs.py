@@ -13,6 +13,9 @@ failure printed tracebacks around that line (29 and more in a training run):
   ``loop.call_soon_threadsafe`` on the closed loop, each raising ``RuntimeError: Event
   loop is closed`` that Python prints as an unraisable exception: those are dropped
   (:func:`_closed_loop`), any other unraisable exception is printed as before.
+- a read of a damaged checkpoint fails in one of orbax's coroutines and the others are
+  closed unfinished, each printed as "Exception ignored in: <coroutine ...>": dropped
+  (:func:`_orbax_coroutine`); the failure reaches the caller, which sets the step aside.
 
 The checkpointer refuses a save that cannot fit before it starts, so these only show when
 the disk fills up during a save (another writer); installed on import. No upstream orbax
@@ -52,6 +55,15 @@ def _closed_loop(unraisable: Any) -> bool:
     return names[-2:] == ["call_soon_threadsafe", "_check_closed"]
 
 
+def _orbax_coroutine(unraisable: Any) -> bool:
+    """Whether ``unraisable`` comes from an orbax coroutine closed unfinished after a read
+    of a damaged checkpoint failed (``Exception ignored in: <coroutine
+    _read_array_index_and_device_put>``): the failure itself reached the caller, which set
+    the checkpoint aside."""
+    code = getattr(unraisable.object, "cr_code", None)
+    return code is not None and "/orbax/" in code.co_filename.replace("\\", "/")
+
+
 def install() -> None:
     """Install both (once per process): the ``absl`` logger's filter and the unraisable
     hook, which hands every other exception to the hook it replaces."""
@@ -62,7 +74,7 @@ def install() -> None:
     previous = sys.unraisablehook
 
     def hook(unraisable: Any) -> None:
-        if not _closed_loop(unraisable):
+        if not (_closed_loop(unraisable) or _orbax_coroutine(unraisable)):
             previous(unraisable)
 
     sys.unraisablehook = hook

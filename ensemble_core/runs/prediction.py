@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble_core import data as data_lib
+from ensemble_core import diskspace
 from ensemble_core.errors import CheckpointError, DataError
 from ensemble_core.runs.champion import read_champion
 from ensemble_core.runs.evaluation import predict_images
@@ -158,8 +159,22 @@ def predict_file(run_dir: str | Path, images_npy: str | Path, output: str | Path
     Raises:
       DataError: the file is not a readable ``.npy`` (no pickles), or its images are refused.
       CheckpointError: the run has no readable checkpoint.
+      DiskFullError, OutputError: ``output`` cannot be written (full disk, read-only).
     """
     images = read_images(images_npy)
-    result = predict_images(run_dir, images)
-    atomic_savez(Path(output), **result)
+    try:
+        result = predict_images(run_dir, images)
+    except (ValueError, KeyError, TypeError) as err:  # orbax/tensorstore/json on damaged checkpoint files
+        raise CheckpointError(
+            f"the latest checkpoint of {run_dir} cannot be read ({type(err).__name__}: {str(err)[:200]}); fix: rerun "
+            f"the run's training with its run name (a damaged checkpoint is set aside and it resumes from an older "
+            f"one), or predict with another --run-dir"
+        ) from None
+    try:
+        atomic_savez(Path(output), **result)
+    except OSError as err:
+        mapped = diskspace.as_output_error(err, Path(output).parent, "--output", rerun="run the command again")
+        if mapped is None:
+            raise
+        raise mapped from None
     return result
