@@ -117,3 +117,153 @@ def test_a_killed_jax_process_stops_the_run_in_bounded_time_and_the_rerun_resume
     report = json.loads((tmp_path / "runs" / "mp" / "report.json").read_text())
     assert report["resumed_from_epoch"] is not None and report["resumed_from_epoch"] >= 1
     assert report["topology"][0]["processes"] == 2
+
+
+# The default config (the Flax CNN, 8 members, a validation split) with only what makes it
+# short: 1 epoch on 512 digits, the test evaluator. Prints the run directory, or
+# ``error: ...`` and exits 75 for a preemption, 2 for a refusal.
+_DEFAULT = """
+import sys
+from ensemble_core import runs
+from ensemble_core.config import load_config
+from ensemble_core.errors import EnsembleError, PreemptedError
+cfg = load_config(None, [f"data.data_dir={sys.argv[1]}", *sys.argv[4:]])
+try:
+    result = runs.run(cfg, sys.argv[2], sys.argv[3])
+except EnsembleError as err:
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(75 if isinstance(err, PreemptedError) else 2)
+print(result.run_dir.path)
+"""
+SHORT = ("distributed.num_processes=2", "data.max_train_examples=512", "train.epochs=1", "eval.evaluators=[test]")
+
+
+def _left_behind(pid: int, tmp: Path) -> list[str]:
+    """Processes of ``pid``'s tree still alive, and files in its temporary directory."""
+    alive = [_cmdline(p) for p in _children(pid) if Path(f"/proc/{p}").exists()]
+    return [c for c in alive if c] + [str(p) for p in tmp.iterdir()]
+
+
+@pytest.mark.slow  # the CNN of configs/default.yaml, 8 members over two JAX processes
+def test_the_default_cnn_trains_across_two_jax_processes(tfds_dir, tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "TMPDIR": str(tmp)}
+    cmd = [sys.executable, "-c", _DEFAULT, tfds_dir, str(tmp_path / "runs"), "cnn", *SHORT]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in out + err and not [ln for ln in err.splitlines() if ln.startswith("error")]
+    run = runs.RunDir(tmp_path / "runs" / "cnn")
+    report = json.loads(run.report_json.read_text())
+    assert report["config"]["model"]["name"] == "cnn" and report["config"]["ensemble"]["size"] == 8
+    assert report["topology"][0]["processes"] == 2 and report["mesh"] == {"ensemble": 8, "data": 1}
+    assert len(report["history"]) == 1 and np.isfinite(report["history"][0]["train_loss"]).all()
+    assert predictions(run.path)["member_probs"].shape[0] == 8
+    for p in range(2):  # each process's log is kept, this session's header first, no error in it
+        log = run.process_log(p).read_text()
+        assert log.startswith("== session started") and "Traceback" not in log and "\nF" not in log
+    assert not _left_behind(proc.pid, tmp)
+
+
+@pytest.mark.slow
+def test_an_exception_in_one_jax_process_is_quoted_at_once_with_its_log(tfds_dir, tmp_path):
+    """Before: the failed process waited 300 s in JAX's shutdown barrier at exit while the
+    other waited for it in a collective; both then aborted and the error quoted a native
+    stack frame. Now it exits at once and the one-line error quotes its exception."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "TMPDIR": str(tmp)}
+    overrides = ("distributed.num_processes=2", "train.epochs=50", "mesh.data=8")
+    proc = subprocess.Popen(
+        _run_cmd(tfds_dir, tmp_path / "runs", *overrides),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    run = runs.RunDir(tmp_path / "runs" / "mp")
+    deadline = time.monotonic() + 300
+    while not any(p.name.isdigit() for p in run.checkpoints.glob("*")):  # training, in both processes
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    jax_procs = [p for p in _children(proc.pid) if "ensemble_core.runs.processes" in _cmdline(p)]
+    os.kill(next(p for p in jax_procs if "--process-id 1" in _cmdline(p)), signal.SIGINT)  # KeyboardInterrupt
+    sent = time.monotonic()
+    out, err = proc.communicate(timeout=120)  # the fix's absence: 300 s in the shutdown barrier
+    assert proc.returncode == 75, err[-3000:]
+    assert time.monotonic() - sent < HEARTBEAT_TIMEOUT_S + EXIT_GRACE_S + 20  # not the barrier's 300 s
+    assert "Traceback" not in out + err
+    assert err.strip() == err.strip().splitlines()[-1] and err.startswith("error: ")  # one line
+    assert f"JAX process 1 of 2 exited with code 1 (KeyboardInterrupt; log: {run.process_log(1)})" in err
+    assert "fix: rerun with the same run name" in err
+    assert "Traceback" in run.process_log(1).read_text()  # the whole story is in the kept log
+    assert not _left_behind(proc.pid, tmp)
+
+
+_ABORTED = """== session started 2026-11-25 15:13:50 (launcher pid 1)
+Traceback (most recent call last):
+  File "ensemble_core/runs/training.py", line 140, in _resume
+RuntimeError: Fetching value for `jax.Array` that spans non-addressable devices is not possible.
+E1125 15:19:05.695137   15784 coordination_service.cc:1549] Use error polling to propagate the error
+F1125 15:19:05.696485   15795 client.h:80] Terminating process: the JAX distributed service detected fatal errors.
+*** Check failure stack trace: ***
+    @     0x7f8338740634  absl::lts_20260107::log_internal::LogMessage::SendToLog()
+    @     0x7f83484a71f5  (unknown)
+"""
+
+
+@pytest.mark.parametrize(
+    "log, line",
+    [
+        (_ABORTED, "RuntimeError: Fetching value for `jax.Array` that spans non-addressable devices is not possible."),
+        (_ABORTED.replace("RuntimeError", "Runtime"), _ABORTED.splitlines()[5].strip()),  # the F line
+        (
+            "== session started x\nerror: checkpoint 7 is damaged; fix: x\n  File y\nKeyError: 'a'\n",
+            "checkpoint 7 is damaged; fix: x",
+        ),
+        ("== session started x\n*** SIGABRT received at time=1 ***\n    @ 0x7f (unknown)\n", "(an empty log)"),
+    ],
+)
+def test_a_failed_process_is_explained_by_its_error_line_not_a_stack_frame(log, line):
+    from ensemble_core.runs.launcher import _explaining_line
+
+    assert _explaining_line(log) == line
+
+
+def test_process_0s_epochs_reach_on_epoch_in_the_callers_context():
+    """The flow's on_epoch logs through Prefect, whose settings (the API URL) live in
+    context variables: without them it started a second Prefect server per run."""
+    import contextvars
+    import io
+
+    from ensemble_core.runs.launcher import _start_reader
+
+    where = contextvars.ContextVar("where", default="a new thread's empty context")
+    where.set("the caller's")
+    seen, records = [], []
+    lines = [json.dumps({"epoch_record": {"epoch": e}}) for e in (1, 2)] + ["not json", "7", json.dumps({"summary": 1})]
+    _start_reader(
+        io.StringIO("\n".join(lines) + "\n"), records, lambda r: seen.append((r["epoch"], where.get()))
+    ).join()
+    assert seen == [(1, "the caller's"), (2, "the caller's")]
+    assert records == [{"epoch_record": {"epoch": 1}}, {"epoch_record": {"epoch": 2}}, {"summary": 1}]
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_a_mesh_that_leaves_a_process_without_devices_is_refused_with_a_fix_that_works(size):
+    from ensemble_core.errors import MeshError
+    from ensemble_core.runs.launcher import check_mesh_spans_processes
+    from ensemble_core.setup import plan
+
+    cfg = load_config(None, ["distributed.num_processes=2", f"ensemble.size={size}"])
+    with pytest.raises(
+        MeshError, match=r"none of JAX process 1's \(devices 4\.\.7\).*; fix: set mesh\.data=(\d)"
+    ) as err:
+        check_mesh_spans_processes(cfg)
+    data = err.value.args[0].split("fix: set mesh.data=")[1][0]
+    fixed = load_config(None, ["distributed.num_processes=2", f"ensemble.size={size}", f"mesh.data={data}"])
+    check_mesh_spans_processes(fixed)
+    mesh = plan(fixed, 8)
+    assert mesh.ensemble * mesh.data > 4  # process 1 holds devices 4..7 of the 8

@@ -9,8 +9,10 @@ that importing :mod:`ensemble_core.runs` never imports the module ``python -m`` 
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,15 +21,17 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from ensemble_core import stopping
 from ensemble_core.config import HOST_DEVICES, PipelineConfig
 from ensemble_core.data import DatasetInfo
-from ensemble_core.errors import EnsembleError, PreemptedError
+from ensemble_core.errors import EnsembleError, MeshError, PreemptedError
 from ensemble_core.processutil import free_port
 from ensemble_core.runs.layout import RunDir
 from ensemble_core.runs.lock import run_lock
 from ensemble_core.runs.results import TrainingSummary
+from ensemble_core.setup import plan
 
 HEARTBEAT_TIMEOUT_S = 10  # a process that misses heartbeats this long is declared dead
 EXIT_GRACE_S = 30  # then the launcher waits this long for the others before killing them
@@ -38,6 +42,42 @@ _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 def local_devices(num_processes: int) -> int:
     """Simulated CPU devices per process when N processes share one machine."""
     return HOST_DEVICES // num_processes
+
+
+def check_mesh_spans_processes(cfg: PipelineConfig) -> None:
+    """With ``distributed.num_processes`` N > 1, refuse a mesh that leaves a process out.
+
+    The mesh takes the first ``ensemble x data`` of the ``HOST_DEVICES`` global devices,
+    and process p holds devices ``p*D .. p*D+D-1`` (``D = 8 // N``): a smaller mesh (e.g.
+    ``ensemble.size=2`` with ``mesh.data=1``: 2 devices, both process 0's) gives the last
+    process no device, and it failed on its first read of the state.
+
+    Raises:
+      MeshError: the mesh does not reach the last process's devices (the fix names a
+        ``mesh.data`` that does, when one exists).
+    """
+    n = cfg.distributed.num_processes
+    if n == 1:
+        return
+    need = (n - 1) * local_devices(n) + 1  # the last process's first device must be in the mesh
+    mesh = plan(cfg, HOST_DEVICES)
+    if mesh.ensemble * mesh.data >= need:
+        return
+    fixes = []
+    for data in (d for d in range(1, HOST_DEVICES + 1) if HOST_DEVICES % d == 0):
+        try:
+            other = plan(cfg.model_copy(update={"mesh": cfg.mesh.model_copy(update={"data": data})}), HOST_DEVICES)
+        except MeshError:
+            continue
+        if other.ensemble * other.data >= need:
+            fixes.append(f"set mesh.data={data}")
+            break
+    fixes.append(f"use an ensemble.size that is a multiple of {HOST_DEVICES}, or distributed.num_processes=1")
+    raise MeshError(
+        f"the mesh (ensemble {mesh.ensemble} x data {mesh.data}) uses {mesh.ensemble * mesh.data} of the "
+        f"{HOST_DEVICES} devices, none of JAX process {n - 1}'s (devices {(n - 1) * local_devices(n)}.."
+        f"{HOST_DEVICES - 1}), with distributed.num_processes={n}; fix: {' or '.join(fixes)}"
+    )
 
 
 def _child_env(num_processes: int) -> dict[str, str]:
@@ -74,8 +114,10 @@ def train_processes(
       PreemptedError: a process died (killed, out of memory) or a stop was asked; the
         others were stopped within ``HEARTBEAT_TIMEOUT_S + EXIT_GRACE_S`` seconds.
       EnsembleError: a process refused the run (its one-line message).
+      MeshError: the mesh leaves a process without devices (:func:`check_mesh_spans_processes`).
     """
     n = cfg.distributed.num_processes
+    check_mesh_spans_processes(cfg)
     run = RunDir(Path(run_dir))
     run.path.mkdir(parents=True, exist_ok=True)
     with (
@@ -87,9 +129,9 @@ def train_processes(
         inputs = {"config": cfg.model_dump(mode="json"), "dataset": dataset.model_dump(mode="json"), "keys": keys}
         spec.write_text(json.dumps(inputs))
         coordinator = f"127.0.0.1:{free_port()}"
-        procs, logs = [], []
-        for p in range(n):
-            log = open(Path(tmp) / f"process-{p}.log", "w+")  # noqa: SIM115  (closed below)
+        run.processes_dir.mkdir(exist_ok=True)
+        procs, logs = [], [_open_log(run.process_log(p)) for p in range(n)]
+        for p, (log, _) in enumerate(logs):
             cmd = [sys.executable, "-m", "ensemble_core.runs.processes", str(run.path), "--spec", str(spec)]
             cmd += ["--coordinator", coordinator, "--num-processes", str(n), "--process-id", str(p)]
             procs.append(
@@ -101,10 +143,8 @@ def train_processes(
                     text=True,
                 )
             )
-            logs.append(log)
         records: list[dict] = []
-        reader = threading.Thread(target=_forward, args=(procs[0].stdout, records, on_epoch), daemon=True)
-        reader.start()
+        reader = _start_reader(procs[0].stdout, records, on_epoch)
         try:
             stop = stopping.requested
             failed = _supervise(procs, lambda: stop() is not None or (should_stop is not None and should_stop()))
@@ -114,20 +154,31 @@ def train_processes(
                     proc.kill()
                 proc.wait()
             reader.join(timeout=10)
-            tails = []
-            for log in logs:
-                log.seek(0)
-                tails.append(log.read())
-                log.close()
+            tails = [_read_log(log, start) for log, start in logs]
         if failed is not None:
             raise _failure(failed, procs, tails, run)
         summary = next((r["summary"] for r in records if "summary" in r), None)
         if summary is None:
             raise PreemptedError(
-                f"process 0 of {n} ended without a training summary; its log ends: {_last_line(tails[0])}; "
-                f"fix: rerun with the same run name to resume"
+                f"process 0 of {n} ended without a training summary ({_explaining_line(tails[0])}; log: "
+                f"{run.process_log(0)}); fix: rerun with the same run name (run_name {run.name}) to resume"
             )
         return TrainingSummary.model_validate(summary)
+
+
+def _start_reader(stream, records: list[dict], on_epoch) -> threading.Thread:
+    """A daemon thread appending process 0's JSON lines from ``stream`` to ``records`` and
+    calling ``on_epoch`` with each epoch record, in a copy of the caller's context.
+
+    The context matters: a new thread starts with empty context variables, and there
+    Prefect's logger (the flow's ``on_epoch``) found no API URL, started a second
+    temporary Prefect server per run, which failed to bind its port and printed uvicorn's
+    traceback into the flow's output.
+    """
+    forward = contextvars.copy_context().run
+    reader = threading.Thread(target=forward, args=(_forward, stream, records, on_epoch), daemon=True)
+    reader.start()
+    return reader
 
 
 def _forward(stream, records: list[dict], on_epoch) -> None:
@@ -143,8 +194,9 @@ def _forward(stream, records: list[dict], on_epoch) -> None:
             on_epoch(record["epoch_record"])
 
 
-def _supervise(procs: list[subprocess.Popen], should_stop) -> tuple[str, int] | None:
-    """Wait for every process; the first failure ``(why, process index)`` or None."""
+def _supervise(procs: list[subprocess.Popen], should_stop) -> tuple[str, list[int]] | None:
+    """Wait for every process; the first failure ``(why, indices of the processes found
+    dead first)`` or None."""
     while True:
         codes = [p.poll() for p in procs]
         if all(c == 0 for c in codes):
@@ -158,32 +210,83 @@ def _supervise(procs: list[subprocess.Popen], should_stop) -> tuple[str, int] | 
             for p in procs:
                 if p.poll() is None:
                     p.send_signal(signal.SIGKILL)
-            return ("stop", -1) if stop and not bad else ("died", bad[0])
+            return ("stop", []) if stop and not bad else ("died", bad)
         time.sleep(0.2)
 
 
-def _last_line(text: str) -> str:
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if ln.startswith("error: "):
-            return ln[len("error: ") :]
-    return lines[-1][:300] if lines else "(nothing)"
+def _open_log(path: Path) -> tuple[BinaryIO, int]:
+    """Open JAX process log ``path`` for appending (the child writes its stderr straight
+    into it, so whatever kills it, what it wrote is there) after a session header; returns
+    the file and where this session starts."""
+    log = open(path, "ab")  # noqa: SIM115  (closed by _read_log)
+    start = log.tell()
+    log.write(f"== session started {time.strftime('%Y-%m-%d %H:%M:%S')} (launcher pid {os.getpid()})\n".encode())
+    log.flush()
+    return log, start
 
 
-def _failure(failed: tuple[str, int], procs, tails: list[str], run: RunDir) -> EnsembleError:
-    why, index = failed
+def _read_log(log: BinaryIO, start: int) -> str:
+    """This session's part of a log opened by :func:`_open_log`, and close it."""
+    with log, open(log.name, "rb") as f:
+        f.seek(start)
+        return f.read().decode(errors="replace")
+
+
+# What explains a failure, best first: the child's own one-line refusal, a Python
+# exception line (``ValueError: ...``, ``jax.errors.JaxRuntimeError: ...``), an absl/XLA
+# fatal check failure (``F0101 12:00:00.000000  123 file.cc:45] ...``), an absl/XLA error.
+# Native stack frames (``@ 0x7f... (unknown)``) and ``*** SIGABRT received`` never do.
+_EXPLAINING = (
+    re.compile(r"^error: (?P<line>.+)"),
+    re.compile(r"^(?P<line>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)(?::.*)?)$"),
+    re.compile(r"^(?P<line>F\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] .+)"),
+    re.compile(r"^(?P<line>E\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] .+)"),
+)
+
+
+def _explaining_line(text: str) -> str:
+    """The line of a process log that explains how the process ended: the last line of
+    the best kind in ``_EXPLAINING``, else the last line that is no native stack frame,
+    shortened to 400 characters; ``(an empty log)`` when there is none."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("== session started")]
+    for pattern in _EXPLAINING:
+        for ln in reversed(lines):
+            if m := pattern.match(ln):
+                return _shorten(m["line"])
+    plain = [
+        ln
+        for ln in lines
+        if not re.match(r"^(@ 0x|\*\*\* |PC: @|\s*(File|Fatal Python error|Thread|Current thread)\b)", ln)
+    ]
+    return _shorten(plain[-1]) if plain else "(an empty log)"
+
+
+def _shorten(line: str, limit: int = 400) -> str:
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+# A process that failed because another one died first (gloo's collective lost its peer,
+# the coordination service saw missed heartbeats): never the one to blame when another
+# process died in the same poll.
+_CONSEQUENCE = re.compile(r"Gloo \w+ failed|Connection closed by peer|another task died|heartbeat timeout")
+
+
+def _failure(failed: tuple[str, list[int]], procs, tails: list[str], run: RunDir) -> EnsembleError:
+    why, dead = failed
     n = len(procs)
     if why == "stop":
         return PreemptedError(
             f"training across {n} JAX processes was stopped; the latest epoch checkpoint is kept; "
             f"fix: rerun with the same run name (run_name {run.name}) to resume"
         )
+    index = next((i for i in dead if not _CONSEQUENCE.search(_explaining_line(tails[i]))), dead[0])
     code = procs[index].returncode
-    refused = [_last_line(t) for t in tails if "\nerror: " in "\n" + t]
+    refused = [m["line"] for t in tails for m in [re.search(r"^error: (?P<line>.+)$", t, re.M)] if m]
     if code == 2 and refused:
         return EnsembleError(refused[0])
     cause = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
     return PreemptedError(
-        f"JAX process {index} of {n} {cause} (its log ends: {_last_line(tails[index])}); the other processes were "
-        f"stopped; fix: rerun with the same run name (run_name {run.name}) to resume from the latest checkpoint"
+        f"JAX process {index} of {n} {cause} ({_explaining_line(tails[index])}; log: {run.process_log(index)}); "
+        f"the other processes were stopped; fix: rerun with the same run name (run_name {run.name}) to resume "
+        f"from the latest checkpoint"
     )

@@ -12,13 +12,16 @@ A run directory ``<output_dir>/<run_name>/``::
     data_snapshot.json       the data snapshot it trains on (written before training)
     report.json, report.md   the report (report.py)
     plots/*.png
+    processes/process-<p>.log  JAX process p's stderr, with distributed.num_processes > 1 (launcher.py)
 
 The output directory ``<output_dir>/`` also holds the champion state (champion.py):
 ``champion.json``, ``history.jsonl``, ``corrupt-state/`` and ``.champion-state.lock``.
 
 Every file the run layer writes goes through :func:`atomic_write`: a synced temporary
 file in the same directory, then ``os.replace``, so a reader sees the old file or the
-new one, never a half-written one, whatever kills the writer.
+new one, never a half-written one, whatever kills the writer. The one exception is
+the process logs, which their process writes as it goes (a log must survive the crash
+it explains).
 """
 
 from __future__ import annotations
@@ -83,6 +86,17 @@ class RunDir:
             RunDir(d)
             for d in sorted((d for d in self.groups_dir.iterdir() if d.name.isdigit()), key=lambda d: int(d.name))
         ]
+
+    @property
+    def processes_dir(self) -> Path:
+        """``processes/``: the logs of the JAX processes of one program (``num_processes > 1``)."""
+        return self.path / "processes"
+
+    def process_log(self, p: int) -> Path:
+        """JAX process ``p``'s log ``processes/process-<p>.log``: its stderr, appended to
+        by each training session (each opens with a ``== session ...`` line), kept after
+        the run so that a failure's explanation survives the launcher's one-line error."""
+        return self.processes_dir / f"process-{p}.log"
 
     @property
     def corrupt_checkpoints(self) -> Path:

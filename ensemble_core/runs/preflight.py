@@ -14,6 +14,7 @@ from ensemble_core.models import build_model, check_model, import_model_function
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.dataset import num_train, num_validation, prepare
 from ensemble_core.runs.figure_check import check_promotion_figure
+from ensemble_core.runs.launcher import check_mesh_spans_processes
 from ensemble_core.runs.layout import RunDir, run_dir_for
 from ensemble_core.runs.lock import ensure_unlocked
 from ensemble_core.runs.resume import check_resumable
@@ -99,6 +100,7 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
         RunLockedError, IncompatibleRunError, DiskFullError, OutputError).
     """
     mesh_plan = plan(cfg)
+    check_mesh_spans_processes(cfg)
     groups = cfg.distributed.member_groups
     group_plan = plan(cfg, group=True) if groups > 1 else mesh_plan
     run = run_dir_for(output_dir, run_name)

@@ -33,9 +33,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
+import traceback
 from pathlib import Path
+from typing import NoReturn
 
 from ensemble_core.config import PipelineConfig, load_config
 from ensemble_core.data import DatasetInfo
@@ -95,13 +98,37 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load_config(args.config, args.overrides)
             dataset, keys = prepare(cfg.data), split_keys(cfg, plan(cfg).padded_members)
         summary = train(cfg, dataset, keys, args.run_dir, on_epoch=on_epoch, own_run_dir=False)
-    except EnsembleError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        return 2
+    except BaseException as err:  # noqa: BLE001  (every failure ends this process the same way)
+        _exit_now(err)
     if first:
         print(json.dumps({"summary": summary.to_json()}), flush=True)
-    jax.distributed.shutdown()
+    jax.distributed.shutdown()  # every process got here: the shutdown barrier passes at once
     return 0
+
+
+def _exit_now(err: BaseException) -> NoReturn:
+    """End a failed process at once: its one-line ``error:`` (an EnsembleError, exit 2) or
+    its traceback (anything else, exit 1) on stderr, then ``os._exit``.
+
+    Not a normal interpreter exit: that destroys JAX's distributed client, whose
+    destructor calls the coordination service's shutdown barrier and waits there
+    (``shutdown_timeout_seconds``, 300 s) for the other processes, which are blocked in a
+    collective waiting for this one. The barrier then timed out, every process aborted
+    (SIGABRT, a native stack trace last in its log) and the real error, e.g. a
+    ``RuntimeError`` in process 1, was buried under process 0's "Shutdown barrier has
+    failed". Exiting without the barrier lets the others see this process die (missed
+    heartbeats, ``HEARTBEAT_TIMEOUT_S``; the launcher kills what is left) and the
+    launcher quote this process's own error.
+    """
+    if isinstance(err, EnsembleError):
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        code = 2
+    else:
+        traceback.print_exception(err, file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
