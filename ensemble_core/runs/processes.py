@@ -74,15 +74,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.spec:  # started by train_processes: killed with the launcher (which holds the
         # run's lock), so no process trains on unseen; elsewhere the heartbeat timeout applies
         die_with_parent(signal.SIGKILL)
+    if args.spec and not Path(args.spec).is_file():
+        return _refuse(f"--spec {args.spec} is not a file; fix: give the spec file train_processes wrote, or --config")
     import jax
 
-    jax.distributed.initialize(
-        args.coordinator,
-        args.num_processes,
-        args.process_id,
-        initialization_timeout=INIT_TIMEOUT_S,
-        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S,
-    )
+    try:
+        jax.distributed.initialize(
+            args.coordinator,
+            args.num_processes,
+            args.process_id,
+            initialization_timeout=INIT_TIMEOUT_S,
+            heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S,
+        )
+    except (ValueError, RuntimeError) as err:  # no coordinator found, or the others never joined
+        return _refuse(
+            f"joining the other JAX processes failed ({str(err).splitlines()[0][:200]}); fix: start every process "
+            f"with the same --coordinator HOST:PORT and --num-processes N and its own --process-id, or under a "
+            f"cluster launcher JAX detects (SLURM, Kubernetes, ...)"
+        )
     first = jax.process_index() == 0
 
     def on_epoch(record: dict) -> None:
@@ -104,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"summary": summary.to_json()}), flush=True)
     jax.distributed.shutdown()  # every process got here: the shutdown barrier passes at once
     return 0
+
+
+def _refuse(message: str) -> int:
+    """A refusal before this process joined the others: one ``error:`` line, exit 2."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return 2
 
 
 def _exit_now(err: BaseException) -> NoReturn:
