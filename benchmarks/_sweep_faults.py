@@ -16,6 +16,9 @@ from ensemble_core.processutil import free_port
 
 T, G, J, P = "train CLI", "member groups", "JAX processes", "processes module"
 LONG = ("--set", "train.epochs=30", "--set", "data.max_train_examples=2048")
+# Two JAX processes of 4 simulated devices each: the 4 members of configs/tiny.yaml need
+# mesh.data=2 to span both (preflight refuses a mesh that leaves a process without devices).
+PROCS = ("--set", "distributed.num_processes=2", "--set", "mesh.data=2")
 
 
 def garbage(path: Path, how: str) -> None:
@@ -222,7 +225,7 @@ _stop(
     "distributed.task_runner=dask",
     entry=G,
 )
-_stop("processes-sigterm", signal.SIGTERM, "training", *LONG, "--set", "distributed.num_processes=2", entry=J)
+_stop("processes-sigterm", signal.SIGTERM, "training", *LONG, *PROCS, entry=J)
 
 
 def _children(pid: int) -> list[int]:
@@ -238,7 +241,7 @@ def _children(pid: int) -> list[int]:
 
 @case(J, "processes-child-sigkill", 75, "SIGKILL of JAX process 1 of 2 during training, then rerun")
 def child_killed(ctx: Ctx):
-    out, args = ctx.dir / "runs", (*LONG, "--set", "distributed.num_processes=2")
+    out, args = ctx.dir / "runs", (*LONG, *PROCS)
     p = ctx.start(ctx.train_args(*args, out=out))
     ctx.wait_path(p, "r/checkpoints/[0-9]*", out, 300)
     kids = [k for k in _children(p.pid) if b"--process-id\x001" in Path(f"/proc/{k}/cmdline").read_bytes()]
