@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from benchmarks._sweep import Ctx, case, listing, nothing_under
-from benchmarks._sweep_train import check_json, refused
+from benchmarks._sweep_train import check_json, refused, rerun_base
 from ensemble_core.processutil import free_port
 
 T, G, J, P = "train CLI", "member groups", "JAX processes", "processes module"
@@ -207,10 +207,7 @@ for _name, _sets, _what in (
 
 @case(G, "groups-changed-on-resume", 2, "rerun a finished run with distributed.member_groups=2")
 def groups_changed(ctx: Ctx):
-    out = ctx.copy_base()
-    before = listing(out)
-    proc = ctx.train("--set", "distributed.member_groups=2", out=out, run="base", timeout=180)
-    return proc, listing(out) == before, ""
+    return rerun_base(ctx, "distributed.member_groups=2")
 
 
 _stop("groups-local-sigterm", signal.SIGTERM, "training", *LONG, "--set", "distributed.member_groups=2", entry=G)

@@ -173,20 +173,23 @@ def locked(ctx: Ctx):
     return proc, listing(out) == before, ""
 
 
-@case(T, "resume-changed-config", 2, "rerun a finished run's name with another learning rate")
-def resume_changed(ctx: Ctx):
+def rerun_base(ctx: Ctx, *sets: str):
+    """Rerun the finished base run's name with ``--set`` ``sets``: the process, and whether
+    the output directory is left exactly as it was (a refusal writes nothing)."""
     out = ctx.copy_base()
     before = listing(out)
-    proc = ctx.train("--set", "train.learning_rate=0.05", out=out, run="base", timeout=180)
+    proc = ctx.train(*(a for kv in sets for a in ("--set", kv)), out=out, run="base", timeout=180)
     return proc, listing(out) == before, ""
+
+
+@case(T, "resume-changed-config", 2, "rerun a finished run's name with another learning rate")
+def resume_changed(ctx: Ctx):
+    return rerun_base(ctx, "train.learning_rate=0.05")
 
 
 @case(T, "resume-fewer-epochs", 2, "rerun a finished 2-epoch run with train.epochs=1")
 def resume_fewer(ctx: Ctx):
-    out = ctx.copy_base()
-    before = listing(out)
-    proc = ctx.train("--set", "train.epochs=1", out=out, run="base", timeout=180)
-    return proc, listing(out) == before, ""
+    return rerun_base(ctx, "train.epochs=1")
 
 
 @case(T, "server-unreachable", 2, "PREFECT_API_URL naming a port where nothing listens")
