@@ -35,6 +35,34 @@ def member_keys(seed: int, num_members: int) -> dict[str, jax.Array]:
     return out
 
 
+#: The fold-in id of the stratified pool's keys (hyper-deep ensembles): apart from every purpose id.
+STRATIFIED = 1000
+
+
+def stratified_member_keys(seed: int, pairs: list[tuple[int, int]]) -> dict[str, jax.Array]:
+    """Typed PRNG keys of the stratified pool's members, one per ``(setting, init)`` pair.
+
+    Member (setting s, initialisation j) of a hyper-deep ensemble (Wenzel et al. 2020,
+    Algorithm 2) is ``base = fold_in(fold_in(fold_in(root, STRATIFIED), s), j)`` and, for
+    each purpose, ``fold_in(base, PURPOSES[purpose])``: it depends on ``(seed, s, j)`` only,
+    so it is the same network whatever the pool's size, order or topology, and differs
+    from search-pool member s (keyed by ``(seed, s)``).
+
+    Args:
+      seed: the run's root seed.
+      pairs: ``[(s, j), ...]``: s the setting's search-pool member index, j the
+        initialisation (both non-negative ints below 2**32).
+
+    Returns:
+      ``{purpose: key[len(pairs)]}`` (typed key arrays), purposes as :func:`member_keys`.
+    """
+    root = jax.random.fold_in(jax.random.key(seed), STRATIFIED)
+    s = jnp.asarray([p[0] for p in pairs], dtype=jnp.uint32)
+    j = jnp.asarray([p[1] for p in pairs], dtype=jnp.uint32)
+    base = jax.vmap(lambda a, b: jax.random.fold_in(jax.random.fold_in(root, a), b))(s, j)
+    return {purpose: jax.vmap(lambda k, i=ident: jax.random.fold_in(k, i))(base) for purpose, ident in PURPOSES.items()}
+
+
 def key_layout(keys: dict[str, jax.Array]) -> dict[str, list[list[int]]]:
     """Raw uint32 key data as nested lists (small, JSON-able, what Prefect tasks pass)."""
     return {p: np.asarray(jax.random.key_data(k)).tolist() for p, k in keys.items()}

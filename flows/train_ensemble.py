@@ -4,7 +4,8 @@
                                    [--output-dir DIR] [--run-name NAME]
 
 prepare_dataset -> check_unchanged -> detect_drift -> split_keys -> train_members (orbax
-checkpoints) -> evaluate_members -> compare_with_champion -> publish_report -> apply_retention.
+checkpoints) -> [select_settings -> stratify_members: hyper-deep ensembles] ->
+evaluate_members -> compare_with_champion -> publish_report -> apply_retention.
 The last line printed is the run directory ``DIR/NAME`` (for a run that
 ``nightly.when_unchanged=skip`` skipped: a line saying so, then the champion's run
 directory). Bad input exits with code 2 and a one-line message before anything is
@@ -39,6 +40,7 @@ from tasks.prepare_dataset import prepare_stage
 from tasks.report import publish_report
 from tasks.retraining import apply_retention, check_unchanged, detect_drift
 from tasks.split_keys import split_keys
+from tasks.stratify import stratify_stage
 from tasks.train import train_stage
 
 DEFAULT_OUTPUT_DIR = "runs"
@@ -51,6 +53,7 @@ STAGES = runs.Stages(
     detect_drift=detect_drift,
     split_keys=split_keys,
     train=train_stage,
+    stratify=stratify_stage,
     evaluate=evaluate_members,
     promote=compare_with_champion,
     report=publish_report,

@@ -26,10 +26,14 @@ PROGRESS_INTERVAL_S = 10.0  # at most one progress-artifact update per 10 s of t
 
 
 def train_with_progress(
-    config: PipelineConfig, group: int | None, train: Callable[..., runs.TrainingSummary]
+    config: PipelineConfig,
+    group: int | None,
+    train: Callable[..., runs.TrainingSummary],
+    key: str = PROGRESS_KEY,
 ) -> runs.TrainingSummary:
-    """``train(on_step=..., on_epoch=...)`` with a progress artifact, a terminal bar and one
-    log line per epoch, in the current task run; ``group`` None for the whole ensemble."""
+    """``train(on_step=..., on_epoch=...)`` with a progress artifact (``key``, plus
+    ``-group-<g>`` for member group g), a terminal bar and one log line per epoch, in the
+    current task run; ``group`` None for the whole ensemble."""
     logger = get_run_logger()
     total = config.train.epochs
     members = config.ensemble.size if group is None else group_size(config)
@@ -37,7 +41,7 @@ def train_with_progress(
     what = f"{members} members" if group is None else f"members {first}..{first + members - 1} (group {group})"
     artifact_id: Any = create_progress_artifact(
         progress=0.0,
-        key=PROGRESS_KEY if group is None else f"{PROGRESS_KEY}-group-{group}",
+        key=key if group is None else f"{key}-group-{group}",
         description=f"Training {what}",
     )
     # A bar only on a terminal: under a worker stderr is a pipe, which breaks if the worker dies.

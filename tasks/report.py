@@ -12,12 +12,14 @@ from ensemble_core import runs
 from ensemble_core.data import DatasetInfo
 from ensemble_core.runs import report as report_lib
 from ensemble_core.runs import report_data
+from ensemble_core.runs.report_stratify import stratification_table
 from tasks import TRANSIENT_RETRIES
 
 REPORT_KEY = "ensemble-report"
 SNAPSHOT_KEY = "ensemble-data-snapshot"
 MEMBERS_KEY = "ensemble-members"
 POOL_KEY = "ensemble-pool"
+STRATIFIED_POOL_KEY = "ensemble-stratified-pool"
 
 
 def evaluation_key(name: str) -> str:
@@ -36,9 +38,12 @@ def publish_report(
     promotion: runs.PromotionDecision | None = None,
     dataset: DatasetInfo | None = None,
     drift: runs.DriftReport | None = None,
+    stratification: runs.StratificationSummary | None = None,
 ) -> str:
     """Write the report files and publish them as artifacts; returns report.json's path."""
-    rep = runs.write_report(run_name, config, training, evaluation, Path(run_dir), promotion, dataset, drift)
+    rep = runs.write_report(
+        run_name, config, training, evaluation, Path(run_dir), promotion, dataset, drift, stratification
+    )
     create_markdown_artifact(
         markdown=report_lib.render_markdown(rep, plots=False),
         key=REPORT_KEY,
@@ -59,6 +64,14 @@ def publish_report(
             key=POOL_KEY,
             description="The trained pool: each member's hyperparameters, best and stop epoch, validation NLL, "
             "and how many times the ensemble selected it",
+        )
+    if rep.get("stratification"):
+        create_table_artifact(
+            table=stratification_table(rep),
+            key=STRATIFIED_POOL_KEY,
+            description="The stratified pool of the hyper-deep ensemble: each member's setting (search-pool "
+            "member), initialisation, best and stop epoch, validation NLL, and how many times the final "
+            "selection picked it",
         )
     for name, rows in report_lib.evaluator_tables(rep).items():
         create_table_artifact(

@@ -297,7 +297,7 @@ def test_selected_calibrated_run_evaluates_predicts_and_reports_the_selection(tm
         "ensemble.size=4",
         "train.epochs=2",
         "data.validation_fraction=0.25",
-        "ensemble.select_size=5",
+        "ensemble.select_size=4",
         "eval.temperature_scaling=true",
         SEARCH,
     )
@@ -305,9 +305,9 @@ def test_selected_calibrated_run_evaluates_predicts_and_reports_the_selection(tm
     run = result.run_dir
     report = __import__("json").loads(run.report_json.read_text())
     sel = report["selection"]
-    assert len(sel["members"]) == 5 and sum(sel["multiplicities"].values()) == 5
+    assert len(sel["members"]) == 4 and sum(sel["multiplicities"].values()) == 4
     assert [m["member"] for m in report["pool"]] == [0, 1, 2, 3]
-    assert sum(m["selected"] for m in report["pool"]) == 5
+    assert sum(m["selected"] for m in report["pool"]) == 4
     assert all(m["hyperparameters"]["label_smoothing"] > 0 and m["best_epoch"] in (1, 2) for m in report["pool"])
     assert all(len(h["validation_nll"]) == 4 for h in report["history"])
 

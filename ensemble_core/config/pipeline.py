@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, model_validator
 
 from ensemble_core import hyper
 from ensemble_core.config.limits import HOST_DEVICES, MAX_SEED
@@ -68,7 +68,7 @@ class PipelineConfig(Section):
         return self.data.validation_fraction > 0
 
     @model_validator(mode="after")
-    def _members_valid(self) -> PipelineConfig:
+    def _members_valid(self, info: ValidationInfo) -> PipelineConfig:
         for name, spec in (self.ensemble.search or {}).items():
             if isinstance(spec, tuple) and len(spec) != self.ensemble.size:
                 raise ValueError(
@@ -93,8 +93,28 @@ class PipelineConfig(Section):
                     f"member {i} warms up for {hp['warmup_epochs']:g} epochs of train.epochs={self.train.epochs}; "
                     f"fix: keep train.warmup_epochs below train.epochs"
                 )
+        ens = self.ensemble
+        if ens.stratify is not None and ens.select_size is None:
+            raise ValueError(
+                f"ensemble.stratify={ens.stratify} trains the settings a selection keeps, but ensemble.select_size "
+                f"is not set; fix: set ensemble.select_size (e.g. 8) or drop ensemble.stratify"
+            )
+        # A stratified pool (ensemble_core.runs.pool) may be smaller than K: with replacement it
+        # still gives K picks, and without, the first selection keeps K settings.
+        stratified_pool = bool(info.context and info.context.get("stratified_pool"))
+        if ens.select_size is not None and ens.select_size > ens.size and not stratified_pool:
+            raise ValueError(
+                f"ensemble.select_size={ens.select_size} is larger than the pool of ensemble.size={ens.size} "
+                f"members; fix: select at most {ens.size}, or train a larger pool"
+            )
+        if ens.select_size is not None and ens.selection.sorted_init > ens.select_size:
+            raise ValueError(
+                f"ensemble.selection.sorted_init={ens.selection.sorted_init} starts from more members than "
+                f"ensemble.select_size={ens.select_size} picks; fix: use at most {ens.select_size}"
+            )
         needs = {
             "ensemble.select_size": self.ensemble.select_size is not None,
+            "ensemble.stratify": self.ensemble.stratify is not None,
             "train.patience": self.train.patience is not None,
             "eval.temperature_scaling": self.eval.temperature_scaling,
         }

@@ -137,6 +137,32 @@ def _search_entry(name: str, spec: Any) -> Distribution | tuple[float | str, ...
     )
 
 
+class SelectionConfig(Section):
+    """How the greedy ensemble selection (Caruana et al. 2004) picks ``ensemble.select_size``
+    members on the validation split (every variant measured in docs/evaluation.md)."""
+
+    replacement: bool = Field(
+        True,
+        description="Greedy selection with replacement (a member may be picked again, weighing more); "
+        "false: each member at most once, so the selected ensemble holds select_size distinct networks.",
+    )
+    sorted_init: int = Field(
+        0,
+        ge=0,
+        le=4096,
+        description="Sorted initialisation (Caruana et al. 2004): start from this many best single members "
+        "(by validation NLL), then add greedily; at most ensemble.select_size.",
+    )
+    bags: int = Field(
+        0,
+        ge=0,
+        le=1000,
+        description="Bagged selection: repeat the greedy selection on this many bootstrap samples of the "
+        "validation split (drawn from (seed, bag)) and average the multiplicities, rounded to select_size "
+        "picks; 0: one selection on the whole split.",
+    )
+
+
 class EnsembleConfig(Section):
     """How many members to train, with which hyperparameters, and which of them form the ensemble."""
 
@@ -163,9 +189,21 @@ class EnsembleConfig(Section):
         None,
         ge=1,
         le=4096,
-        description="Greedy ensemble selection with replacement (Caruana et al. 2004) of this many members "
-        "from the trained pool, on validation NLL; evaluation, prediction and promotion use the selected "
-        "multiset. None: the ensemble is every healthy member.",
+        description="Greedy ensemble selection (Caruana et al. 2004) of this many members "
+        "from the trained pool, on validation NLL (how: ensemble.selection); evaluation, prediction and "
+        "promotion use the selected multiset. None: the ensemble is every healthy member.",
+    )
+    selection: SelectionConfig = Field(
+        default_factory=SelectionConfig, description="How the greedy selection picks (ensemble.select_size)."
+    )
+    stratify: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Hyper-deep ensemble (Wenzel et al. 2020, Algorithm 2): after the selection from the "
+        "search pool, train each distinct selected setting again from this many new initialisations and "
+        "select the final select_size members from that stratified pool. Needs ensemble.select_size and a "
+        "validation split. None: select from the search pool (a hyper ensemble).",
     )
 
 

@@ -20,6 +20,10 @@ One home per concern:
                     into one checkpoint; or one program across JAX processes
 ``launcher``        that program's launcher: N child processes of ``processes``
 ``processes``       one JAX process of that program (``python -m``)
+``pool``            which pool the ensemble is selected from (a hyper-deep ensemble's
+                    stratified pool), and the selection ``ensemble.selection`` asks for
+``stratify``        the stratification stage: first selection, then the stratified pool
+                    trained as one compiled step under ``<run>/stratified/``
 ``evaluation``      restore; the evaluators (:mod:`ensemble_core.evaluators`); prediction
 ``prediction``      the prediction flow's files: which run, which images, the ``.npz``
 ``champion``        the champion/challenger state files and the promotion policy
@@ -31,8 +35,9 @@ One home per concern:
 
 :func:`run` is the one sequence: preflight -> prepare the dataset (a data snapshot) ->
 unchanged since the champion? (then skip) -> drift signal -> split member keys -> train
--> evaluate -> champion/challenger -> report -> retention. The Prefect flow runs it with
-each stage replaced by its task (:class:`Stages`); the benchmarks and tests run it as is.
+-> stratify (hyper-deep ensembles only) -> evaluate -> champion/challenger -> report ->
+retention. The Prefect flow runs it with each stage replaced by its task
+(:class:`Stages`); the benchmarks and tests run it as is.
 """
 
 from __future__ import annotations
@@ -52,9 +57,17 @@ from ensemble_core.runs.keys import split_keys
 from ensemble_core.runs.layout import OutputDir, RunDir
 from ensemble_core.runs.preflight import preflight
 from ensemble_core.runs.report import write_report
-from ensemble_core.runs.results import DriftReport, Evaluation, PromotionDecision, SkipDecision, TrainingSummary
+from ensemble_core.runs.results import (
+    DriftReport,
+    Evaluation,
+    PromotionDecision,
+    SkipDecision,
+    StratificationSummary,
+    TrainingSummary,
+)
 from ensemble_core.runs.retention import RetentionReport, apply_retention
 from ensemble_core.runs.retraining import detect_drift, record_snapshot, unchanged_since_champion
+from ensemble_core.runs.stratify import stratify
 from ensemble_core.runs.training import train
 from ensemble_core.setup import plan
 
@@ -68,6 +81,7 @@ __all__ = [
     "RunResult",
     "SkipDecision",
     "Stages",
+    "StratificationSummary",
     "TrainingSummary",
     "apply_retention",
     "detect_drift",
@@ -80,6 +94,7 @@ __all__ = [
     "retain",
     "run",
     "split_keys",
+    "stratify",
     "train",
     "train_groups",
     "unchanged_since_champion",
@@ -112,6 +127,7 @@ class Stages:
     detect_drift: Callable[..., Any] = detect_drift
     split_keys: Callable[..., Any] = split_keys
     train: Callable[..., Any] = train_groups
+    stratify: Callable[..., Any] = stratify
     evaluate: Callable[..., Any] = evaluate
     promote: Callable[..., Any] = promote
     report: Callable[..., Any] = write_report
@@ -131,6 +147,7 @@ class RunResult:
     skipped: SkipDecision | None = None
     drift: DriftReport | None = None
     retention: RetentionReport | None = None
+    stratification: StratificationSummary | None = None
 
 
 def run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Stages = Stages()) -> RunResult:
@@ -177,6 +194,9 @@ def _run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Sta
     record_snapshot(run_dir.path, dataset)
     keys = stage("key splitting", stages.split_keys, cfg, plan(cfg).padded_members)
     training = stage("training", stages.train, cfg, dataset, keys, str(run_dir.path))
+    stratification = None
+    if cfg.ensemble.stratify is not None:
+        stratification = stage("stratification", stages.stratify, cfg, dataset, str(run_dir.path))
     evaluation = stage("evaluation", stages.evaluate, cfg, dataset, str(run_dir.path))
     decision = None
     if cfg.promotion.enabled:
@@ -185,6 +205,9 @@ def _run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Sta
     with stopping.stage("the report", fix):
         pass  # a stop before the report stops there; once it is written, the run is complete
     config = cfg.model_dump(mode="json")
-    stages.report(run_name, config, training, evaluation, str(run_dir.path), decision, dataset, drift)
+    report_args = (run_name, config, training, evaluation, str(run_dir.path), decision, dataset, drift)
+    stages.report(*report_args, stratification)
     retention = stages.retain(cfg, str(output_dir))
-    return RunResult(run_dir, training, evaluation, decision, drift=drift, retention=retention)
+    return RunResult(
+        run_dir, training, evaluation, decision, drift=drift, retention=retention, stratification=stratification
+    )

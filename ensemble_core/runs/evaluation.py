@@ -19,15 +19,17 @@ from ensemble_core import metrics as metrics_lib
 from ensemble_core.calibration import apply_temperature, fit_temperature, temperature_nll
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
-from ensemble_core.errors import DataError, DivergenceError
+from ensemble_core.errors import DivergenceError
 from ensemble_core.mesh import member_sharding
 from ensemble_core.predict import member_probs
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.dataset import load
+from ensemble_core.runs.images import check_image_shape, check_image_values
 from ensemble_core.runs.layout import RunDir, atomic_savez, atomic_write_json
+from ensemble_core.runs.pool import final_pool, select_members, selection_record
 from ensemble_core.runs.results import Evaluation, EvaluatorResult
 from ensemble_core.runs.selection_file import read_selection
-from ensemble_core.selection import greedy_selection
+from ensemble_core.selection import Selection
 from ensemble_core.setup import EnsembleSetup, build
 from ensemble_core.train import EnsembleState
 
@@ -134,17 +136,20 @@ def choose_members(
 
     With a validation split every trained member predicts it (``eval/validation.npz``:
     ``member_probs`` float32 ``[E, N_val, C]``, ``labels``, ``healthy``); with
-    ``ensemble.select_size`` the greedy selection (:func:`ensemble_core.selection.greedy_selection`)
-    picks the members among the healthy ones; with ``eval.temperature_scaling`` one
-    temperature is fitted to the chosen ensemble's validation NLL
+    ``ensemble.select_size`` the greedy selection ``ensemble.selection`` asks for
+    (:func:`ensemble_core.runs.pool.select_members`) picks the members among the healthy
+    ones; with ``eval.temperature_scaling`` one temperature is fitted to the chosen ensemble's validation NLL
     (:func:`ensemble_core.calibration.fit_temperature`).
 
     Returns:
       The :class:`Members`, and None (no validation split) or the ``selection`` record:
-      ``members`` (pool indices per pick, or every healthy member), ``multiplicities``,
-      ``validation_nll`` (the ensemble's after each greedy pick; one value without
-      selection), ``member_validation_nll`` (every trained member's), ``temperature``
-      (None when not fitted), ``validation_nll_temperature_scaled``, ``validation_examples``.
+      :func:`ensemble_core.runs.pool.selection_record` (``members``: pool indices per pick,
+      or every healthy member; ``validation_nll``: the ensemble's after each pick, one
+      value without selection) plus ``temperature`` (None when not fitted) and
+      ``validation_nll_temperature_scaled``.
+
+    Raises:
+      DivergenceError: selection without replacement, fewer healthy members than picks.
     """
     members = all_members(cfg, state, setup)
     if not cfg.has_validation:
@@ -155,25 +160,23 @@ def choose_members(
         atomic_savez(run.evaluator_arrays("validation"), member_probs=probs, labels=labels, healthy=members.healthy)
     member_nll = [metrics_lib.nll(p, labels) for p in probs]
     if cfg.ensemble.select_size is not None:
-        picked = greedy_selection(probs, labels, cfg.ensemble.select_size, eligible=members.healthy)
-        chosen, steps = picked.members, picked.validation_nll
-        members = selected_members(cfg, state, setup, chosen, dataset.num_classes)
+        try:
+            picked = select_members(cfg, probs, labels, members.healthy)
+        except ValueError as err:  # without replacement: fewer healthy members than picks
+            raise DivergenceError(f"{err} (diverged members are not eligible)") from None
+        members = selected_members(cfg, state, setup, picked.members, dataset.num_classes)
     else:
-        chosen = np.flatnonzero(members.healthy).tolist()
-        steps = [metrics_lib.nll(metrics_lib.ensemble_probs(probs[chosen]), labels)]
+        picked = Selection(np.flatnonzero(members.healthy).tolist(), [])
+        nll = metrics_lib.nll(metrics_lib.ensemble_probs(probs[picked.members]), labels)
+        picked = dataclasses.replace(picked, validation_nll=[nll])
+    chosen = picked.members
     ensemble = metrics_lib.ensemble_probs(probs[chosen])
     temperature = fit_temperature(ensemble, labels) if cfg.eval.temperature_scaling else None
-    record = {
-        "members": [int(m) for m in chosen],
-        "multiplicities": {str(m): int(n) for m, n in zip(*np.unique(chosen, return_counts=True), strict=True)},
-        "validation_nll": [float(v) for v in steps],
-        "member_validation_nll": [float(v) for v in member_nll],
-        "temperature": temperature,
-        "validation_nll_temperature_scaled": (
-            None if temperature is None else temperature_nll(ensemble, labels, temperature)
-        ),
-        "validation_examples": len(labels),
-    }
+    record = selection_record(picked, member_nll, len(labels))
+    record["temperature"] = temperature
+    record["validation_nll_temperature_scaled"] = (
+        None if temperature is None else temperature_nll(ensemble, labels, temperature)
+    )
     if write:
         atomic_write_json(run.selection_json, {"members": record["members"], "temperature": temperature})
     return members, record
@@ -188,8 +191,9 @@ def evaluate(
     strategy: str | None = None,
     write: bool = True,
 ) -> Evaluation:
-    """Restore the latest checkpoint, choose the members (:func:`choose_members`) and run
-    every evaluator of ``eval.evaluators`` on them.
+    """Restore the latest checkpoint of the run's pool (the stratified pool of a hyper-deep
+    ensemble, :func:`ensemble_core.runs.pool.final_pool`), choose the members
+    (:func:`choose_members`) and run every evaluator of ``eval.evaluators`` on them.
 
     With ``write`` (default), each evaluator's arrays are written atomically
     (``predictions.npz`` for ``test``, ``eval/<name>.npz`` for the others; see
@@ -200,7 +204,8 @@ def evaluate(
       DivergenceError: every member diverged (there is no ensemble to evaluate).
     """
     run = RunDir(Path(run_dir))
-    state, setup = restore(cfg, run.path, dataset.num_classes, dataset.image_shape, strategy=strategy)
+    cfg, pool, _ = final_pool(cfg, run)  # the stratified pool of a hyper-deep ensemble
+    state, setup = restore(cfg, pool.path, dataset.num_classes, dataset.image_shape, strategy=strategy)
     if not np.asarray(state.healthy)[: cfg.ensemble.size].any():
         raise DivergenceError(
             f"every member of '{run.path}' diverged, there is no ensemble to evaluate; fix: lower "
@@ -284,68 +289,6 @@ def cached_arrays(
     return arrays
 
 
-def check_image_shape(images: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """``images`` as ``[N, H, W, C]`` for a model taking ``shape`` = ``(H, W, C)`` (a grey
-    ``[N, H, W]`` gains its channel axis).
-
-    Raises:
-      DataError: any other shape (a single image without its batch axis, another size or
-        channel count), naming the shape found and the one the model takes.
-    """
-    if images.ndim == 3 and shape[-1] == 1 and tuple(images.shape[1:]) == tuple(shape[:2]):
-        images = images[..., None]
-    if images.ndim != 4 or tuple(images.shape[1:]) != tuple(shape):
-        dims = ", ".join(map(str, shape))
-        single = " (one image needs its batch axis: images[None])" if tuple(images.shape) == tuple(shape) else ""
-        raise DataError(
-            f"images have shape {tuple(images.shape)} but the model takes [N, {dims}]{single}; "
-            f"fix: reshape them to [N, {dims}]"
-        )
-    return images
-
-
-def check_image_values(images: np.ndarray) -> None:
-    """Images must be what the model was trained on: uint8 in 0..255, or floats in [0, 1].
-
-    Anything else is refused rather than guessed at: floats outside [0, 1] (e.g. 0..255
-    stored as float, or standardised values), other integer types (16-bit scans, int64
-    labels mistaken for images), booleans, and NaN or infinite values would all give
-    confident, wrong predictions and uncertainty.
-
-    Args:
-      images: ``[N, H, W, C]``.
-
-    Raises:
-      DataError: no images, a dtype other than uint8 or float, values out of range, or
-        non-finite values; the message gives the range found and the conversion to apply.
-    """
-    if images.size == 0:
-        raise DataError(f"the image array is empty (shape {tuple(images.shape)}); fix: pass at least one image")
-    if images.dtype == np.uint8:
-        return
-    if np.issubdtype(images.dtype, np.integer) or images.dtype == np.bool_:
-        lo, hi = (int(images.min()), int(images.max())) if images.dtype != np.bool_ else (0, 1)
-        fix = (
-            "images.astype(np.uint8)"
-            if lo >= 0 and hi <= 255
-            else f"rescale them to 0..255 and cast to uint8 (e.g. (images / {hi} * 255).round().astype(np.uint8))"
-        )
-        raise DataError(
-            f"images are {images.dtype} (values {lo}..{hi}); the model takes uint8 in 0..255 or floats in [0, 1]; "
-            f"fix: convert explicitly, {fix}"
-        )
-    if not np.issubdtype(images.dtype, np.floating):
-        raise DataError(f"images are {images.dtype}; fix: pass uint8 in 0..255 or floats in [0, 1]")
-    if not np.all(np.isfinite(images)):
-        raise DataError("images contain NaN or infinite values; fix: clean them before predicting")
-    low, high = float(images.min()), float(images.max())
-    if low < 0.0 or high > 1.0:
-        hint = "divide by 255" if low >= 0.0 and high <= 255.0 else "rescale them to [0, 1] as the training data was"
-        raise DataError(
-            f"float images range over [{low:g}, {high:g}] but the model takes [0, 1] (uint8 0..255 / 255); fix: {hint}"
-        )
-
-
 def predict_images(run_dir: str | Path, images: np.ndarray, *, batch_size: int | None = None) -> dict[str, np.ndarray]:
     """Ensemble predictions of a trained run on new images.
 
@@ -376,7 +319,8 @@ def predict_images(run_dir: str | Path, images: np.ndarray, *, batch_size: int |
     shape = tuple(meta["dataset"]["image_shape"])
     check_image_values(images)
     images = check_image_shape(images, shape)
-    state, setup = restore(cfg, run.path, meta["dataset"]["num_classes"], shape)
+    cfg, pool, _ = final_pool(cfg, run)
+    state, setup = restore(cfg, pool.path, meta["dataset"]["num_classes"], shape)
     chosen = read_selection(run, cfg.ensemble.size)
     if chosen is not None and cfg.ensemble.select_size is not None:
         members = selected_members(cfg, state, setup, chosen["members"], meta["dataset"]["num_classes"])

@@ -129,7 +129,7 @@ def preflight(
       DataError, CheckpointError: the first problem, in one line with its fix.
     """
     from ensemble_core.runs.checkpoint import EnsembleCheckpointer
-    from ensemble_core.runs.evaluation import check_image_shape, check_image_values
+    from ensemble_core.runs.images import check_image_shape, check_image_values
     from ensemble_core.runs.layout import RunDir
 
     run, _ = resolve_run(run_dir, output_dir)

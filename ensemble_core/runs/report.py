@@ -12,7 +12,14 @@ from ensemble_core import diskspace, evaluators
 from ensemble_core.plotting import plt, save
 from ensemble_core.runs.layout import RunDir, atomic_write_json, atomic_write_text
 from ensemble_core.runs.report_data import drift_lines, snapshot_lines
-from ensemble_core.runs.results import DriftReport, Evaluation, PromotionDecision, TrainingSummary
+from ensemble_core.runs.report_stratify import stratification_lines, stratification_report
+from ensemble_core.runs.results import (
+    DriftReport,
+    Evaluation,
+    PromotionDecision,
+    StratificationSummary,
+    TrainingSummary,
+)
 
 if TYPE_CHECKING:
     from ensemble_core.data import DatasetInfo
@@ -30,6 +37,7 @@ def build_report(
     promotion: PromotionDecision | None = None,
     dataset: DatasetInfo | None = None,
     drift: DriftReport | None = None,
+    stratification: StratificationSummary | None = None,
 ) -> dict:
     """Assemble the ``report.json`` object (docs/evaluation.md lists every key).
 
@@ -39,7 +47,9 @@ def build_report(
     champion/challenger decision (:func:`ensemble_core.runs.champion.promote`), stored
     without its history; ``data_snapshot`` the lineage of the data
     (:class:`~ensemble_core.data.DataSnapshot`), ``drift`` the drift signal computed before
-    training (:class:`~ensemble_core.runs.results.DriftReport`)."""
+    training (:class:`~ensemble_core.runs.results.DriftReport`); ``stratification`` the
+    hyper-deep ensemble's first selection and stratified pool
+    (:func:`ensemble_core.runs.report_stratify.stratification_report`; None without one)."""
     train_summary = training.model_dump()  # python floats: NaN stays NaN in report.json
     test = evaluation.test
     timing = train_summary["timing"]
@@ -74,7 +84,8 @@ def build_report(
         "run_dir": str(run_dir),
         "promotion": None if promotion is None else promotion.model_dump(exclude={"history"}),
         "selection": evaluation.selection,
-        "pool": pool(training, evaluation),
+        "pool": pool(training, evaluation, stratification),
+        "stratification": stratification_report(stratification, evaluation.selection),
         "data_snapshot": None
         if dataset is None or dataset.snapshot is None
         else dataset.snapshot.model_dump(mode="json"),
@@ -88,12 +99,15 @@ def build_report(
     return report
 
 
-def pool(training: TrainingSummary, evaluation: Evaluation) -> list[dict]:
+def pool(
+    training: TrainingSummary, evaluation: Evaluation, stratification: StratificationSummary | None = None
+) -> list[dict]:
     """Every trained member: ``member``, ``hyperparameters``, ``best_epoch``,
     ``stopped_epoch``, ``healthy``, ``validation_nll`` (its best epoch's parameters on the
     validation split, as evaluation saw them; None without one) and ``selected`` (how many
-    times the ensemble holds it)."""
-    selection = evaluation.selection or {}
+    times the ensemble holds it; with ``stratification``, the first selection's picks of
+    the search pool)."""
+    selection = (evaluation.selection or {}) if stratification is None else stratification.first_selection
     nll = selection.get("member_validation_nll") or []
     counts = {int(k): v for k, v in (selection.get("multiplicities") or {}).items()}
     rows = []
@@ -143,11 +157,15 @@ def _selection_lines(report: dict) -> list[str]:
     searched = sorted(k for k in (report["config"]["ensemble"].get("search") or {}))
     lines = []
     if report["config"]["ensemble"].get("select_size"):
+        strat = report.get("stratification")
+        pool_name = "the stratified pool" if strat else "a pool"
+        pool_size = len(strat["pool"]) if strat else len(rows)
         picks = ", ".join(f"{m} x{n}" if n > 1 else f"{m}" for m, n in sel["multiplicities"].items())
         steps = " -> ".join(_fmt(v) for v in sel["validation_nll"])
         lines += [
-            f"**Greedy ensemble selection** (Caruana et al. 2004) of {len(sel['members'])} from a pool of "
-            f"{len(rows)} on {sel['validation_examples']} validation examples: members {picks}; "
+            f"**Greedy ensemble selection** (Caruana et al. 2004) of {len(sel['members'])} from {pool_name} of "
+            f"{pool_size} on {sel['validation_examples']} validation examples: members {picks} "
+            f"({sel.get('distinct', len(sel['multiplicities']))} distinct networks); "
             f"validation NLL as members are added: {steps}.",
             "",
         ]
@@ -271,6 +289,7 @@ def render_markdown(report: dict, plots: bool = True) -> str:
         *drift_lines(report.get("drift")),
         *_topology_lines(report),
         *_selection_lines(report),
+        *stratification_lines(report),
     ]
     promo = report.get("promotion")
     if promo:
@@ -343,11 +362,12 @@ def write_report(
     promotion: PromotionDecision | None = None,
     dataset: DatasetInfo | None = None,
     drift: DriftReport | None = None,
+    stratification: StratificationSummary | None = None,
 ) -> dict:
     """Write ``report.json``, ``report.md`` and ``plots/training_curves.png`` (atomically,
     the plot first); returns the report dict (:func:`build_report`)."""
     run = RunDir(Path(run_dir))
-    rep = build_report(run_name, config, training, evaluation, run.path, promotion, dataset, drift)
+    rep = build_report(run_name, config, training, evaluation, run.path, promotion, dataset, drift, stratification)
     plot_training_curves(rep, run.plots)
     atomic_write_json(run.report_json, rep)
     atomic_write_text(run.report_md, render_markdown(rep))

@@ -56,6 +56,18 @@ class TrainingSummary(_Result):
     topology: list[dict] = []  # per member group: its members, host, process, worker (summary.where_trained)
 
 
+class StratificationSummary(_Result):
+    """What the stratification stage of a hyper-deep ensemble did
+    (:func:`ensemble_core.runs.stratify.stratify`): the first selection from the search
+    pool, the settings it kept, and the stratified pool's training (member m = setting
+    ``settings[m // inits]``, initialisation ``m % inits``)."""
+
+    settings: list[int]  # search-pool member indices of the kept settings, in order of first pick
+    inits: int  # J, initialisations per setting
+    first_selection: dict[str, Any]  # ensemble_core.runs.pool.selection_record of the search pool
+    training: TrainingSummary  # the stratified pool's (checkpoints under <run>/stratified/)
+
+
 class EvaluatorResult(_Result):
     """One evaluator's figures (:mod:`ensemble_core.evaluators`): ``metrics`` is a JSON
     object of that evaluator's own shape; ``plots`` names the PNGs it drew, relative to

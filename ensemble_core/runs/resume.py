@@ -21,6 +21,8 @@ RESUMABLE_KEYS = (
     "train.epochs",
     "train.on_divergence",
     "ensemble.select_size",
+    "ensemble.selection.*",
+    "ensemble.stratify",
     "data.data_dir",
     "data.manual_dir",
     "mesh.*",

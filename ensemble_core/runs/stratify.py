@@ -1,0 +1,104 @@
+"""The stratification stage of a hyper-deep ensemble (Wenzel et al. 2020, Algorithm 2).
+
+After the search pool has trained: the first greedy selection on the validation split
+(``ensemble.selection``) keeps D distinct settings; each is trained again from
+J = ``ensemble.stratify`` new initialisations, all D x J members in one compiled step
+(the training stage's own machinery: checkpoints, resume, early stopping, best epochs,
+member groups) under ``<run>/stratified/``; evaluation then selects the final ensemble
+from that pool (:mod:`ensemble_core.runs.pool`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ensemble_core import diskspace, stopping
+from ensemble_core import metrics as metrics_lib
+from ensemble_core.config import PipelineConfig
+from ensemble_core.data import DatasetInfo
+from ensemble_core.errors import DivergenceError, IncompatibleRunError
+from ensemble_core.runs.dataset import load
+from ensemble_core.runs.evaluation import all_members, restore
+from ensemble_core.runs.groups import train_groups
+from ensemble_core.runs.layout import RunDir
+from ensemble_core.runs.pool import (
+    StratificationPlan,
+    read_plan,
+    select_members,
+    selection_record,
+    stratified_config,
+    stratified_keys,
+    stratified_run,
+    write_plan,
+)
+from ensemble_core.runs.results import StratificationSummary, TrainingSummary
+
+
+def first_selection(cfg: PipelineConfig, dataset: DatasetInfo, run_dir: str | Path) -> StratificationPlan:
+    """The settings the stratified pool trains: ``<run>/stratified/plan.json`` when it
+    exists (a resumed run), else the selection ``ensemble.selection`` asks for on the
+    search pool's validation predictions (best-epoch parameters), written there atomically.
+
+    Raises:
+      CheckpointError: the search pool has no checkpoint, or the plan file is damaged.
+      IncompatibleRunError: the plan was made for another ``ensemble.stratify``.
+      DivergenceError: no healthy member, or fewer than the picks without replacement.
+    """
+    run = RunDir(Path(run_dir))
+    size, inits = cfg.ensemble.size, cfg.ensemble.stratify
+    assert inits is not None
+    saved = read_plan(run, size)
+    if saved is not None:
+        if saved.inits != inits:
+            raise IncompatibleRunError(
+                f"'{run.path}' trains its stratified pool with ensemble.stratify={saved.inits}, not {inits}; fix: "
+                f"rerun with ensemble.stratify={saved.inits}, or use a new run name"
+            )
+        return saved
+    state, setup = restore(cfg, run.path, dataset.num_classes, dataset.image_shape)
+    members = all_members(cfg, state, setup)
+    images, labels = load(cfg, dataset, "validation")
+    probs, _ = members.predict(cfg, images)
+    try:
+        picked = select_members(cfg, probs, labels, members.healthy)
+    except ValueError as err:
+        raise DivergenceError(f"{err} (diverged members are not eligible)") from None
+    record = selection_record(picked, [metrics_lib.nll(p, labels) for p in probs], len(labels))
+    settings = list(dict.fromkeys(int(m) for m in picked.members))  # distinct, in order of first pick
+    plan = StratificationPlan(settings=settings, inits=inits, first_selection=record)
+    write_plan(run, plan)
+    return plan
+
+
+@diskspace.output_errors("run_dir")
+def stratify(
+    cfg: PipelineConfig,
+    dataset: DatasetInfo,
+    run_dir: str | Path,
+    *,
+    train: Callable[..., TrainingSummary] = train_groups,
+    select: Callable[..., StratificationPlan] | None = None,
+    **hooks: Any,
+) -> StratificationSummary:
+    """The stratification stage of :func:`ensemble_core.runs.run`: ``select`` (default
+    :func:`first_selection`; the flow passes its task), then
+    ``train(pool_cfg, dataset, keys, <run>/stratified, **hooks)`` (default
+    :func:`ensemble_core.runs.groups.train_groups`: resumes from the stratified pool's latest
+    checkpoint; a stop request stops it after a checkpoint) for the stratified pool's
+    config (:func:`ensemble_core.runs.pool.stratified_config`) and keys
+    (:func:`ensemble_core.runs.pool.stratified_keys`: member (setting s, initialisation j)
+    depends on ``(seed, s, j)`` only).
+
+    Raises:
+      PreemptedError: stopped (rerun the run name to resume); see also :func:`first_selection`.
+    """
+    plan = (select or first_selection)(cfg, dataset, str(run_dir))
+    stopping.check()
+    pool_cfg = stratified_config(cfg, plan)
+    where = stratified_run(RunDir(Path(run_dir)))
+    summary = train(pool_cfg, dataset, stratified_keys(pool_cfg, plan), str(where.path), **hooks)
+    return StratificationSummary(
+        settings=plan.settings, inits=plan.inits, first_selection=plan.first_selection, training=summary
+    )
