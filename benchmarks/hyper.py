@@ -1,19 +1,32 @@
-"""A hyper-deep ensemble against the default deep ensemble, at equal final size.
+"""Hyper-deep ensembles against the deep ensemble and the hyper ensemble, at equal final size.
 
-    python -m benchmarks.hyper                       # both runs, then the throughput pair
-    python -m benchmarks.hyper --skip-runs           # the throughput pair only
+    python -m benchmarks.hyper                                  # every dataset and method, then the cost pair
+    python -m benchmarks.hyper --datasets mnist5k --methods deep hyper_deep
+    python -m benchmarks.hyper --skip-runs                      # the cost pair only
 
-1. **Quality.** ``configs/hyper.yaml`` (a pool of 32 Flax MNIST CNNs with per-member learning
-   rate, weight decay, label smoothing and schedule, early stopping, greedy selection of
-   8, temperature scaling) and ``configs/default.yaml`` (8 CNNs, one setting), each run
-   through :func:`ensemble_core.runs.run` on the embedded mnist5k with the test and
-   rotation evaluators: test NLL, accuracy and ECE, the mean NLL over the 13 rotated test
-   sets, and each run's wall time (training + evaluation).
-2. **Cost of per-member hyperparameters.** 32 members with ``configs/hyper.yaml``'s search
+1. **Quality and cost.** On each dataset (``mnist5k``: the embedded MNIST subset;
+   ``fashion_mnist``: the same protocol on the first 4,000 training and 1,000 test images
+   of Fashion-MNIST), three runs through :func:`ensemble_core.runs.run`, each with
+   ``configs/default.yaml``'s evaluators (on Fashion-MNIST its own OOD evaluator is left out):
+
+   - ``deep``: the deep ensemble of ``configs/default.yaml`` (8 CNNs, one setting);
+   - ``hyper``: the hyper ensemble (``configs/hyper.yaml`` without stratification, greedy
+     selection with replacement: a random search of 32, 8 picks);
+   - ``hyper_deep``: ``configs/hyper.yaml`` as shipped (Wenzel et al. 2020, Algorithm 2).
+
+   Each gives test accuracy, NLL, ECE, the mean NLL over the 13 rotated test sets, the OOD
+   AUROC of mutual information on letters and Fashion-MNIST, the number of distinct
+   networks in the ensemble, its wall time and the time of every stage.
+2. **Selection variants** (Caruana et al. 2004) on the pools of the ``hyper`` and
+   ``hyper_deep`` runs: greedy with replacement, without replacement, sorted
+   initialisation, bagged (with and without replacement); each variant's validation NLL,
+   distinct networks, and test NLL and accuracy (every pool member predicts the test split).
+3. **Cost of per-member hyperparameters.** 32 members with ``configs/hyper.yaml``'s search
    space against 32 members with one setting, same step, same process, alternated
-   (A B A B) so both see the same machine: steady-state member-images/s of one epoch.
+   (A B A B): steady-state member-images/s of one epoch.
 
-Writes ``benchmarks/results/hyper-<backend>.json`` (``--out``) and prints a summary.
+Writes ``benchmarks/results/hyper-<backend>.json`` (``--out``; a rerun with fewer
+datasets or methods updates only those entries) and prints a summary.
 """
 
 from __future__ import annotations
@@ -28,47 +41,166 @@ from pathlib import Path
 from flows import _env  # noqa: F401  (applies the XLA/JAX environment on import)
 
 ROOT = Path(__file__).resolve().parents[1]
+METHODS = ("deep", "hyper", "hyper_deep")
+DATASETS = {
+    "mnist5k": [],
+    "fashion_mnist": [
+        "data.name=fashion_mnist",
+        "data.max_train_examples=4000",
+        "data.max_test_examples=1000",
+        "eval.evaluators=[test,rotation,translation,corruptions,letters]",
+    ],
+}
+# The hyper ensemble as configs/hyper.yaml was before stratification.
+HYPER = [
+    "ensemble.size=32",
+    "ensemble.stratify=null",
+    "ensemble.selection={replacement: true, sorted_init: 0, bags: 0}",
+]
+K = 8
+VARIANTS = {
+    "greedy with replacement": {"replacement": True, "sorted_init": 0, "bags": 0},
+    "greedy without replacement": {"replacement": False, "sorted_init": 0, "bags": 0},
+    "sorted init 4, with replacement": {"replacement": True, "sorted_init": 4, "bags": 0},
+    "bagged x20, with replacement": {"replacement": True, "sorted_init": 0, "bags": 20},
+    "bagged x20, without replacement": {"replacement": False, "sorted_init": 0, "bags": 20},
+}
 
 
-def _figures(result) -> dict:
-    ens = result.evaluation.ensemble
-    rotation = result.evaluation.results["rotation"].metrics["mean"]
+def _config(method: str, dataset: str, data_dir: str | None):
+    from ensemble_core.config import load_config
+
+    path = ROOT / "configs" / ("default.yaml" if method == "deep" else "hyper.yaml")
+    overrides = [*DATASETS[dataset], "promotion.enabled=false", *(HYPER if method == "hyper" else [])]
+    if data_dir and dataset == "mnist5k":
+        overrides.append(f"data.data_dir={data_dir}")
+    return load_config(path, overrides)
+
+
+def _timed_stages(seconds: dict):
+    """:class:`ensemble_core.runs.Stages` whose every stage adds its wall time to ``seconds``."""
+    import dataclasses
+
+    from ensemble_core import runs
+
+    def timed(name, fn):
+        def call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
+
+        return call
+
+    base = runs.Stages()
+    return runs.Stages(**{f.name: timed(f.name, getattr(base, f.name)) for f in dataclasses.fields(base)})
+
+
+def figures(result) -> dict:
+    """The table's figures of one run (``nan`` where an evaluator was not run)."""
+    ev = result.evaluation
+    ens = ev.ensemble
+    res = ev.results
+
+    def ood(name):
+        if name not in res or res[name].metrics.get("skipped"):
+            return None
+        return res[name].metrics["ensemble"]["auroc"]["mutual_information"]
+
+    selection = ev.selection or {}
+    members = selection.get("members") or list(range(len(ev.test["members"])))
     out = {
         "test": {k: ens[k] for k in ("accuracy", "nll", "brier", "ece")},
-        "rotation_mean": rotation["ensemble"],
-        "members_evaluated": len(result.evaluation.test["members"]),
-        "selection": result.evaluation.selection,
+        "rotation_mean_nll": res["rotation"].metrics["mean"]["ensemble"]["nll"],
+        "ood_auroc_mutual_information": {"letters": ood("letters"), "fashion_mnist": ood("fashion_mnist")},
+        "distinct_networks": len(set(members)),
+        "members": members,
+        "selection": selection,
     }
-    test = result.evaluation.test
+    if result.stratification is not None:
+        out["stratification"] = {
+            "settings": result.stratification.settings,
+            "inits": result.stratification.inits,
+            "first_selection": result.stratification.first_selection,
+        }
+    test = ev.test
     if "ensemble_temperature_scaled" in test:
         out["test_temperature_scaled"] = test["ensemble_temperature_scaled"]
-        out["rotation_mean_temperature_scaled"] = rotation.get("ensemble_temperature_scaled")
     return out
 
 
-def quality(out_dir: Path, data_dir: str | None) -> dict:
-    """Both runs, one after the other, with the test and rotation evaluators."""
-    from ensemble_core import runs
-    from ensemble_core.config import load_config
+def selection_variants(cfg, run_dir: Path, search_pool: bool = False) -> dict:
+    """Every variant of :data:`VARIANTS` on the run's final pool (the search pool of a
+    hyper ensemble, the stratified pool of a hyper-deep one) or, with ``search_pool``, on a
+    hyper-deep ensemble's search pool (its first selection), picking K."""
+    import numpy as np
 
-    results = {}
-    for name in ("default", "hyper"):
-        overrides = ["eval.evaluators=[test,rotation]", "promotion.enabled=false"]
-        if data_dir:
-            overrides.append(f"data.data_dir={data_dir}")
-        cfg = load_config(ROOT / "configs" / f"{name}.yaml", overrides)
-        t0 = time.perf_counter()
-        result = runs.run(cfg, out_dir, name)
-        wall = time.perf_counter() - t0
-        results[name] = {
-            "members_trained": cfg.ensemble.size,
-            "wall_seconds": wall,
-            "train_seconds": result.training.timing.train_seconds,
-            **_figures(result),
+    from ensemble_core import metrics, runs
+    from ensemble_core.runs.dataset import load
+    from ensemble_core.runs.evaluation import all_members, restore
+    from ensemble_core.runs.pool import final_pool, select_members
+
+    dataset = runs.prepare(cfg.data)
+    run = runs.RunDir(run_dir)
+    pool_cfg, pool_run, _ = (cfg, run, None) if search_pool else final_pool(cfg, run)
+    arrays = run.stratified.path / "search_validation.npz" if search_pool else run.evaluator_arrays("validation")
+    with np.load(arrays) as f:
+        val, val_labels, healthy = f["member_probs"], f["labels"], f["healthy"]
+    state, built = restore(pool_cfg, pool_run.path, dataset.num_classes, dataset.image_shape)
+    images, labels = load(cfg, dataset, "test")
+    test, _ = all_members(pool_cfg, state, built).predict(pool_cfg, images)
+    out = {}
+    for name, spec in VARIANTS.items():
+        raw = pool_cfg.model_dump(mode="json")
+        raw["ensemble"].update(selection=spec, select_size=K)
+        sel_cfg = type(pool_cfg).model_validate(raw, context={"stratified_pool": True})
+        picked = select_members(sel_cfg, val, val_labels, healthy)
+        p = metrics.ensemble_probs(test[picked.members])
+        out[name] = {
+            "validation_nll": picked.validation_nll[-1],
+            "distinct_networks": picked.distinct,
+            "test_nll": metrics.nll(p, labels),
+            "test_accuracy": float(np.mean(np.argmax(p, -1) == labels)),
         }
-        print(f"{name}: {wall:.0f} s, test {results[name]['test']}, rotation {results[name]['rotation_mean']}")
-    results["pool_wall_over_4x_default"] = results["hyper"]["wall_seconds"] / (4 * results["default"]["wall_seconds"])
-    return results
+        print(f"  {name}: {out[name]}")
+    return {"pool_size": int(val.shape[0]), "variants": out}
+
+
+def run_one(method: str, dataset: str, out_dir: Path, data_dir: str | None) -> dict:
+    """One run: its figures, wall time, time per stage and (pools) the selection variants."""
+    from ensemble_core import runs
+
+    cfg = _config(method, dataset, data_dir)
+    seconds: dict = {}
+    t0 = time.perf_counter()
+    result = runs.run(cfg, out_dir, f"{dataset}-{method}", _timed_stages(seconds))
+    wall = time.perf_counter() - t0
+    row = {
+        "members_trained": cfg.ensemble.size
+        + (0 if result.stratification is None else len(result.stratification.training.members)),
+        "wall_seconds": wall,
+        "stage_seconds": seconds,
+        **figures(result),
+    }
+    print(f"{dataset} {method}: {wall:.0f} s {seconds}, test {row['test']}, rotation {row['rotation_mean_nll']}")
+    if method != "deep":
+        row["selection_variants"] = selection_variants(cfg, result.run_dir.path)
+    if method == "hyper_deep":
+        row["selection_variants_search_pool"] = selection_variants(cfg, result.run_dir.path, search_pool=True)
+    return row
+
+
+def quality(out_dir: Path, data_dir: str | None, datasets, methods, report: dict, out: Path) -> None:
+    """Every (dataset, method) run in turn, written to ``out`` after each."""
+    q = report.setdefault("quality", {})
+    for dataset in datasets:
+        for method in methods:
+            q.setdefault(dataset, {})[method] = run_one(method, dataset, out_dir, data_dir)
+            rows = q[dataset]
+            if "deep" in rows and "hyper_deep" in rows:
+                rows["hyper_deep_wall_over_deep"] = rows["hyper_deep"]["wall_seconds"] / rows["deep"]["wall_seconds"]
+            out.write_text(json.dumps(report, indent=2))
 
 
 def throughput(data_dir: str | None, rounds: int = 2) -> dict:
@@ -86,6 +218,7 @@ def throughput(data_dir: str | None, rounds: int = 2) -> dict:
     no_validation = [
         "train.patience=null",
         "ensemble.select_size=null",
+        "ensemble.stratify=null",
         "eval.temperature_scaling=false",
         "data.validation_fraction=0",
     ]
@@ -125,18 +258,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--datasets", nargs="+", choices=sorted(DATASETS), default=list(DATASETS))
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--skip-runs", action="store_true")
+    parser.add_argument("--keep", type=Path, default=None, help="keep the run directories here (a new directory)")
+    parser.add_argument("--skip-throughput", action="store_true")
     args = parser.parse_args()
     import jax
 
-    report: dict = {"backend": jax.default_backend(), "devices": jax.device_count(), "cpus": os.cpu_count()}
     out = args.out or ROOT / "benchmarks" / "results" / f"hyper-{jax.default_backend()}.json"
-    if not args.skip_runs:
+    report: dict = json.loads(out.read_text()) if out.exists() else {}
+    report.update(backend=jax.default_backend(), devices=jax.device_count(), cpus=os.cpu_count())
+    report["quality"] = {k: v for k, v in (report.get("quality") or {}).items() if k in DATASETS}
+    if not args.skip_runs and args.keep:
+        quality(args.keep, args.data_dir, args.datasets, args.methods, report, out)
+    elif not args.skip_runs:
         with tempfile.TemporaryDirectory() as tmp:
-            report["quality"] = quality(Path(tmp), args.data_dir)
+            quality(Path(tmp), args.data_dir, args.datasets, args.methods, report, out)
+    if not args.skip_throughput:
+        report["throughput"] = throughput(args.data_dir)
         out.write_text(json.dumps(report, indent=2))
-    report["throughput"] = throughput(args.data_dir)
-    out.write_text(json.dumps(report, indent=2))
     print(json.dumps({k: v for k, v in report.items() if k != "quality"}, indent=2))
     print(f"written to {out}")
 

@@ -790,3 +790,69 @@ def test_a_refusal_inside_a_task_is_logged_without_its_traceback(prefect_server,
     refused = [r for r in caplog.records if r.name == "prefect.task_runs" and r.levelno >= logging.ERROR]
     assert refused and all(r.exc_info is None for r in refused)
     assert "Traceback" not in caplog.text
+
+
+HYPER_DEEP = [
+    "data.validation_fraction=0.25",
+    "ensemble.search={learning_rate: {distribution: log_uniform, low: 0.02, high: 0.3}}",
+    "ensemble.select_size=2",
+    "ensemble.first_selection={replacement: false}",
+    "ensemble.stratify=2",
+    "eval.evaluators=[test]",
+]
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_a_hyper_deep_ensemble_through_the_cli_stratifies_in_task_runs_and_predicts(
+    prefect_server, tfds_dir, tmp_path, groups
+):
+    """The stratification stage as Prefect shows it: the first selection and the stratified
+    pool in task runs of their own (one per member group with groups), the stratified
+    pool's artifact, and flows.predict serving the final selection's rows."""
+    import asyncio
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.predict import main as predict_main
+    from flows.train_ensemble import main as train_main
+
+    out = tmp_path / "runs"
+    sets = [x for s in [*HYPER_DEEP, f"distributed.member_groups={groups}"] for x in ("--set", s)]
+    assert train_main([*_tiny(tfds_dir), *sets, "--output-dir", str(out), "--run-name", "hd"]) == 0
+    run_dir = out / "hd"
+    report = json.loads((run_dir / "report.json").read_text())
+    strat = report["stratification"]
+    assert len(strat["settings"]) == 2 and len(strat["pool"]) == 4
+
+    async def read():
+        async with get_client() as client:
+            tasks = await client.read_task_runs()
+            arts = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["ensemble-stratified-pool"]))
+            )
+            return tasks, arts
+
+    tasks, arts = asyncio.run(read())
+    done = [r.name.rsplit("-", 1)[0] for r in tasks if r.state and r.state.is_completed()]
+    assert "select_settings" in done
+    if groups == 1:
+        assert "stratify_members" in done
+    else:  # the search pool's groups and the stratified pool's, each a task run
+        assert sum(1 for r in tasks if r.name.startswith("train_member_group") and r.state.is_completed()) >= 4
+    table = json.loads(max(arts, key=lambda a: a.created).data)
+    assert [(row["setting"], row["init"]) for row in table] == [(s, j) for s in strat["settings"] for j in (0, 1)]
+    selection = json.loads((run_dir / "selection.json").read_text())
+    with np.load(run_dir / "predictions.npz") as f:
+        want = f["member_probs"]
+    from ensemble_core import data
+
+    images, _ = data.load_split(
+        data.EMBEDDED, "test", data.prepare(data.EMBEDDED, tfds_dir).tfds_data_dir, limit=want.shape[1]
+    )
+    np.save(tmp_path / "images.npy", images)
+    args = ["--images", str(tmp_path / "images.npy"), "--run-dir", str(run_dir), "--output", str(tmp_path / "p.npz")]
+    assert predict_main(args) == 0
+    with np.load(tmp_path / "p.npz") as f:
+        assert f["members"].tolist() == selection["members"]
+        np.testing.assert_allclose(f["member_probs"], want, atol=1e-5)

@@ -51,6 +51,7 @@ CONFIGS: dict[str, tuple[str, ...]] = {
     "mlp_hyper_selection": (
         "ensemble.size=6",
         "ensemble.select_size=3",
+        "ensemble.selection={replacement: true, bags: 0}",  # the greedy selection it was recorded with
         "ensemble.search.learning_rate={distribution: log_uniform, low: 0.02, high: 0.3}",
         "ensemble.search.schedule={distribution: choice, values: [constant, cosine]}",
         "data.validation_fraction=0.25",

@@ -44,7 +44,7 @@ def _cfg(tfds_dir, *overrides):
         "ensemble.size=4",
         "ensemble.select_size=3",
         "ensemble.stratify=2",
-        "ensemble.selection={replacement: false}",  # three distinct settings: a pool of 6
+        "ensemble.first_selection={replacement: false}",  # three distinct settings: a pool of 6
         f"train.batch_size={BATCH}",
         "train.epochs=2",
         "promotion.enabled=false",
@@ -157,6 +157,11 @@ def test_a_damaged_plan_is_refused_with_one_line(stratified, tmp_path):
         (["ensemble.selection={sorted_init: 4}"], "sorted_init=4 starts from more members"),
         (["ensemble.stratify=0"], "ensemble.stratify"),
         (["ensemble.selection={bags: -1}"], "ensemble.selection.bags"),
+        (["ensemble.first_selection={sorted_init: 4}"], "first_selection.sorted_init=4 starts from more"),
+        (
+            ["ensemble.first_selection={replacement: true}"],
+            "picks 3 distinct members of the stratified pool, but with ensemble.stratify=2 it may hold only 2",
+        ),
     ],
 )
 def test_stratification_misconfigurations_are_one_line_refusals(tfds_dir, tmp_path, overrides, match):

@@ -20,7 +20,7 @@ HYPER_DEEP = [
     "ensemble.search={learning_rate: {distribution: log_uniform, low: 0.02, high: 0.2}, "
     "label_smoothing: {distribution: uniform, low: 0.0, high: 0.1}}",
     "ensemble.select_size=2",
-    "ensemble.selection={replacement: false}",
+    "ensemble.first_selection={replacement: false}",  # two settings, four stratified members
     "ensemble.stratify=2",
     "train.patience=4",  # every member trains every epoch: the kill lands mid-training
 ]

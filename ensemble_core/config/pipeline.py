@@ -107,10 +107,24 @@ class PipelineConfig(Section):
                 f"ensemble.select_size={ens.select_size} is larger than the pool of ensemble.size={ens.size} "
                 f"members; fix: select at most {ens.size}, or train a larger pool"
             )
-        if ens.select_size is not None and ens.selection.sorted_init > ens.select_size:
+        for name, sel in (("selection", ens.selection), ("first_selection", ens.first_selection)):
+            if ens.select_size is not None and sel.sorted_init > ens.select_size:
+                raise ValueError(
+                    f"ensemble.{name}.sorted_init={sel.sorted_init} starts from more members than "
+                    f"ensemble.select_size={ens.select_size} picks; fix: use at most {ens.select_size}"
+                )
+        if (
+            ens.stratify is not None
+            and ens.select_size is not None
+            and ens.stratify < ens.select_size
+            and not ens.selection.replacement
+            and ens.first_selection.replacement
+        ):
             raise ValueError(
-                f"ensemble.selection.sorted_init={ens.selection.sorted_init} starts from more members than "
-                f"ensemble.select_size={ens.select_size} picks; fix: use at most {ens.select_size}"
+                f"ensemble.selection.replacement=false picks {ens.select_size} distinct members of the stratified "
+                f"pool, but with ensemble.stratify={ens.stratify} it may hold only {ens.stratify} (the first selection "
+                f"can keep one setting); fix: set ensemble.stratify to at least {ens.select_size}, or "
+                f"ensemble.first_selection.replacement=false"
             )
         needs = {
             "ensemble.select_size": self.ensemble.select_size is not None,

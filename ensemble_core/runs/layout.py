@@ -88,6 +88,12 @@ class RunDir:
         ]
 
     @property
+    def stratified(self) -> RunDir:
+        """``stratified/``: a hyper-deep ensemble's stratified pool, a run directory of its
+        own (lock, checkpoints, member groups) plus ``plan.json`` (:mod:`ensemble_core.runs.pool`)."""
+        return RunDir(self.path / "stratified")
+
+    @property
     def processes_dir(self) -> Path:
         """``processes/``: the logs of the JAX processes of one program (``num_processes > 1``)."""
         return self.path / "processes"

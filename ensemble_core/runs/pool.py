@@ -26,7 +26,7 @@ import numpy as np
 from ensemble_core import hyper
 from ensemble_core.atomic import atomic_write_json
 from ensemble_core.config import PipelineConfig
-from ensemble_core.errors import CheckpointError
+from ensemble_core.errors import CheckpointError, IncompatibleRunError
 from ensemble_core.rngs import key_layout, stratified_member_keys
 from ensemble_core.runs.keys import MemberKeyData
 from ensemble_core.runs.layout import RunDir
@@ -38,9 +38,10 @@ PADDING_SETTING = 2**32 - 1
 
 
 def select_members(
-    cfg: PipelineConfig, member_probs: np.ndarray, labels: np.ndarray, eligible: np.ndarray
+    cfg: PipelineConfig, member_probs: np.ndarray, labels: np.ndarray, eligible: np.ndarray, *, first: bool = False
 ) -> Selection:
-    """The greedy selection ``ensemble.selection`` asks for, of ``ensemble.select_size`` picks.
+    """The greedy selection ``ensemble.selection`` (with ``first``: ``ensemble.first_selection``,
+    a hyper-deep ensemble's selection from its search pool) asks for, of ``ensemble.select_size`` picks.
 
     Args:
       member_probs: float ``[E, N_val, C]`` validation probabilities of the pool.
@@ -54,7 +55,8 @@ def select_members(
     Raises:
       ValueError: without replacement, fewer eligible members than picks.
     """
-    sel, size = cfg.ensemble.selection, cfg.ensemble.select_size
+    sel = cfg.ensemble.first_selection if first else cfg.ensemble.selection
+    size = cfg.ensemble.select_size
     assert size is not None
     common: dict[str, Any] = {"eligible": eligible, "replacement": sel.replacement, "sorted_init": sel.sorted_init}
     if sel.bags:
@@ -93,7 +95,7 @@ class StratificationPlan:
 
 def stratified_run(run: RunDir) -> RunDir:
     """``<run>/stratified/``: the stratified pool's own run directory."""
-    return RunDir(run.path / "stratified")
+    return run.stratified
 
 
 def plan_path(run: RunDir) -> Path:
@@ -132,6 +134,22 @@ def read_plan(run: RunDir, search_pool: int) -> StratificationPlan | None:
     if not ok:
         raise CheckpointError(f"{path} does not hold a stratification plan; fix: {_REDO}")
     return StratificationPlan(settings=settings, inits=inits, first_selection=raw["first_selection"])
+
+
+def saved_plan(cfg: PipelineConfig, run: RunDir) -> StratificationPlan | None:
+    """The run's stratification plan made for ``cfg`` (None: not made yet).
+
+    Raises:
+      CheckpointError: a damaged plan file (:func:`read_plan`).
+      IncompatibleRunError: the plan was made for another ``ensemble.stratify``.
+    """
+    saved = read_plan(run, cfg.ensemble.size)
+    if saved is not None and saved.inits != cfg.ensemble.stratify:
+        raise IncompatibleRunError(
+            f"'{run.path}' trains its stratified pool with ensemble.stratify={saved.inits}, not "
+            f"{cfg.ensemble.stratify}; fix: rerun with ensemble.stratify={saved.inits}, or use a new run name"
+        )
+    return saved
 
 
 _REDO = "delete the run's stratified/ directory and rerun the run name (the stratified pool trains again)"

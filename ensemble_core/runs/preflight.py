@@ -17,6 +17,7 @@ from ensemble_core.runs.figure_check import check_promotion_figure
 from ensemble_core.runs.launcher import check_mesh_spans_processes
 from ensemble_core.runs.layout import RunDir, run_dir_for
 from ensemble_core.runs.lock import ensure_unlocked
+from ensemble_core.runs.pool import saved_plan, stratified_config
 from ensemble_core.runs.resume import check_resumable
 from ensemble_core.setup import plan, resolve_strategy
 
@@ -106,7 +107,7 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
     run = run_dir_for(output_dir, run_name)
     diskspace.probe_writable(output_dir)  # a file really written, fsynced and removed
     group_dirs = [run.group(g) for g in range(groups)] if groups > 1 else []
-    for where in [run, *group_dirs]:
+    for where in [run, *group_dirs, run.stratified, *run.stratified.existing_groups()]:
         ensure_unlocked(where.path)
     check_scheduler(cfg)
     for name, spec in cfg.eval.evaluators.items():  # each evaluator's options
@@ -118,12 +119,13 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
     check_against_dataset(cfg, dataset)
     check_promotion_figure(cfg, dataset)
     check_memory(cfg, dataset)
-    checked = [(run, mesh_plan.padded_members)] + [(d, group_plan.padded_members) for d in group_dirs]
+    checked = [(run, mesh_plan.padded_members, cfg)] + [(d, group_plan.padded_members, cfg) for d in group_dirs]
     # A run stopped while its member groups trained has checkpoints under groups/<g>/ only:
     # with another group count (e.g. 1, which looks at checkpoints/ alone) it would start
     # over and orphan them, so every group directory with a checkpoint is checked too.
-    checked += [(d, group_plan.padded_members) for d in stopped_groups(run) if d not in group_dirs]
-    for where, members in checked:
+    checked += [(d, group_plan.padded_members, cfg) for d in stopped_groups(run) if d not in group_dirs]
+    checked += stratified_checkpoints(cfg, run)
+    for where, members, where_cfg in checked:
         if not where.has_checkpoint():
             continue
         with EnsembleCheckpointer(where.checkpoints) as ckpt:
@@ -132,8 +134,24 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
             except Exception:  # noqa: BLE001  (a damaged latest step: training falls back itself)
                 meta = None
         if meta is not None:
-            check_resumable(meta, cfg, where.path, members)
+            check_resumable(meta, where_cfg, where.path, members)
     return dataset
+
+
+def stratified_checkpoints(cfg: PipelineConfig, run: RunDir) -> list[tuple[RunDir, int, PipelineConfig]]:
+    """A hyper-deep ensemble's stratified pool with its planned member count and its
+    config, when its plan exists (its checkpoints are then checked against the pool's
+    config, like the run's against ``cfg``).
+
+    Raises:
+      CheckpointError: a damaged ``stratified/plan.json``.
+      IncompatibleRunError: the plan was made for another ``ensemble.stratify``.
+    """
+    saved = saved_plan(cfg, run) if cfg.ensemble.stratify is not None else None
+    if saved is None:
+        return []
+    pool_cfg = stratified_config(cfg, saved)
+    return [(run.stratified, plan(pool_cfg).padded_members, pool_cfg)]
 
 
 def stopped_groups(run: RunDir) -> list[RunDir]:

@@ -22,6 +22,7 @@ RESUMABLE_KEYS = (
     "train.on_divergence",
     "ensemble.select_size",
     "ensemble.selection.*",
+    "ensemble.first_selection.*",
     "ensemble.stratify",
     "data.data_dir",
     "data.manual_dir",

@@ -250,8 +250,10 @@ def _references(run: RunDir) -> tuple[set[Path], set[str], bool]:
 
 
 def _group_dirs(run: RunDir) -> list[Path]:
-    """The member group directories of ``run`` that have a lock file."""
-    return [g.path for g in run.existing_groups() if g.lock.is_file()]
+    """The directories under ``run`` that train with a lock file of their own: member
+    groups, a hyper-deep ensemble's stratified pool (``stratified/``) and its groups."""
+    dirs = [*run.existing_groups(), run.stratified, *run.stratified.existing_groups()]
+    return [d.path for d in dirs if d.lock.is_file()]
 
 
 def _in_progress(run: RunDir) -> bool:
@@ -280,7 +282,8 @@ def _held(run: RunDir) -> Iterator[None]:
 
 def _heavy(run: RunDir) -> list[Path]:
     """What pruning deletes, in its order: the checkpoints first (the step that ends a whole run)."""
-    return [run.checkpoints, run.groups_dir, run.corrupt_checkpoints, run.predictions, run.eval_dir]
+    heavy = [run.checkpoints, run.groups_dir, run.stratified.path, run.corrupt_checkpoints, run.predictions]
+    return [*heavy, run.eval_dir]
 
 
 def _prune(run: RunDir, policy: RetentionConfig) -> tuple[Literal["pruned", "already pruned"], int]:

@@ -18,14 +18,14 @@ from ensemble_core import diskspace, stopping
 from ensemble_core import metrics as metrics_lib
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
-from ensemble_core.errors import DivergenceError, IncompatibleRunError
+from ensemble_core.errors import DivergenceError
 from ensemble_core.runs.dataset import load
 from ensemble_core.runs.evaluation import all_members, restore
 from ensemble_core.runs.groups import train_groups
-from ensemble_core.runs.layout import RunDir
+from ensemble_core.runs.layout import RunDir, atomic_savez
 from ensemble_core.runs.pool import (
     StratificationPlan,
-    read_plan,
+    saved_plan,
     select_members,
     selection_record,
     stratified_config,
@@ -38,8 +38,10 @@ from ensemble_core.runs.results import StratificationSummary, TrainingSummary
 
 def first_selection(cfg: PipelineConfig, dataset: DatasetInfo, run_dir: str | Path) -> StratificationPlan:
     """The settings the stratified pool trains: ``<run>/stratified/plan.json`` when it
-    exists (a resumed run), else the selection ``ensemble.selection`` asks for on the
-    search pool's validation predictions (best-epoch parameters), written there atomically.
+    exists (a resumed run), else the selection ``ensemble.first_selection`` asks for on the
+    search pool's validation predictions (best-epoch parameters), written there atomically
+    after those predictions (``stratified/search_validation.npz``: ``member_probs`` float32
+    ``[E, N_val, C]``, ``labels``, ``healthy``).
 
     Raises:
       CheckpointError: the search pool has no checkpoint, or the plan file is damaged.
@@ -47,27 +49,24 @@ def first_selection(cfg: PipelineConfig, dataset: DatasetInfo, run_dir: str | Pa
       DivergenceError: no healthy member, or fewer than the picks without replacement.
     """
     run = RunDir(Path(run_dir))
-    size, inits = cfg.ensemble.size, cfg.ensemble.stratify
+    inits = cfg.ensemble.stratify
     assert inits is not None
-    saved = read_plan(run, size)
+    saved = saved_plan(cfg, run)
     if saved is not None:
-        if saved.inits != inits:
-            raise IncompatibleRunError(
-                f"'{run.path}' trains its stratified pool with ensemble.stratify={saved.inits}, not {inits}; fix: "
-                f"rerun with ensemble.stratify={saved.inits}, or use a new run name"
-            )
         return saved
     state, setup = restore(cfg, run.path, dataset.num_classes, dataset.image_shape)
     members = all_members(cfg, state, setup)
     images, labels = load(cfg, dataset, "validation")
     probs, _ = members.predict(cfg, images)
     try:
-        picked = select_members(cfg, probs, labels, members.healthy)
+        picked = select_members(cfg, probs, labels, members.healthy, first=True)
     except ValueError as err:
         raise DivergenceError(f"{err} (diverged members are not eligible)") from None
     record = selection_record(picked, [metrics_lib.nll(p, labels) for p in probs], len(labels))
     settings = list(dict.fromkeys(int(m) for m in picked.members))  # distinct, in order of first pick
     plan = StratificationPlan(settings=settings, inits=inits, first_selection=record)
+    arrays = {"member_probs": probs, "labels": labels, "healthy": members.healthy}
+    atomic_savez(run.stratified.path / "search_validation.npz", **arrays)  # what the first selection saw
     write_plan(run, plan)
     return plan
 
