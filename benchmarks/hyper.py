@@ -254,6 +254,38 @@ def throughput(data_dir: str | None, rounds: int = 2) -> dict:
     }
 
 
+NAMES = {
+    "deep": "deep ensemble of 8 (one setting, 8 initialisations)",
+    "hyper": "hyper ensemble (search of 32, greedy with replacement, 8 picks)",
+    "hyper_deep": "hyper-deep ensemble (`configs/hyper.yaml`)",
+}
+
+
+def table(report: dict) -> str:
+    """The README's table (markdown) from a results file's ``quality``."""
+
+    def f(x, digits=4):
+        return "-" if x is None else f"{x:.{digits}f}"
+
+    lines = [
+        "| dataset | ensemble of K = 8 | distinct networks | test accuracy | NLL | ECE | mean NLL, 13 rotations "
+        "| OOD AUROC (MI), letters | OOD AUROC (MI), Fashion-MNIST | wall time |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for dataset, rows in (report.get("quality") or {}).items():
+        for method in METHODS:
+            if method not in rows:
+                continue
+            r = rows[method]
+            ood = r["ood_auroc_mutual_information"]
+            lines.append(
+                f"| `{dataset}` | {NAMES[method]} | {r['distinct_networks']} | {f(r['test']['accuracy'], 3)} | "
+                f"{f(r['test']['nll'])} | {f(r['test']['ece'])} | {f(r['rotation_mean_nll'], 3)} | "
+                f"{f(ood['letters'], 3)} | {f(ood['fashion_mnist'], 3)} | {r['wall_seconds']:.0f} s |"
+            )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
@@ -263,8 +295,13 @@ def main() -> None:
     parser.add_argument("--skip-runs", action="store_true")
     parser.add_argument("--keep", type=Path, default=None, help="keep the run directories here (a new directory)")
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--table", action="store_true", help="print the README's table from --out and stop")
     args = parser.parse_args()
     import jax
+
+    if args.table:
+        print(table(json.loads((args.out or ROOT / "benchmarks" / "results" / "hyper-cpu.json").read_text())))
+        return
 
     out = args.out or ROOT / "benchmarks" / "results" / f"hyper-{jax.default_backend()}.json"
     report: dict = json.loads(out.read_text()) if out.exists() else {}
