@@ -63,6 +63,7 @@ def stratified(tmp_path_factory, tfds_dir):
     return cfg, result
 
 
+@pytest.mark.slow  # a hyper-deep run (about 10 s)
 def test_stratified_members_equal_each_setting_and_initialisation_trained_alone(stratified, tfds_dir):
     cfg, result = stratified
     strat = result.stratification
@@ -102,6 +103,7 @@ def test_stratified_members_equal_each_setting_and_initialisation_trained_alone(
     )
 
 
+@pytest.mark.slow  # a hyper-deep run (about 10 s)
 def test_stratified_run_reports_the_first_selection_the_pool_and_the_final_selection(stratified):
     cfg, result = stratified
     run = result.run_dir
@@ -135,6 +137,7 @@ def test_stratified_run_reports_the_first_selection_the_pool_and_the_final_selec
     np.testing.assert_allclose(out["member_probs"], images[:, :20], atol=1e-6)
 
 
+@pytest.mark.slow  # a hyper-deep run (about 10 s)
 def test_a_damaged_plan_is_refused_with_one_line(stratified, tmp_path):
     import shutil
 
