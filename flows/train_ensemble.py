@@ -34,6 +34,7 @@ from flows import _outcome
 from flows import _server
 from flows import _cli
 from flows._cli import EXIT_BAD_INPUT, report_error
+from tasks._cluster import preflight as cluster_preflight
 from tasks.champion import compare_with_champion
 from tasks.evaluate import evaluate_members
 from tasks.prepare_dataset import prepare_stage
@@ -47,7 +48,7 @@ DEFAULT_OUTPUT_DIR = "runs"
 
 # The sequence of ensemble_core.runs.run, each stage a Prefect task.
 STAGES = runs.Stages(
-    preflight=runs.preflight,
+    preflight=cluster_preflight,
     prepare=prepare_stage,
     check_unchanged=check_unchanged,
     detect_drift=detect_drift,
@@ -216,7 +217,7 @@ def _main(args: argparse.Namespace, run_name: str) -> int:
         print(f"error: {down}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        runs.preflight(config, args.output_dir, run_name)
+        cluster_preflight(config, args.output_dir, run_name)
     except EnsembleError as err:
         return report_error(err)
     # The flow preflights again (a dataset prepared just now is reused: milliseconds).

@@ -1,0 +1,135 @@
+"""Simulated hosts for the multi-host tests: Linux network namespaces joined by a bridge.
+
+Each host is a network namespace with its own loopback and one address on a private
+link-local segment (``169.254.77.0/24``, which exists only inside this machine): a veth
+pair joins it to a bridge in the test's own namespace, which holds ``169.254.77.1`` (the
+"client host"). Processes started on a host (:meth:`Cluster.start`) see only that host's
+network and, with ``hostname``, their own host name (a UTS namespace of their own). The
+file system is shared by every host, as a cluster shares its run directory over NFS.
+
+Everything is named ``ensh<pid>...`` and removed on exit, also when the test fails;
+:func:`leaks` lists what is left of any earlier cluster (for the tests to assert none).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+PREFIX = "ensh"
+SUBNET = "169.254.77"
+CLIENT_ADDRESS = f"{SUBNET}.1"
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
+
+
+def unavailable() -> str | None:
+    """Why simulated hosts cannot be made here (one line), or None when they can."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None or shutil.which("unshare") is None:
+        return "the ip and unshare commands (iproute2, util-linux) are not installed"
+    probe = f"{PREFIX}probe{os.getpid()}"
+    try:
+        made = _ip("netns", "add", probe, check=False)
+        if made.returncode != 0:
+            return f"the kernel refuses a network namespace: {made.stderr.strip()}"
+    finally:
+        _ip("netns", "del", probe, check=False)
+    return None
+
+
+@dataclasses.dataclass
+class Host:
+    name: str
+    namespace: str
+    address: str
+    link: str  # the veth end in the client's namespace: set it down to cut the host off
+
+
+@dataclasses.dataclass
+class Cluster:
+    hosts: dict[str, Host]
+    processes: list[subprocess.Popen] = dataclasses.field(default_factory=list)
+
+    def start(
+        self, host: str, argv: Sequence[str], *, env: dict | None = None, log: Path | None = None
+    ) -> subprocess.Popen:
+        """Start ``argv`` on ``host`` (its network namespace, and a UTS namespace whose host
+        name is the host's name); stdout and stderr to ``log`` (or discarded)."""
+        h = self.hosts[host]
+        cmd = ["ip", "netns", "exec", h.namespace, "unshare", "--uts", "sh", "-c", 'hostname "$0"; exec "$@"']
+        out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115  (closed with the process)
+        p = subprocess.Popen([*cmd, h.name, *argv], env=env, stdout=out, stderr=subprocess.STDOUT)
+        self.processes.append(p)
+        return p
+
+    def cut(self, host: str) -> None:
+        """Cut ``host`` off the network (its link down), as a pulled cable or a dead switch port."""
+        _ip("link", "set", self.hosts[host].link, "down")
+
+
+def _pids(namespace: str) -> list[int]:
+    out = _ip("netns", "pids", namespace, check=False).stdout
+    return [int(p) for p in out.split()]
+
+
+@contextlib.contextmanager
+def cluster(names: Sequence[str]) -> Iterator[Cluster]:
+    """Hosts ``names`` (at ``169.254.77.10``, ``.11``, ...), torn down on exit: every
+    process started on them killed, namespaces, veths and the bridge deleted."""
+    tag = f"{PREFIX}{os.getpid() % 100000}"
+    bridge = f"{tag}br"
+    made = Cluster(hosts={})
+    try:
+        _ip("link", "add", bridge, "type", "bridge")
+        _ip("addr", "add", f"{CLIENT_ADDRESS}/24", "dev", bridge)
+        _ip("link", "set", bridge, "up")
+        for i, name in enumerate(names):
+            ns, outer, inner = f"{tag}-{name}", f"{tag}v{i}", f"{tag}p{i}"
+            _ip("netns", "add", ns)
+            _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+            _ip("link", "set", inner, "netns", ns)
+            _ip("link", "set", outer, "master", bridge, "up")
+            address = f"{SUBNET}.{10 + i}"
+            _ip("netns", "exec", ns, "ip", "addr", "add", f"{address}/24", "dev", inner)
+            _ip("netns", "exec", ns, "ip", "link", "set", inner, "up")
+            _ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+            made.hosts[name] = Host(name=name, namespace=ns, address=address, link=outer)
+        yield made
+    finally:
+        for p in made.processes:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGKILL)
+        for h in made.hosts.values():  # anything a host's processes started in turn
+            for pid in _pids(h.namespace):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        for p in made.processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        for h in made.hosts.values():
+            while _pids(h.namespace) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            _ip("netns", "del", h.namespace, check=False)
+            # A namespace lives on (with its veth) while anything holds it; deleting our end
+            # of the pair removes both ends at once.
+            _ip("link", "del", h.link, check=False)
+        _ip("link", "del", bridge, check=False)
+
+
+def leaks() -> list[str]:
+    """Namespaces and links named like a cluster's that exist now."""
+    namespaces = [line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines() if line]
+    links = [line.split(":")[1].strip().split("@")[0] for line in _ip("-o", "link", check=False).stdout.splitlines()]
+    return [n for n in [*namespaces, *links] if n.startswith(PREFIX)]

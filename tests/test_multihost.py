@@ -1,0 +1,239 @@
+"""Several hosts for real: simulated hosts (network namespaces, tests/netns.py) running a
+Prefect server with an auth string and a Dask scheduler behind TLS with the operator's
+own certificates (tests/tlscerts.py), and Dask workers on two other hosts training the
+member groups. Skipped, with one line, where the kernel gives no network namespaces."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests import netns
+from tests.tlscerts import CertificateAuthority
+
+pytestmark = [
+    pytest.mark.slow,  # servers and workers on simulated hosts
+    pytest.mark.skipif(netns.unavailable() is not None, reason=f"no simulated hosts: {netns.unavailable()}"),
+]
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+AUTH = "ensemble:cluster-secret"
+
+
+def _wait_for(check, what: str, timeout: float = 120.0, procs=()) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        for p in procs:
+            assert p.poll() is None, f"{what}: a process it needs exited with {p.returncode}"
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: not ready after {timeout:.0f} s")
+
+
+def _connects(address: str, port: int) -> bool:
+    try:
+        socket.create_connection((address, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_simulated_hosts_are_separate_and_leave_nothing_behind(tmp_path):
+    """Each host has its own address, loopback and host name; all of it, and every process
+    started on a host, is gone when the cluster's block ends, also by an exception."""
+    server = (
+        "import socket,sys; s=socket.socket(); s.bind((sys.argv[1], 9100)); s.listen()\n"
+        "while True:\n c,a=s.accept(); c.sendall((socket.gethostname()+' '+a[0]).encode()); c.close()"
+    )
+    client = (
+        "import socket,sys; c=socket.create_connection((sys.argv[1], 9100), timeout=5);"
+        "print(socket.gethostname(), c.recv(100).decode())"
+    )
+    with pytest.raises(RuntimeError, match="the test's own failure"), netns.cluster(["alpha", "beta"]) as hosts:
+        beta = hosts.hosts["beta"].address
+        hosts.start("beta", [PY, "-c", server, beta])
+        _wait_for(lambda: _connects(beta, 9100), "a server on beta")  # from the client host, through the bridge
+        log = tmp_path / "alpha.log"
+        hosts.start("alpha", [PY, "-c", client, beta], log=log).wait(timeout=30)
+        assert log.read_text().split() == ["alpha", "beta", hosts.hosts["alpha"].address]
+        own = hosts.start("alpha", [PY, "-c", client, "127.0.0.1"], log=tmp_path / "lo.log")
+        assert own.wait(timeout=30) != 0  # beta's server is not on alpha's loopback
+        sleeper = hosts.start("alpha", ["sleep", "600"])
+        raise RuntimeError("the test's own failure")
+    assert sleeper.poll() is not None
+    assert netns.leaks() == []
+
+
+@pytest.fixture(scope="module")
+def cluster_hosts(tmp_path_factory):
+    """A scheduler host running a Prefect server (auth string) and a TLS Dask scheduler,
+    and two worker hosts each running one Dask worker; yields what a user's config needs."""
+    tmp = tmp_path_factory.mktemp("cluster")
+    ca = CertificateAuthority(tmp / "pki")
+    with netns.cluster(["scheduler", "worker1", "worker2"]) as hosts:
+        sched = hosts.hosts["scheduler"].address
+        api = f"http://{sched}:4200/api"
+        server_env = {
+            **os.environ,
+            "PREFECT_HOME": str(tmp / "prefect-home"),
+            "PREFECT_SERVER_API_AUTH_STRING": AUTH,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        }
+        server_env.pop("PREFECT_API_URL", None)
+        server = hosts.start(
+            "scheduler",
+            [str(Path(PY).parent / "prefect"), "server", "start", "--host", sched, "--port", "4200"],
+            env=server_env,
+            log=tmp / "prefect-server.log",
+        )
+        cert, key = ca.issue("scheduler", [sched])
+        scheduler = hosts.start(
+            "scheduler",
+            [
+                *(PY, "-m", "distributed.cli.dask_scheduler", "--protocol", "tls", "--host", sched, "--port", "8786"),
+                *("--tls-ca-file", str(ca.ca_file), "--tls-cert", str(cert), "--tls-key", str(key), "--no-dashboard"),
+            ],
+            log=tmp / "dask-scheduler.log",
+        )
+        worker_env = {
+            **os.environ,
+            "PREFECT_API_URL": api,
+            "PREFECT_API_AUTH_STRING": AUTH,
+            "PYTHONPATH": str(ROOT),
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        }
+        for name in ("worker1", "worker2"):
+            address = hosts.hosts[name].address
+            wcert, wkey = ca.issue(name, [address])
+            hosts.start(
+                name,
+                [
+                    *(PY, "-m", "distributed.cli.dask_worker", f"tls://{sched}:8786", "--host", address),
+                    *("--name", name, "--nthreads", "1", "--nworkers", "1", "--no-dashboard"),
+                    *("--tls-ca-file", str(ca.ca_file), "--tls-cert", str(wcert), "--tls-key", str(wkey)),
+                ],
+                env=worker_env,
+                log=tmp / f"dask-{name}.log",
+            )
+
+        def api_up() -> bool:
+            req = urllib.request.Request(f"{api}/health")
+            req.add_header("Authorization", "Basic " + __import__("base64").b64encode(AUTH.encode()).decode())
+            try:
+                return urllib.request.urlopen(req, timeout=2).status == 200
+            except OSError:
+                return False
+
+        _wait_for(api_up, "the Prefect server on the scheduler host", 180, [server])
+        _wait_for(lambda: _connects(sched, 8786), "the Dask scheduler", 60, [scheduler])
+        client_cert, client_key = ca.issue("client", [netns.CLIENT_ADDRESS])
+        yield {
+            "hosts": hosts,
+            "tmp": tmp,
+            "ca": ca,
+            "api": api,
+            "sets": [
+                "distributed.member_groups=2",
+                "distributed.task_runner=dask",
+                f"distributed.address=tls://{sched}:8786",
+                f"distributed.tls_ca_file={ca.ca_file}",
+                f"distributed.tls_cert={client_cert}",
+                f"distributed.tls_key={client_key}",
+            ],
+        }
+    assert netns.leaks() == []
+
+
+def _cli(cluster, tfds_dir, out: Path, name: str, *sets: str, auth: str | None = AUTH):
+    env = {**os.environ, "PREFECT_API_URL": cluster["api"]}
+    env.pop("PREFECT_API_AUTH_STRING", None)
+    if auth:
+        env["PREFECT_API_AUTH_STRING"] = auth
+    args = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", f"data.data_dir={tfds_dir}"]
+    for s in sets:
+        args += ["--set", s]
+    return subprocess.run(
+        [PY, "-m", "flows.train_ensemble", *args, "--output-dir", str(out), "--run-name", name],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_member_groups_on_two_hosts_over_tls_equal_one_program(cluster_hosts, tfds_dir, tmp_path):
+    """member_groups=2 on the remote TLS scheduler: each group's task run on its own host
+    (the topology names it), the members equal one program's."""
+    from ensemble_core import runs
+    from ensemble_core.config import load_config
+    from tests.ensembles import predictions
+
+    done = _cli(cluster_hosts, tfds_dir, tmp_path / "runs", "two-hosts", *cluster_hosts["sets"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "runs" / "two-hosts"
+    topology = json.loads((run / "report.json").read_text())["topology"]
+    assert sorted(t["host"] for t in topology) == ["worker1", "worker2"]
+    addresses = {cluster_hosts["hosts"].hosts[t["host"]].address for t in topology}
+    assert all(t["worker"].split("//")[1].split(":")[0] in addresses for t in topology)
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", [f"data.data_dir={tfds_dir}", "promotion.enabled=false"])
+    one = runs.run(cfg, tmp_path / "one", "one")  # one program, in this process
+    np.testing.assert_allclose(
+        predictions(run)["member_probs"], predictions(one.run_dir.path)["member_probs"], atol=2e-5
+    )
+
+
+def _refusal_sets(cluster, case: str) -> tuple[list[str], str | None]:
+    sets, auth = list(cluster["sets"]), AUTH
+    ca, tmp = cluster["ca"], cluster["tmp"]
+    if case == "wrong-ca":
+        stranger = CertificateAuthority(tmp / "stranger", "stranger")
+        cert, key = stranger.issue("client", [netns.CLIENT_ADDRESS])
+        sets[3:6] = [f"distributed.tls_ca_file={stranger.ca_file}", f"distributed.tls_cert={cert}"]
+        sets.append(f"distributed.tls_key={key}")
+    elif case == "expired-certificate":
+        cert, key = ca.issue("client", [netns.CLIENT_ADDRESS], expired=True)
+        sets[4:6] = [f"distributed.tls_cert={cert}", f"distributed.tls_key={key}"]
+    elif case == "mismatched-key":
+        _, other_key = ca.issue("someone-else", [netns.CLIENT_ADDRESS])
+        sets[5] = f"distributed.tls_key={other_key}"
+    elif case == "tcp-to-tls":
+        sets = [s.replace("tls://", "tcp://") for s in sets if "tls_" not in s]
+    elif case == "no-auth-string":
+        auth = None
+    return sets, auth
+
+
+@pytest.mark.parametrize(
+    "case, fragment",
+    [
+        ("wrong-ca", "certificate"),
+        ("expired-certificate", "certificate"),
+        ("mismatched-key", "key"),
+        ("tcp-to-tls", "tls"),
+        ("no-auth-string", "PREFECT_API_AUTH_STRING"),
+    ],
+)
+def test_cluster_misconfigurations_are_one_line_refusals_before_training(
+    cluster_hosts, tfds_dir, tmp_path, case, fragment
+):
+    sets, auth = _refusal_sets(cluster_hosts, case)
+    t0 = time.monotonic()
+    done = _cli(cluster_hosts, tfds_dir, tmp_path / "runs", "refused", *sets, auth=auth)
+    print(case, done.returncode, round(time.monotonic() - t0, 1), repr(done.stderr[-1500:]))
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "fix:" in lines[0], done.stderr[-2000:]
+    assert fragment.lower() in lines[0].lower()
+    assert not (tmp_path / "runs" / "refused" / "checkpoints").exists()
