@@ -4,8 +4,10 @@ Each host is a network namespace with its own loopback and one address on a priv
 link-local segment (``169.254.77.0/24``, which exists only inside this machine): a veth
 pair joins it to a bridge in the test's own namespace, which holds ``169.254.77.1`` (the
 "client host"). Processes started on a host (:meth:`Cluster.start`) see only that host's
-network and, with ``hostname``, their own host name (a UTS namespace of their own). The
-file system is shared by every host, as a cluster shares its run directory over NFS.
+network, their own host name (a UTS namespace) and an ``/etc/hosts`` that resolves every
+host's name (a mount namespace with that file bound over it: gloo, JAX's CPU collectives,
+resolves its own host name). The rest of the file system is shared by every host, as a
+cluster shares its run directory over NFS.
 
 Everything is named ``ensh<pid>...`` and removed on exit, also when the test fails;
 :func:`leaks` lists what is left of any earlier cluster (for the tests to assert none).
@@ -19,6 +21,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -59,17 +62,20 @@ class Host:
 @dataclasses.dataclass
 class Cluster:
     hosts: dict[str, Host]
+    hosts_file: Path
     processes: list[subprocess.Popen] = dataclasses.field(default_factory=list)
 
     def start(
         self, host: str, argv: Sequence[str], *, env: dict | None = None, log: Path | None = None
     ) -> subprocess.Popen:
-        """Start ``argv`` on ``host`` (its network namespace, and a UTS namespace whose host
-        name is the host's name); stdout and stderr to ``log`` (or discarded)."""
+        """Start ``argv`` on ``host``: its network namespace, a UTS namespace whose host name
+        is the host's name, and a mount namespace whose ``/etc/hosts`` resolves every host
+        of the cluster (as a cluster's DNS does); stdout and stderr to ``log`` (or discarded)."""
         h = self.hosts[host]
-        cmd = ["ip", "netns", "exec", h.namespace, "unshare", "--uts", "sh", "-c", 'hostname "$0"; exec "$@"']
+        script = 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"'
+        cmd = ["ip", "netns", "exec", h.namespace, "unshare", "--uts", "--mount", "sh", "-c", script]
         out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115  (closed with the process)
-        p = subprocess.Popen([*cmd, h.name, *argv], env=env, stdout=out, stderr=subprocess.STDOUT)
+        p = subprocess.Popen([*cmd, h.name, str(self.hosts_file), *argv], env=env, stdout=out, stderr=subprocess.STDOUT)
         self.processes.append(p)
         return p
 
@@ -89,7 +95,7 @@ def cluster(names: Sequence[str]) -> Iterator[Cluster]:
     process started on them killed, namespaces, veths and the bridge deleted."""
     tag = f"{PREFIX}{os.getpid() % 100000}"
     bridge = f"{tag}br"
-    made = Cluster(hosts={})
+    made = Cluster(hosts={}, hosts_file=Path(tempfile.mkdtemp(prefix=tag)) / "hosts")
     try:
         _ip("link", "add", bridge, "type", "bridge")
         _ip("addr", "add", f"{CLIENT_ADDRESS}/24", "dev", bridge)
@@ -105,6 +111,9 @@ def cluster(names: Sequence[str]) -> Iterator[Cluster]:
             _ip("netns", "exec", ns, "ip", "link", "set", inner, "up")
             _ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
             made.hosts[name] = Host(name=name, namespace=ns, address=address, link=outer)
+        names = [f"{h.address} {h.name}" for h in made.hosts.values()]
+        lines = ["127.0.0.1 localhost", f"{CLIENT_ADDRESS} client", *names]
+        made.hosts_file.write_text("\n".join(lines) + "\n")
         yield made
     finally:
         for p in made.processes:
@@ -126,6 +135,7 @@ def cluster(names: Sequence[str]) -> Iterator[Cluster]:
             # of the pair removes both ends at once.
             _ip("link", "del", h.link, check=False)
         _ip("link", "del", bridge, check=False)
+        shutil.rmtree(made.hosts_file.parent, ignore_errors=True)
 
 
 def leaks() -> list[str]:

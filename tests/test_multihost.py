@@ -237,3 +237,55 @@ def test_cluster_misconfigurations_are_one_line_refusals_before_training(
     assert len(lines) == 1 and lines[0].startswith("error: ") and "fix:" in lines[0], done.stderr[-2000:]
     assert fragment.lower() in lines[0].lower()
     assert not (tmp_path / "runs" / "refused" / "checkpoints").exists()
+
+
+def test_jax_processes_started_once_per_host_train_one_program(tfds_dir, tmp_path):
+    """The cluster entry point, started once per host as a SLURM step starts it (the
+    coordinator's address and each process's rank in the environment, nothing on the
+    command line), trains one program whose members equal one process's."""
+    import jax
+
+    from ensemble_core import runs
+    from ensemble_core.config import load_config
+    from ensemble_core.runs.evaluation import restore
+    from ensemble_core.train import unstacked
+
+    common = [f"data.data_dir={tfds_dir}", "ensemble.size=4", "mesh.data=2", "promotion.enabled=false"]
+    run = tmp_path / "runs" / "cluster"
+    with netns.cluster(["node1", "node2"]) as hosts:
+        first, second = hosts.hosts["node1"].address, hosts.hosts["node2"].address
+        procs = []
+        for rank, name in enumerate(("node1", "node2")):
+            env = {
+                **os.environ,
+                "XLA_FLAGS": "--xla_force_host_platform_device_count=4",  # 2 x 4 = the 8 devices of one process
+                "JAX_COORDINATOR_ADDRESS": f"{first}:7123",
+                "SLURM_JOB_ID": "4242",
+                "SLURM_STEP_NODELIST": f"{first},{second}",
+                "SLURM_NTASKS": "2",
+                "SLURM_PROCID": str(rank),
+                "SLURM_LOCALID": "0",
+                "PYTHONPATH": str(ROOT),
+            }
+            argv = [PY, "-m", "ensemble_core.runs.processes", str(run), "--config", str(ROOT / "configs" / "tiny.yaml")]
+            for s in [*common, "distributed.num_processes=2"]:
+                argv += ["--set", s]
+            procs.append(hosts.start(name, argv, env=env, log=tmp_path / f"{name}.log"))
+        codes = [p.wait(timeout=600) for p in procs]
+    assert codes == [0, 0], (tmp_path / "node1.log").read_text()[-2000:] + (tmp_path / "node2.log").read_text()[-2000:]
+    summary = next(
+        json.loads(line)["summary"]
+        for line in (tmp_path / "node1.log").read_text().splitlines()
+        if line.startswith('{"summary"')
+    )
+    assert summary["topology"][0]["processes"] == 2 and summary["topology"][0]["host"] == "node1"
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", common)
+    one = runs.run(cfg, tmp_path / "runs", "one")  # one process, in this one
+    dataset = runs.prepare(cfg.data)
+    a, _ = restore(cfg, run, dataset.num_classes, dataset.image_shape)
+    b, _ = restore(cfg, one.run_dir.path, dataset.num_classes, dataset.image_shape)
+    for m in range(4):
+        pairs = zip(jax.tree.leaves(unstacked(a.params, m)), jax.tree.leaves(unstacked(b.params, m)), strict=True)
+        for x, y in pairs:
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)  # gloo's all-reduce order
+    assert netns.leaks() == []
