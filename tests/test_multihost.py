@@ -289,3 +289,59 @@ def test_jax_processes_started_once_per_host_train_one_program(tfds_dir, tmp_pat
         for x, y in pairs:
             np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)  # gloo's all-reduce order
     assert netns.leaks() == []
+
+
+def test_a_worker_host_killed_mid_training_its_group_resumes_on_the_other_host(cluster_hosts, tfds_dir, tmp_path):
+    """Every process of the host training group 0 killed once the group has saved a
+    checkpoint (the host gone): the scheduler sees the worker's connection drop, runs the
+    group's task again on the other host, the group resumes from its own checkpoint on
+    the shared run directory, and the members equal one program's. Runs last: the
+    cluster has one worker host fewer afterwards."""
+    from ensemble_core import runs
+    from ensemble_core.config import load_config
+    from tests.ensembles import predictions
+
+    slow = ["model.name=cnn", "data.max_train_examples=1280", "train.epochs=4", "promotion.enabled=false"]
+    env = {**os.environ, "PREFECT_API_URL": cluster_hosts["api"], "PREFECT_API_AUTH_STRING": AUTH}
+    args = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", f"data.data_dir={tfds_dir}"]
+    for s in [*cluster_hosts["sets"], *slow]:
+        args += ["--set", s]
+    out = tmp_path / "runs"
+    proc = subprocess.Popen(
+        [PY, "-m", "flows.train_ensemble", *args, "--output-dir", str(out), "--run-name", "killed"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    group0 = out / "killed" / "groups" / "0"
+    deadline = time.monotonic() + 300
+    while not any(p.name.isdigit() for p in (group0 / "checkpoints").glob("*")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.1)
+    trainer = int((group0 / ".lock").read_text())
+    namespace = subprocess.run(["ip", "netns", "identify", str(trainer)], capture_output=True, text=True).stdout
+    victim = next(h for h in cluster_hosts["hosts"].hosts.values() if h.namespace == namespace.strip())
+    killed_at = time.monotonic()
+    for pid in subprocess.run(["ip", "netns", "pids", victim.namespace], capture_output=True, text=True).stdout.split():
+        os.kill(int(pid), 9)
+    resumed = None
+    while proc.poll() is None:
+        lock = group0 / ".lock"
+        if resumed is None and lock.is_file() and lock.read_text().strip() not in ("", str(trainer)):
+            resumed = time.monotonic() - killed_at
+        time.sleep(0.1)
+    _, err = proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    report = json.loads((out / "killed" / "report.json").read_text())
+    survivor = next(name for name in ("worker1", "worker2") if name != victim.name)
+    assert {t["host"] for t in report["topology"]} == {survivor}  # group 0 finished on the other host
+    sessions = [s for s in report["training_sessions"] if s.get("group") == 0]
+    assert len(sessions) == 2 and sessions[1]["start_epoch"] >= 1  # resumed from its checkpoint, not restarted
+    print(f"host {victim.name} killed; group 0 resumed on {survivor} {resumed:.1f} s later")
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", [f"data.data_dir={tfds_dir}", *slow])
+    one = runs.run(cfg, tmp_path / "one", "one")
+    np.testing.assert_allclose(
+        predictions(out / "killed")["member_probs"], predictions(one.run_dir.path)["member_probs"], atol=2e-5
+    )
