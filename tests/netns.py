@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import shutil
 import signal
@@ -27,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 PREFIX = "ensh"
+_serial = itertools.count()
 SUBNET = "169.254.77"
 CLIENT_ADDRESS = f"{SUBNET}.1"
 
@@ -61,6 +63,7 @@ class Host:
 
 @dataclasses.dataclass
 class Cluster:
+    tag: str  # the prefix of its namespaces and links
     hosts: dict[str, Host]
     hosts_file: Path
     processes: list[subprocess.Popen] = dataclasses.field(default_factory=list)
@@ -93,11 +96,15 @@ def _pids(namespace: str) -> list[int]:
 def cluster(names: Sequence[str]) -> Iterator[Cluster]:
     """Hosts ``names`` (at ``169.254.77.10``, ``.11``, ...), torn down on exit: every
     process started on them killed, namespaces, veths and the bridge deleted."""
-    tag = f"{PREFIX}{os.getpid() % 100000}"
+    # Unique per cluster (several may be up at once in one process, e.g. a module's and a
+    # test's own), and at most 15 characters with the suffixes below (Linux's IFNAMSIZ).
+    tag = f"{PREFIX}{os.getpid() % 100000}{next(_serial) % 100}"
     bridge = f"{tag}br"
-    made = Cluster(hosts={}, hosts_file=Path(tempfile.mkdtemp(prefix=tag)) / "hosts")
+    made = Cluster(tag=tag, hosts={}, hosts_file=Path(tempfile.mkdtemp(prefix=tag)) / "hosts")
+    bridge_made = False
     try:
         _ip("link", "add", bridge, "type", "bridge")
+        bridge_made = True
         _ip("addr", "add", f"{CLIENT_ADDRESS}/24", "dev", bridge)
         _ip("link", "set", bridge, "up")
         for i, name in enumerate(names):
@@ -134,12 +141,14 @@ def cluster(names: Sequence[str]) -> Iterator[Cluster]:
             # A namespace lives on (with its veth) while anything holds it; deleting our end
             # of the pair removes both ends at once.
             _ip("link", "del", h.link, check=False)
-        _ip("link", "del", bridge, check=False)
+        if bridge_made:  # never another cluster's
+            _ip("link", "del", bridge, check=False)
         shutil.rmtree(made.hosts_file.parent, ignore_errors=True)
 
 
-def leaks() -> list[str]:
-    """Namespaces and links named like a cluster's that exist now."""
+def leaks(prefix: str = PREFIX) -> list[str]:
+    """Namespaces and links whose names start with ``prefix`` (default: any cluster's; a
+    :attr:`Cluster.tag`: that cluster's) that exist now."""
     namespaces = [line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines() if line]
     links = [line.split(":")[1].strip().split("@")[0] for line in _ip("-o", "link", check=False).stdout.splitlines()]
-    return [n for n in [*namespaces, *links] if n.startswith(PREFIX)]
+    return [n for n in [*namespaces, *links] if n.startswith(prefix)]

@@ -70,9 +70,10 @@ def test_simulated_hosts_are_separate_and_leave_nothing_behind(tmp_path):
         own = hosts.start("alpha", [PY, "-c", client, "127.0.0.1"], log=tmp_path / "lo.log")
         assert own.wait(timeout=30) != 0  # beta's server is not on alpha's loopback
         sleeper = hosts.start("alpha", ["sleep", "600"])
+        tag = hosts.tag
         raise RuntimeError("the test's own failure")
     assert sleeper.poll() is not None
-    assert netns.leaks() == []
+    assert netns.leaks(tag) == []
 
 
 @pytest.fixture(scope="module")
@@ -272,6 +273,7 @@ def test_jax_processes_started_once_per_host_train_one_program(tfds_dir, tmp_pat
                 argv += ["--set", s]
             procs.append(hosts.start(name, argv, env=env, log=tmp_path / f"{name}.log"))
         codes = [p.wait(timeout=600) for p in procs]
+        tag = hosts.tag
     assert codes == [0, 0], (tmp_path / "node1.log").read_text()[-2000:] + (tmp_path / "node2.log").read_text()[-2000:]
     summary = next(
         json.loads(line)["summary"]
@@ -288,7 +290,7 @@ def test_jax_processes_started_once_per_host_train_one_program(tfds_dir, tmp_pat
         pairs = zip(jax.tree.leaves(unstacked(a.params, m)), jax.tree.leaves(unstacked(b.params, m)), strict=True)
         for x, y in pairs:
             np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)  # gloo's all-reduce order
-    assert netns.leaks() == []
+    assert netns.leaks(tag) == []
 
 
 def test_a_worker_host_killed_mid_training_its_group_resumes_on_the_other_host(cluster_hosts, tfds_dir, tmp_path):
