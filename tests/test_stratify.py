@@ -18,7 +18,7 @@ from ensemble_core.config import load_config
 from ensemble_core.errors import CheckpointError, ConfigError
 from ensemble_core.runs.dataset import load
 from ensemble_core.runs.evaluation import restore
-from ensemble_core.runs.pool import final_pool, plan_path, stratified_run
+from ensemble_core.runs.pool import final_pool, plan_path
 from ensemble_core.train import unstacked
 from tests.oracles import train_member_alone
 from tests.test_hyper import _optax_schedule
@@ -148,7 +148,7 @@ def test_a_damaged_plan_is_refused_with_one_line(stratified, tmp_path):
     with pytest.raises(CheckpointError, match=r"stratified/plan\.json is damaged") as err:
         final_pool(cfg, runs.RunDir(copy))
     assert "\n" not in str(err.value) and "fix:" in str(err.value)
-    assert stratified_run(runs.RunDir(copy)).path.is_dir()  # nothing deleted
+    assert runs.RunDir(copy).stratified.path.is_dir()  # nothing deleted
 
 
 @pytest.mark.parametrize(

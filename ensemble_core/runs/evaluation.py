@@ -160,15 +160,11 @@ def choose_members(
         atomic_savez(run.evaluator_arrays("validation"), member_probs=probs, labels=labels, healthy=members.healthy)
     member_nll = [metrics_lib.nll(p, labels) for p in probs]
     if cfg.ensemble.select_size is not None:
-        try:
-            picked = select_members(cfg, probs, labels, members.healthy)
-        except ValueError as err:  # without replacement: fewer healthy members than picks
-            raise DivergenceError(f"{err} (diverged members are not eligible)") from None
+        picked = select_members(cfg, probs, labels, members.healthy)
         members = selected_members(cfg, state, setup, picked.members, dataset.num_classes)
     else:
-        picked = Selection(np.flatnonzero(members.healthy).tolist(), [])
-        nll = metrics_lib.nll(metrics_lib.ensemble_probs(probs[picked.members]), labels)
-        picked = dataclasses.replace(picked, validation_nll=[nll])
+        healthy = np.flatnonzero(members.healthy).tolist()
+        picked = Selection(healthy, [metrics_lib.nll(metrics_lib.ensemble_probs(probs[healthy]), labels)])
     chosen = picked.members
     ensemble = metrics_lib.ensemble_probs(probs[chosen])
     temperature = fit_temperature(ensemble, labels) if cfg.eval.temperature_scaling else None

@@ -26,7 +26,7 @@ import numpy as np
 from ensemble_core import hyper
 from ensemble_core.atomic import atomic_write_json
 from ensemble_core.config import PipelineConfig
-from ensemble_core.errors import CheckpointError, IncompatibleRunError
+from ensemble_core.errors import CheckpointError, DivergenceError, IncompatibleRunError
 from ensemble_core.rngs import key_layout, stratified_member_keys
 from ensemble_core.runs.keys import MemberKeyData
 from ensemble_core.runs.layout import RunDir
@@ -53,15 +53,19 @@ def select_members(
       :func:`ensemble_core.selection.bagged_selection` with the bootstrap seeded by ``cfg.seed``.
 
     Raises:
-      ValueError: without replacement, fewer eligible members than picks.
+      DivergenceError: no eligible member, or without replacement fewer eligible members
+        than picks (diverged members are not eligible).
     """
     sel = cfg.ensemble.first_selection if first else cfg.ensemble.selection
     size = cfg.ensemble.select_size
     assert size is not None
     common: dict[str, Any] = {"eligible": eligible, "replacement": sel.replacement, "sorted_init": sel.sorted_init}
-    if sel.bags:
-        return bagged_selection(member_probs, labels, size, bags=sel.bags, seed=cfg.seed, **common)
-    return greedy_selection(member_probs, labels, size, **common)
+    try:
+        if sel.bags:
+            return bagged_selection(member_probs, labels, size, bags=sel.bags, seed=cfg.seed, **common)
+        return greedy_selection(member_probs, labels, size, **common)
+    except ValueError as err:
+        raise DivergenceError(f"{err} (diverged members are not eligible)") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,18 +97,16 @@ class StratificationPlan:
         return {"settings": self.settings, "inits": self.inits, "first_selection": self.first_selection}
 
 
-def stratified_run(run: RunDir) -> RunDir:
-    """``<run>/stratified/``: the stratified pool's own run directory."""
-    return run.stratified
-
-
 def plan_path(run: RunDir) -> Path:
-    return stratified_run(run).path / "plan.json"
+    return run.stratified.path / "plan.json"
 
 
 def write_plan(run: RunDir, stratification: StratificationPlan) -> None:
     """Write ``<run>/stratified/plan.json`` atomically."""
     atomic_write_json(plan_path(run), stratification.to_json())
+
+
+_REDO = "delete the run's stratified/ directory and rerun the run name (the stratified pool trains again)"
 
 
 def read_plan(run: RunDir, search_pool: int) -> StratificationPlan | None:
@@ -150,9 +152,6 @@ def saved_plan(cfg: PipelineConfig, run: RunDir) -> StratificationPlan | None:
             f"{cfg.ensemble.stratify}; fix: rerun with ensemble.stratify={saved.inits}, or use a new run name"
         )
     return saved
-
-
-_REDO = "delete the run's stratified/ directory and rerun the run name (the stratified pool trains again)"
 
 
 def stratified_config(cfg: PipelineConfig, stratification: StratificationPlan) -> PipelineConfig:
@@ -205,7 +204,7 @@ def final_pool(cfg: PipelineConfig, run: RunDir) -> tuple[PipelineConfig, RunDir
             f"'{run.path}' has no stratified pool yet (ensemble.stratify={cfg.ensemble.stratify}); fix: rerun the "
             f"run name to train it"
         )
-    return stratified_config(cfg, stratification), stratified_run(run), stratification
+    return stratified_config(cfg, stratification), run.stratified, stratification
 
 
 def selection_record(selection: Selection, member_nll: list[float], examples: int) -> dict[str, Any]:

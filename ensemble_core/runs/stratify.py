@@ -18,7 +18,6 @@ from ensemble_core import diskspace, stopping
 from ensemble_core import metrics as metrics_lib
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
-from ensemble_core.errors import DivergenceError
 from ensemble_core.runs.dataset import load
 from ensemble_core.runs.evaluation import all_members, restore
 from ensemble_core.runs.groups import train_groups
@@ -30,7 +29,6 @@ from ensemble_core.runs.pool import (
     selection_record,
     stratified_config,
     stratified_keys,
-    stratified_run,
     write_plan,
 )
 from ensemble_core.runs.results import StratificationSummary, TrainingSummary
@@ -58,10 +56,7 @@ def first_selection(cfg: PipelineConfig, dataset: DatasetInfo, run_dir: str | Pa
     members = all_members(cfg, state, setup)
     images, labels = load(cfg, dataset, "validation")
     probs, _ = members.predict(cfg, images)
-    try:
-        picked = select_members(cfg, probs, labels, members.healthy, first=True)
-    except ValueError as err:
-        raise DivergenceError(f"{err} (diverged members are not eligible)") from None
+    picked = select_members(cfg, probs, labels, members.healthy, first=True)
     record = selection_record(picked, [metrics_lib.nll(p, labels) for p in probs], len(labels))
     settings = list(dict.fromkeys(int(m) for m in picked.members))  # distinct, in order of first pick
     plan = StratificationPlan(settings=settings, inits=inits, first_selection=record)
@@ -96,7 +91,7 @@ def stratify(
     plan = (select or first_selection)(cfg, dataset, str(run_dir))
     stopping.check()
     pool_cfg = stratified_config(cfg, plan)
-    where = stratified_run(RunDir(Path(run_dir)))
+    where = RunDir(Path(run_dir)).stratified
     summary = train(pool_cfg, dataset, stratified_keys(pool_cfg, plan), str(where.path), **hooks)
     return StratificationSummary(
         settings=plan.settings, inits=plan.inits, first_selection=plan.first_selection, training=summary
