@@ -82,7 +82,16 @@ def check_cluster(config: PipelineConfig) -> None:
         await comm.close()
 
     try:
-        asyncio.run(handshake())
+        # connect()'s timeout bounds reaching the listener, not Dask's handshake after it
+        # (by design, dask/distributed#7698): a listener that takes the TLS connection and
+        # never answers (not a Dask scheduler, or a stuck one) would hang the run here.
+        asyncio.run(asyncio.wait_for(handshake(), 2 * HANDSHAKE_TIMEOUT_S))
+    except TimeoutError:
+        raise ConfigError(
+            f"nothing at distributed.address={dist.address} answered the Dask handshake within "
+            f"{2 * HANDSHAKE_TIMEOUT_S:.0f} s: it is not a Dask scheduler, or one too busy or stuck to answer; fix: "
+            f"give the address of a running Dask scheduler, or restart it"
+        ) from None
     except Exception as err:  # noqa: BLE001  (distributed's comm errors vary by failure)
         reason = str(err).splitlines()[-1][-200:] if str(err) else type(err).__name__
         if security is None:

@@ -1,6 +1,7 @@
 """Once the stack leaves loopback: the Prefect server behind its own authentication, the
 run's Dask cluster behind TLS with mutual authentication."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -81,3 +82,57 @@ def test_the_runs_dask_cluster_refuses_clients_without_its_certificates():
             Client(address, security=stranger, timeout="3s")
         with Client(cluster) as client:
             assert client.submit(lambda x: x + 1, 1).result(timeout=30) == 2
+
+
+def test_a_tls_listener_that_never_answers_the_dask_handshake_is_a_one_line_refusal(tmp_path, monkeypatch):
+    """A listener that completes TLS with the client's certificates and then says nothing
+    (not a Dask scheduler, or a stuck one): the pre-flight check gives up after twice
+    its handshake timeout with a ConfigError, instead of hanging the run (Dask's connect
+    bounds only reaching the listener)."""
+    import socket
+    import ssl
+    import threading
+
+    from ensemble_core.config import load_config
+    from ensemble_core.errors import ConfigError
+    from tasks import _cluster
+    from tests.tlscerts import CertificateAuthority
+
+    ca = CertificateAuthority(tmp_path / "pki")
+    cert, key = ca.issue("server", ["127.0.0.1"])
+    client_cert, client_key = ca.issue("client", ["127.0.0.1"])
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(ca.ca_file))
+    context.load_cert_chain(str(cert), str(key))
+    context.verify_mode = ssl.CERT_REQUIRED
+    listener = socket.create_server(("127.0.0.1", free_port()))
+    held = []  # the silent listener keeps its connections open
+
+    def serve():
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                with contextlib.suppress(OSError):
+                    held.append(context.wrap_socket(conn, server_side=True))
+
+    threading.Thread(target=serve, daemon=True).start()
+    port = listener.getsockname()[1]
+    sets = [
+        "distributed.member_groups=2",
+        "distributed.task_runner=dask",
+        f"distributed.address=tls://127.0.0.1:{port}",
+        f"distributed.tls_ca_file={ca.ca_file}",
+        f"distributed.tls_cert={client_cert}",
+        f"distributed.tls_key={client_key}",
+    ]
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", sets)
+    monkeypatch.setattr(_cluster, "HANDSHAKE_TIMEOUT_S", 1.0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(ConfigError, match=r"answered the Dask handshake within 2 s.*fix:"):
+            _cluster.check_cluster(config)
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+    assert time.monotonic() - started < 15
+    assert held  # the TLS handshake itself succeeded: the silence came after it
