@@ -23,7 +23,7 @@ HANDSHAKE_TIMEOUT_S = 10.0
 _FIX_TLS = "fix: give the cluster's CA certificate (distributed.tls_ca_file) and a client certificate and key it signed"
 
 
-def _security(config: PipelineConfig):
+def client_security(config: PipelineConfig):
     """The client's ``distributed.security.Security`` for a tls:// address (None for tcp://).
 
     Raises:
@@ -74,7 +74,7 @@ def check_cluster(config: PipelineConfig) -> None:
         return
     from distributed.comm import connect
 
-    security = _security(config)
+    security = client_security(config)
     args = {} if security is None else security.get_connection_args("client")
 
     async def handshake() -> None:

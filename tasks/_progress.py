@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from ensemble_core import runs
 from ensemble_core.config import PipelineConfig
 from ensemble_core.setup import group_size
+from tasks._background import BackgroundSender
 
 PROGRESS_KEY = "training-progress"
 PROGRESS_INTERVAL_S = 10.0  # at most one progress-artifact update per 10 s of training
@@ -47,12 +48,13 @@ def train_with_progress(
     # A bar only on a terminal: under a worker stderr is a pipe, which breaks if the worker dies.
     bar = tqdm(total=total, desc="epochs", unit="epoch", disable=not sys.stderr.isatty())
     last = [0.0]
+    sender = BackgroundSender(logger)
 
     def on_step(epoch: int, step: int, steps: int) -> None:
         now = time.monotonic()
-        if now - last[0] >= PROGRESS_INTERVAL_S:  # each update is a blocking call to the Prefect API
+        if now - last[0] >= PROGRESS_INTERVAL_S and sender.idle():
             last[0] = now
-            update_progress_artifact(artifact_id, progress=100.0 * (epoch + (step + 1) / steps) / total)
+            sender.send(update_progress_artifact, artifact_id, progress=100.0 * (epoch + (step + 1) / steps) / total)
 
     def on_epoch(record: dict) -> None:
         bar.update(1)
@@ -67,9 +69,10 @@ def train_with_progress(
 
     try:
         summary = train(on_step=on_step, on_epoch=on_epoch)
+        sender.send(update_progress_artifact, artifact_id, progress=100.0)  # after any update in flight
     finally:
         bar.close()
-    update_progress_artifact(artifact_id, progress=100.0)
+        sender.close()
     _log_summary(logger, what, summary)
     return summary
 

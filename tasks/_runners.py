@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from prefect import get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -37,6 +37,20 @@ def dask_worker():
         return get_worker()
     except (ImportError, ValueError):
         return None
+
+
+def scheduler_lost() -> Callable[[], bool]:
+    """A check for every training step: True once the Dask worker running the caller is
+    closing, as a worker does when its scheduler connection breaks (e.g. its host cut
+    off, after ``distributed.comm.timeouts.tcp``). The scheduler then runs the task
+    again elsewhere, so it must stop and let go of the group's lock. Outside a Dask
+    worker: always False."""
+    worker = dask_worker()
+    if worker is None:
+        return lambda: False
+    from distributed.core import Status
+
+    return lambda: worker.status in (Status.closing, Status.closed, Status.failed)
 
 
 def pin_to_core(index: int) -> int:
@@ -78,17 +92,10 @@ def task_runner(config: PipelineConfig):
     from prefect_dask import DaskTaskRunner
 
     if dist.address is not None:
-        client_kwargs = {}
-        if dist.address.startswith("tls://"):
-            from distributed.security import Security
+        from tasks._cluster import client_security
 
-            client_kwargs["security"] = Security(
-                tls_ca_file=dist.tls_ca_file,
-                tls_client_cert=dist.tls_cert,
-                tls_client_key=dist.tls_key,
-                require_encryption=True,
-            )
-        return DaskTaskRunner(address=dist.address, client_kwargs=client_kwargs)
+        security = client_security(config)  # None for tcp://
+        return DaskTaskRunner(address=dist.address, client_kwargs={} if security is None else {"security": security})
     workers = dist.workers or min(dist.member_groups, os.cpu_count() or 1)
     return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=local_cluster_kwargs(workers))
 

@@ -16,7 +16,7 @@ from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import PreemptedError
 from tasks import TRANSIENT_RETRIES
 from tasks._progress import PROGRESS_INTERVAL_S, PROGRESS_KEY, train_with_progress
-from tasks._runners import local_cluster_kwargs, pin_to_core, place_group, submit_each, task_runner
+from tasks._runners import local_cluster_kwargs, pin_to_core, place_group, scheduler_lost, submit_each, task_runner
 
 __all__ = [
     "PROGRESS_INTERVAL_S",
@@ -43,9 +43,18 @@ def train_member_group(
     config: PipelineConfig, dataset: DatasetInfo, keys: dict, run_dir: str, group: int
 ) -> runs.TrainingSummary:
     """Train (or resume) member group ``group`` under ``run_dir/groups/<group>/``, in
-    whichever process the task runner gives it; returns the group's training summary."""
+    whichever process the task runner gives it; returns the group's training summary.
+
+    Stops at its next step, after a checkpoint, on a stop relayed from the flow or when
+    its Dask worker has lost the scheduler (:func:`tasks._runners.scheduler_lost`: the
+    scheduler runs this task again on another worker, which waits for the group's lock,
+    ``distributed.group_lock_wait_s``, and resumes from that checkpoint)."""
     worker = place_group(config)
-    stop = stopping.file_requested(runs.RunDir(Path(run_dir)).stop_request)  # a stop relayed from the flow
+    relayed = stopping.file_requested(runs.RunDir(Path(run_dir)).stop_request)  # a stop relayed from the flow
+    lost = scheduler_lost()
+
+    def stop() -> bool:
+        return relayed() or lost()
 
     def train(**hooks):
         return runs.train(config, dataset, keys, run_dir, group=group, worker=worker, should_stop=stop, **hooks)

@@ -129,13 +129,15 @@ def _evaluators_by_name(dump: dict) -> dict:
 
 
 #: Keys added since the recording, at their defaults (no stratification; the selection's
-#: variant only matters with ensemble.select_size, which only hyper.yaml sets).
+#: variant only matters with ensemble.select_size, which only hyper.yaml sets; the group
+#: lock's wait only matters when a member group's task runs again after its host was cut off).
 NEW_KEYS = {
     "ensemble": {
         "selection": {"replacement": False, "sorted_init": 0, "bags": 20},
         "first_selection": {"replacement": True, "sorted_init": 0, "bags": 0},
         "stratify": None,
-    }
+    },
+    "distributed": {"group_lock_wait_s": 120.0},
 }
 
 #: Config files whose meaning changed on purpose: {file: {dotted key: value now}}, with why.

@@ -5,6 +5,7 @@ member groups. Skipped, with one line, where the kernel gives no network namespa
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import socket
@@ -28,6 +29,9 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 AUTH = "ensemble:cluster-secret"
+# How long an unanswered connection lives (Dask's TCP_USER_TIMEOUT, default 30 s, at least 11 s): the
+# scheduler and the workers find a cut-off peer gone after this (docs/distributed.md).
+DEAD_AFTER = {"DASK_DISTRIBUTED__COMM__TIMEOUTS__TCP": "12s"}
 
 
 def _wait_for(check, what: str, timeout: float = 120.0, procs=()) -> None:
@@ -105,28 +109,11 @@ def cluster_hosts(tmp_path_factory):
                 *(PY, "-m", "distributed.cli.dask_scheduler", "--protocol", "tls", "--host", sched, "--port", "8786"),
                 *("--tls-ca-file", str(ca.ca_file), "--tls-cert", str(cert), "--tls-key", str(key), "--no-dashboard"),
             ],
+            env={**os.environ, **DEAD_AFTER},
             log=tmp / "dask-scheduler.log",
         )
-        worker_env = {
-            **os.environ,
-            "PREFECT_API_URL": api,
-            "PREFECT_API_AUTH_STRING": AUTH,
-            "PYTHONPATH": str(ROOT),
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-        }
         for name in ("worker1", "worker2"):
-            address = hosts.hosts[name].address
-            wcert, wkey = ca.issue(name, [address])
-            hosts.start(
-                name,
-                [
-                    *(PY, "-m", "distributed.cli.dask_worker", f"tls://{sched}:8786", "--host", address),
-                    *("--name", name, "--nthreads", "1", "--nworkers", "1", "--no-dashboard"),
-                    *("--tls-ca-file", str(ca.ca_file), "--tls-cert", str(wcert), "--tls-key", str(wkey)),
-                ],
-                env=worker_env,
-                log=tmp / f"dask-{name}.log",
-            )
+            _start_worker(hosts, name, ca, sched, api, tmp)
 
         def api_up() -> bool:
             req = urllib.request.Request(f"{api}/health")
@@ -144,6 +131,7 @@ def cluster_hosts(tmp_path_factory):
             "tmp": tmp,
             "ca": ca,
             "api": api,
+            "sched": sched,
             "sets": [
                 "distributed.member_groups=2",
                 "distributed.task_runner=dask",
@@ -154,6 +142,47 @@ def cluster_hosts(tmp_path_factory):
             ],
         }
     assert netns.leaks() == []
+
+
+def _start_worker(hosts: netns.Cluster, name: str, ca: CertificateAuthority, sched: str, api: str, tmp: Path):
+    """One Dask worker (one thread) on host ``name``, with its own certificate."""
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": api,
+        "PREFECT_API_AUTH_STRING": AUTH,
+        "PYTHONPATH": str(ROOT),
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        **DEAD_AFTER,
+    }
+    address = hosts.hosts[name].address
+    cert, key = ca.issue(name, [address])
+    return hosts.start(
+        name,
+        [
+            *(PY, "-m", "distributed.cli.dask_worker", f"tls://{sched}:8786", "--host", address),
+            *("--name", name, "--nthreads", "1", "--nworkers", "1", "--no-dashboard"),
+            *("--tls-ca-file", str(ca.ca_file), "--tls-cert", str(cert), "--tls-key", str(key)),
+        ],
+        env=env,
+        log=tmp / f"dask-{name}.log",
+    )
+
+
+def _kill_host(host: netns.Host) -> None:
+    """Every process on ``host`` killed (SIGKILL): the host gone, as by a power cut."""
+    for pid in subprocess.run(["ip", "netns", "pids", host.namespace], capture_output=True, text=True).stdout.split():
+        os.kill(int(pid), 9)
+
+
+def _replace_worker(cluster, host: netns.Host) -> None:
+    """After a fault: every process left on ``host`` killed, its link up again and a new
+    worker started there, registered with the scheduler (the cluster has two again)."""
+    _kill_host(host)
+    subprocess.run(["ip", "link", "set", host.link, "up"], check=True)
+    log = cluster["tmp"] / f"dask-{host.name}.log"
+    before = log.read_text().count("Registered to:")
+    worker = _start_worker(cluster["hosts"], host.name, cluster["ca"], cluster["sched"], cluster["api"], cluster["tmp"])
+    _wait_for(lambda: log.read_text().count("Registered to:") > before, f"a new worker on {host.name}", 120, [worker])
 
 
 def _cli(cluster, tfds_dir, out: Path, name: str, *sets: str, auth: str | None = AUTH):
@@ -293,57 +322,102 @@ def test_jax_processes_started_once_per_host_train_one_program(tfds_dir, tmp_pat
     assert netns.leaks(tag) == []
 
 
-def test_a_worker_host_killed_mid_training_its_group_resumes_on_the_other_host(cluster_hosts, tfds_dir, tmp_path):
-    """Every process of the host training group 0 killed once the group has saved a
-    checkpoint (the host gone): the scheduler sees the worker's connection drop, runs the
-    group's task again on the other host, the group resumes from its own checkpoint on
-    the shared run directory, and the members equal one program's. Runs last: the
-    cluster has one worker host fewer afterwards."""
+def _group0_fault(cluster, tfds_dir, tmp_path, name: str, fault, epochs: int = 4) -> tuple[netns.Host, float, float]:
+    """A run of two member groups on the cluster's two worker hosts; once group 0 has
+    saved a checkpoint, ``fault(host)`` strikes the host training it. Checks that the run
+    ends well, group 0 having resumed from its checkpoint on the other host, and that the
+    members equal one program's; returns that host, the time of the fault (epoch
+    seconds) and the seconds from it until another process took group 0's lock. The
+    cluster has two workers again afterwards."""
     from ensemble_core import runs
     from ensemble_core.config import load_config
     from tests.ensembles import predictions
 
-    slow = ["model.name=cnn", "data.max_train_examples=1280", "train.epochs=4", "promotion.enabled=false"]
-    env = {**os.environ, "PREFECT_API_URL": cluster_hosts["api"], "PREFECT_API_AUTH_STRING": AUTH}
+    slow = ["model.name=cnn", "data.max_train_examples=1280", f"train.epochs={epochs}", "promotion.enabled=false"]
+    env = {**os.environ, "PREFECT_API_URL": cluster["api"], "PREFECT_API_AUTH_STRING": AUTH}
     args = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", f"data.data_dir={tfds_dir}"]
-    for s in [*cluster_hosts["sets"], *slow]:
+    for s in [*cluster["sets"], *slow]:
         args += ["--set", s]
     out = tmp_path / "runs"
     proc = subprocess.Popen(
-        [PY, "-m", "flows.train_ensemble", *args, "--output-dir", str(out), "--run-name", "killed"],
+        [PY, "-m", "flows.train_ensemble", *args, "--output-dir", str(out), "--run-name", name],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    group0 = out / "killed" / "groups" / "0"
+    group0 = out / name / "groups" / "0"
     deadline = time.monotonic() + 300
     while not any(p.name.isdigit() for p in (group0 / "checkpoints").glob("*")):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
         time.sleep(0.1)
     trainer = int((group0 / ".lock").read_text())
     namespace = subprocess.run(["ip", "netns", "identify", str(trainer)], capture_output=True, text=True).stdout
-    victim = next(h for h in cluster_hosts["hosts"].hosts.values() if h.namespace == namespace.strip())
-    killed_at = time.monotonic()
-    for pid in subprocess.run(["ip", "netns", "pids", victim.namespace], capture_output=True, text=True).stdout.split():
-        os.kill(int(pid), 9)
+    victim = next(h for h in cluster["hosts"].hosts.values() if h.namespace == namespace.strip())
+    struck_at, struck_wall = time.monotonic(), time.time()
+    fault(victim)
     resumed = None
-    while proc.poll() is None:
-        lock = group0 / ".lock"
-        if resumed is None and lock.is_file() and lock.read_text().strip() not in ("", str(trainer)):
-            resumed = time.monotonic() - killed_at
-        time.sleep(0.1)
-    _, err = proc.communicate()
-    assert proc.returncode == 0, err[-3000:]
-    report = json.loads((out / "killed" / "report.json").read_text())
-    survivor = next(name for name in ("worker1", "worker2") if name != victim.name)
-    assert {t["host"] for t in report["topology"]} == {survivor}  # group 0 finished on the other host
-    sessions = [s for s in report["training_sessions"] if s.get("group") == 0]
-    assert len(sessions) == 2 and sessions[1]["start_epoch"] >= 1  # resumed from its checkpoint, not restarted
-    print(f"host {victim.name} killed; group 0 resumed on {survivor} {resumed:.1f} s later")
+    try:
+        while proc.poll() is None:
+            lock = group0 / ".lock"
+            if resumed is None and lock.is_file() and lock.read_text().strip() not in ("", str(trainer)):
+                resumed = time.monotonic() - struck_at
+            time.sleep(0.1)
+        _, err = proc.communicate()
+        assert proc.returncode == 0, err[-3000:]
+        report = json.loads((out / name / "report.json").read_text())
+        survivor = next(n for n in ("worker1", "worker2") if n != victim.name)
+        assert {t["host"] for t in report["topology"]} == {survivor}  # group 0 finished on the other host
+        sessions = [s for s in report["training_sessions"] if s.get("group") == 0]
+        assert len(sessions) == 2 and sessions[1]["start_epoch"] >= 1  # resumed from its checkpoint, not restarted
+    finally:
+        _replace_worker(cluster, victim)
     cfg = load_config(ROOT / "configs" / "tiny.yaml", [f"data.data_dir={tfds_dir}", *slow])
     one = runs.run(cfg, tmp_path / "one", "one")
     np.testing.assert_allclose(
-        predictions(out / "killed")["member_probs"], predictions(one.run_dir.path)["member_probs"], atol=2e-5
+        predictions(out / name)["member_probs"], predictions(one.run_dir.path)["member_probs"], atol=2e-5
     )
+    assert resumed is not None
+    return victim, struck_wall, resumed
+
+
+def _logged_after(log: Path, fragment: str, since: float) -> float:
+    """Seconds from ``since`` (epoch seconds) to the first line of a Dask log with
+    ``fragment`` stamped at or after it."""
+    for line in log.read_text().splitlines():
+        if fragment in line and line[:4].isdigit():
+            stamp = dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()  # local time, as logged
+            if stamp >= since:
+                return stamp - since
+    raise AssertionError(f"no line with {fragment!r} in {log} after the fault")
+
+
+def test_a_worker_host_killed_mid_training_its_group_resumes_on_the_other_host(cluster_hosts, tfds_dir, tmp_path):
+    """Every process of the host training group 0 killed once the group has saved a
+    checkpoint (the host gone): the scheduler sees the worker's connection drop, runs the
+    group's task again on the other host, and the group resumes from its own checkpoint on
+    the shared run directory."""
+    victim, _, resumed = _group0_fault(cluster_hosts, tfds_dir, tmp_path, "killed", _kill_host)
+    print(f"host {victim.name} killed; group 0 resumed on the other host {resumed:.1f} s later")
+
+
+def test_a_worker_host_cut_off_mid_training_its_group_resumes_on_the_other_host(cluster_hosts, tfds_dir, tmp_path):
+    """The network link of the host training group 0 cut once the group has saved a
+    checkpoint (its processes live on, unreachable): the scheduler and the worker each
+    find the other gone when their connection times out, the cut-off trainer stops at its
+    next step and lets go of the group, and the group resumes from its checkpoint on the
+    other host."""
+    # Training must outlast the detection (DEAD_AFTER): about 2 s per epoch here.
+    victim, cut_at, resumed = _group0_fault(
+        cluster_hosts, tfds_dir, tmp_path, "cut", lambda host: cluster_hosts["hosts"].cut(host.name), epochs=12
+    )
+    logs = cluster_hosts["tmp"]
+    scheduler = _logged_after(logs / "dask-scheduler.log", f"Remove worker addr: tls://{victim.address}:", cut_at)
+    worker = _logged_after(logs / f"dask-{victim.name}.log", "worker-handle-scheduler-connection-broken", cut_at)
+    print(
+        f"host {victim.name} cut off; the scheduler removed its worker {scheduler:.1f} s later, the worker found "
+        f"the scheduler gone {worker:.1f} s later, group 0 resumed on the other host {resumed:.1f} s later"
+    )
+    bound = float(DEAD_AFTER["DASK_DISTRIBUTED__COMM__TIMEOUTS__TCP"].rstrip("s"))
+    assert scheduler < bound + 10 and worker < bound + 10  # detection bounded by the connection timeout

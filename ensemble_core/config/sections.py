@@ -343,6 +343,14 @@ class DistributedConfig(Section):
         "all of them; the "
         "command starts and coordinates them itself. 1: one process.",
     )
+    group_lock_wait_s: float = Field(
+        120.0,
+        ge=0,
+        description="Seconds a member group's task waits for the group's lock held by another process before "
+        "refusing. When a worker host loses the cluster, Dask runs its group's task again on another host while "
+        "the cut-off trainer stops at its next step, saving a checkpoint: the new task waits for that (one step "
+        "and one checkpoint write).",
+    )
     tls_ca_file: str | None = Field(None, description="CA certificate of a TLS Dask cluster (tls:// address).")
     tls_cert: str | None = Field(None, description="This client's TLS certificate for a tls:// address.")
     tls_key: str | None = Field(None, description="This client's TLS private key for a tls:// address.")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,29 +18,41 @@ from ensemble_core.runs.layout import RunDir
 
 
 @contextlib.contextmanager
-def run_lock(run_dir: str | Path) -> Iterator[None]:
+def run_lock(run_dir: str | Path, wait_s: float = 0.0) -> Iterator[None]:
     """Hold the run directory's lock (creating the directory) for the ``with`` block; the
     lock file holds the holder's pid.
 
+    Args:
+      wait_s: seconds to wait for a lock another process holds before refusing (0: refuse
+        at once). A member group's task run again on another host waits for the trainer
+        of the host that lost the cluster to stop and let go (docs/distributed.md).
+
     Raises:
-      RunLockedError: another process holds it; names that process's pid.
+      RunLockedError: another process holds it (still, after ``wait_s``); names that
+        process's pid.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + wait_s
     with contextlib.ExitStack() as stack:
-        try:
-            fd = stack.enter_context(flocked(RunDir(run_dir).lock, blocking=False))
-        except LockHeldError as held:
-            raise _refusal(run_dir, held.holder) from None
+        while True:
+            try:
+                fd = stack.enter_context(flocked(RunDir(run_dir).lock, blocking=False))
+                break
+            except LockHeldError as held:
+                if time.monotonic() >= deadline:
+                    raise _refusal(run_dir, held.holder, wait_s) from None
+                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
 
 
-def _refusal(run_dir: Path, holder: str) -> RunLockedError:
+def _refusal(run_dir: Path, holder: str, waited_s: float = 0.0) -> RunLockedError:
+    waited = f", still after {waited_s:.0f} s" if waited_s else ""
     return RunLockedError(
-        f"run directory '{run_dir}' is in use by another run (pid {holder or 'unknown'}); fix: wait for it to "
-        f"finish or choose another run_name"
+        f"run directory '{run_dir}' is in use by another run (pid {holder or 'unknown'}{waited}); fix: wait for "
+        f"it to finish or choose another run_name"
     )
 
 

@@ -235,6 +235,12 @@ def _member_keys(ctx: TrainingRun, keys: MemberKeyData) -> dict[str, jax.Array]:
     return keys_from_layout(keys)
 
 
+def _lock_wait(ctx: TrainingRun) -> float:
+    """A member group waits for its lock (a trainer cut off from the cluster stopping,
+    ``distributed.group_lock_wait_s``); a whole run refuses at once."""
+    return ctx.cfg.distributed.group_lock_wait_s if ctx.group is not None else 0.0
+
+
 def run_training(ctx: TrainingRun, keys: MemberKeyData, hooks: Hooks = Hooks()) -> TrainingSummary:
     """:func:`train` on a built :class:`TrainingRun`: load, resume, the epoch loop with the
     checkpoint callbacks, the summary. Arguments, results and errors as :func:`train`."""
@@ -244,7 +250,7 @@ def run_training(ctx: TrainingRun, keys: MemberKeyData, hooks: Hooks = Hooks()) 
     validate = setup.validation(*load(cfg, ctx.dataset, "validation")) if cfg.has_validation else None
     state = setup.init_state(member_key["init"], ctx.dataset.image_shape)
     with (
-        run_lock(ctx.run.path) if ctx.own_run_dir else contextlib.nullcontext(),
+        run_lock(ctx.run.path, _lock_wait(ctx)) if ctx.own_run_dir else contextlib.nullcontext(),
         EnsembleCheckpointer(ctx.run.checkpoints, keep=cfg.checkpoint.keep) as ckpt,
         stopping.stop_signals() if ctx.own_run_dir else contextlib.nullcontext(),
         stopping.outside_stage(),  # validation batches must not stop training before its checkpoint
