@@ -83,13 +83,14 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"reference": _metrics(Path(out) / "reference"), "stage_s": stage_s}), flush=True)
         for stage in started:
             for i in range(int(tries)):
-                # A run whose stage ended before its random moment (the machine's load varies)
-                # got no signal: it is done again under a new name, up to 3 times.
+                # A run whose stage ended before its random moment (the machine's load varies:
+                # the stage may run faster than when it was timed) got no signal, or got it
+                # after the stage, in a later one: it is done again under a new name, up to 3 times.
                 for attempt in range(3):
                     name = f"{stage}-{i}" if attempt == 0 else f"{stage}-{i}.{attempt}"
                     delay = _after_checkpoint(Path(out) / name) if at_checkpoint else stage_s[stage]
                     record = _try(run, out, name, started[stage], delay, lambda s=stage: ends[s], i == 0)
-                    if record["latency_s"] is not None:
+                    if record["latency_s"] is not None and record["stage_after_signal_s"] >= 0:
                         break
                 print(json.dumps(record), flush=True)
     return 0
