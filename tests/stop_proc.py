@@ -74,6 +74,9 @@ def main(argv: list[str]) -> int:
     def run(name: str):
         return flow_module.train_ensemble(config=cfg, output_dir=out, run_name=name, return_state=True)
 
+    # A signal can land after a run has ended (its handlers gone, the sender not yet told):
+    # Python's default action would kill this harness; ignored here, and the try is done again.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     with _ephemeral.temporary_server():
         # The second run times the stages with compilations cached (not needed at a checkpoint).
         for name in ("reference",) if at_checkpoint else ("reference", "timing"):
