@@ -300,6 +300,11 @@ def _start_processes(hosts: netns.Cluster, run: Path, sets: list[str], logs: Pat
     return procs
 
 
+def _summary(log: Path) -> dict:
+    """The training summary process 0 printed to its ``log``."""
+    return next(json.loads(line)["summary"] for line in log.read_text().splitlines() if line.startswith('{"summary"'))
+
+
 def _assert_members_equal(cfg, run: Path, one: Path, atol: float = 1e-5) -> None:
     import jax
 
@@ -338,11 +343,7 @@ def test_jax_processes_started_once_per_host_train_one_program(tfds_dir, tmp_pat
         codes = [p.wait(timeout=600) for p in _start_processes(hosts, run, common, tmp_path)]
         tag = hosts.tag
     assert codes == [0, 0], (tmp_path / "node1.log").read_text()[-2000:] + (tmp_path / "node2.log").read_text()[-2000:]
-    summary = next(
-        json.loads(line)["summary"]
-        for line in (tmp_path / "node1.log").read_text().splitlines()
-        if line.startswith('{"summary"')
-    )
+    summary = _summary(tmp_path / "node1.log")
     assert summary["topology"][0]["processes"] == 2 and summary["topology"][0]["host"] == "node1"
     cfg = load_config(ROOT / "configs" / "tiny.yaml", common)
     _assert_members_equal(cfg, run, _one_program(cfg, tmp_path / "one"), atol=1e-5)  # gloo's all-reduce order
@@ -390,11 +391,7 @@ def test_jax_processes_one_host_cut_off_both_stop_and_a_rerun_resumes(tfds_dir, 
         codes = [p.wait(timeout=600) for p in _start_processes(hosts, whole, common, tmp_path, session="-whole")]
         assert codes == [0, 0], (tmp_path / "node1-whole.log").read_text()[-2000:]
         tag = hosts.tag
-    summary = next(
-        json.loads(line)["summary"]
-        for line in (tmp_path / "node1-rerun.log").read_text().splitlines()
-        if line.startswith('{"summary"')
-    )
+    summary = _summary(tmp_path / "node1-rerun.log")
     assert summary["resumed_from"] is not None and summary["resumed_from"] >= 1  # from its checkpoint
     cfg = load_config(ROOT / "configs" / "tiny.yaml", common)
     _assert_members_equal(cfg, run, whole, atol=0.0)
