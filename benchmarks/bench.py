@@ -49,6 +49,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks._provenance import stamp
+
 BATCH = 128
 EVAL_BATCH = 250  # test images per forward pass, project and loop alike (the default eval.batch_size)
 KIND_TITLES = {"train": "training", "eval": "evaluation"}
@@ -445,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(_table(rows[-1:]).splitlines()[-1], flush=True)
     result = {
+        **{k: v for k, v in stamp().items() if k != "machine"},  # date, commit
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor(),

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks._provenance import stamp
+
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYOUTS = {
@@ -94,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     speedup = two["train_member_images_per_s_median"] / one["train_member_images_per_s_median"]
     per_worker = two["train_member_images_per_s_median"] / 2
     result = {
+        **stamp(),
         "config": {"members": args.members, "epochs": args.epochs, "repeats": args.repeats, "model": "cnn"},
         "cores": os.cpu_count(),
         "runs": runs,

@@ -38,6 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks._provenance import stamp
 from flows import _env  # noqa: F401  (applies the XLA/JAX environment on import)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -306,6 +307,13 @@ def main() -> None:
     out = args.out or ROOT / "benchmarks" / "results" / f"hyper-{jax.default_backend()}.json"
     report: dict = json.loads(out.read_text()) if out.exists() else {}
     report.update(backend=jax.default_backend(), devices=jax.device_count(), cpus=os.cpu_count())
+    now = stamp()  # date: of the quality runs; throughput_date: of the throughput pair
+    report.update(machine={**now["machine"], "backend": jax.default_backend(), "devices": jax.device_count()})
+    report["commit"] = now["commit"]
+    if not args.skip_runs:
+        report["date"] = now["date"]
+    if not args.skip_throughput:
+        report["throughput_date"] = now["date"]
     report["quality"] = {k: v for k, v in (report.get("quality") or {}).items() if k in DATASETS}
     if not args.skip_runs and args.keep:
         quality(args.keep, args.data_dir, args.datasets, args.methods, report, out)

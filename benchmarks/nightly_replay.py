@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks._provenance import stamp
 from flows import _env  # noqa: F401  (applies the XLA/JAX environment on import)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True,
             )
     path = Path(args.out or ROOT / "benchmarks" / "results" / f"nightly-replay-{jax.default_backend()}.json")
-    path.write_text(json.dumps({"config": args.config, "nights": rows}, indent=1) + "\n")
+    path.write_text(json.dumps({**stamp(), "config": args.config, "nights": rows}, indent=1) + "\n")
     print(f"wrote {path}")
 
 

@@ -26,6 +26,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from benchmarks._provenance import stamp
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -115,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(json.dumps(rows[-1]), flush=True)
     result = {
+        **stamp(),
         "model": f"resnet depth {args.depth}, BatchNorm, dropout 0.1, crop_padding 2",
         "members": e,
         "steps": args.steps,
