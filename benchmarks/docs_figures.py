@@ -30,8 +30,10 @@ stay outside: ``**<!--fig ...-->0.9730<!--/fig-->** nats``.
   (seconds as ``1 min 26 s``; under a minute ``49 s``) or ``@mmss`` (seconds as ``11:34``).
 
 ``--check`` also fails on a marker without its closing comment, an unknown format and a
-value that cannot be formatted. ``--write`` after a re-measurement rewrites the marked
-text only; the words around a figure stay the author's to reread.
+value that cannot be formatted. A marker in inline code or a fenced code block is an
+example, not a figure.
+``--write`` after a re-measurement rewrites the marked text only; the words around a
+figure stay the author's to reread.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ MARKER = re.compile(r"<!--fig (?P<spec>.*?)-->(?P<text>.*?)<!--/fig-->")
 OPEN = re.compile(r"<!--fig[ \-]")
 REQUIRED_FIELDS = ("date", "machine")
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}$")
+CODE_SPAN = re.compile(r"`[^`]*`")
 
 
 class FigureError(ValueError):
@@ -263,13 +266,19 @@ class Figure:
 
 
 def find(doc: Path) -> tuple[list[Figure], list[str]]:
-    """The markers of ``doc`` and the errors of markers that are not whole."""
-    figures, errors = [], []
+    """The markers of ``doc`` and the errors of markers that are not whole. Fenced code
+    blocks and inline code spans (examples) are skipped."""
+    figures, errors, fenced = [], [], False
     for n, line in enumerate(doc.read_text().splitlines(), 1):
-        matched = list(MARKER.finditer(line))
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if fenced:
+            continue
+        prose = CODE_SPAN.sub(lambda m: " " * len(m[0]), line)  # same offsets, code spans blank
+        matched = list(MARKER.finditer(prose))
         for m in matched:
             figures.append(Figure(doc, n, m["spec"], m["text"], m.start("text"), m.end("text")))
-        if len(OPEN.findall(line)) != len(matched) or line.count("<!--/fig-->") != len(matched):
+        if len(OPEN.findall(prose)) != len(matched) or prose.count("<!--/fig-->") != len(matched):
             errors.append(f"{doc}:{n}: a <!--fig ...--> marker without its <!--/fig--> on the same line")
     return figures, errors
 

@@ -128,5 +128,6 @@ def test_syntax(tmp_path):
         "r.json:date": "2026-11-25",
     }
     doc = tmp_path / "doc.md"
-    doc.write_text("".join(f"| **<!--fig {spec}-->{text}<!--/fig-->** |\n" for spec, text in cases.items()))
+    examples = "an example, not a figure: `<!--fig nope.json:x-->1<!--/fig-->`\n```\n<!--fig nope.json:x-->1\n```\n"
+    doc.write_text(examples + "".join(f"| **<!--fig {spec}-->{text}<!--/fig-->** |\n" for spec, text in cases.items()))
     assert df.check([doc], results) == ([], len(cases))
