@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from benchmarks import _stack
+from benchmarks._provenance import stamp
 
 SCENARIOS = ("lost-machine", "stack-restart")
 FINAL_WAIT_S = 600
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         burner.kill()
     result = {
+        **stamp(),
         "command": f"python -m benchmarks.recovery --tries {args.tries} --scenarios {args.scenarios}",
         "zombie_after_s": _stack.ZOMBIE_AFTER_S,
         "heartbeat_s": 30,

@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks import _stack
+from benchmarks._provenance import stamp
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = _stack.TASK_NAMES
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         burner.kill()
     result = {
+        **stamp(),
         "command": f"python -m benchmarks.soak --runs {args.runs}",
         "runs": rows,
         "all_completed": all(r["state"] == "COMPLETED" for r in rows),

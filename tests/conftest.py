@@ -8,6 +8,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest
 
+pytest_plugins = ["tests.suite_report"]  # ENSEMBLE_SUITE_REPORT: each test's wall and CPU seconds
+
 
 @pytest.fixture(scope="session")
 def tfds_dir(tmp_path_factory):

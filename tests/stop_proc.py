@@ -1,15 +1,24 @@
-"""Stop signals at random moments inside one stage of the real flow (``python -m tests.stop_proc``).
+"""Stop signals inside one stage of the real flow (``python -m tests.stop_proc``).
 
-    python -m tests.stop_proc OUTPUT_DIR TFDS_DIR STAGE TRIES [KEY=VALUE ...]
+    python -m tests.stop_proc OUTPUT_DIR TFDS_DIR STAGE[@MOMENT][,...] TRIES [KEY=VALUE ...]
 
 Runs the ``train-ensemble`` flow (Prefect's engine, with its own SIGTERM handler, on a
-temporary Prefect server) once uninterrupted to time STAGE (``prepare``, ``train`` or
-``evaluate``), then TRIES times: a run named ``try<i>`` whose STAGE, once started, gets a
-real SIGTERM sent to this process after a uniformly random delay within the stage's
-measured duration; each stopped run is then rerun under the same name. Prints one JSON
-line per try: the stopped run's final state and message, the seconds from the signal to
-the end of the stopped run, and the resumed run's state and test accuracy / NLL (to be
-compared with the uninterrupted run's, printed first).
+temporary Prefect server) once uninterrupted (``reference``), then TRIES times per STAGE
+(``prepare``, ``train`` or ``evaluate``): a run named ``<stage>-<i>`` that gets a real
+SIGTERM sent to this process at MOMENT of STAGE; each stage's first stopped run is then
+rerun under the same name. MOMENT is what the test controls:
+
+- ``random`` (the default): after a uniformly random delay within the stage's measured
+  duration (a second uninterrupted run, ``timing``, measures it with compilations cached);
+  the statistical version, for ``make soak``;
+- ``start``: as soon as the stage has started;
+- ``checkpoint``: as soon as a checkpoint of the run (or of one of its member groups) is
+  committed (training under way, in this process or in others such as Dask workers);
+- ``evaluator``: as soon as the second evaluator of ``eval.evaluators`` starts.
+
+Prints one JSON line per try: the stopped run's final state and message, the seconds from
+the signal to the end of the stopped run, and the resumed run's state and test accuracy /
+NLL (to be compared with the uninterrupted run's, printed first).
 """
 
 import os
@@ -47,17 +56,20 @@ def _stopped_run(run_dir: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    out, tfds_dir, stages, tries, *overrides = argv
-    # "train@checkpoint": signal once a checkpoint is committed (training is under way in
-    # other processes, e.g. Dask workers, whose start-up time varies too much to time).
-    stages, at_checkpoint = stages.replace("@checkpoint", ""), "@checkpoint" in stages
+    out, tfds_dir, spec, tries, *overrides = argv
+    moments = dict((*item.split("@"), "random")[:2] for item in spec.split(","))
+    unknown = set(moments.values()) - set(MOMENTS)
+    assert not unknown, f"unknown moment(s) {unknown}; use one of {MOMENTS}"
     cfg = load_config(None, [f"data.data_dir={tfds_dir}", "promotion.enabled=false", *overrides])
-    started = {stage: threading.Event() for stage in stages.split(",")}
+    started = {stage: threading.Event() for stage in moments}
     durations: dict[str, list[float]] = {stage: [] for stage in started}
     ends: dict[str, float] = {}
+    evaluator_started, second_evaluator = _watch_evaluators()
 
     def marked(stage: str, call):
         def run_stage(*args, **kwargs):
+            if stage == "evaluate":
+                evaluator_started()  # count this run's evaluators from zero
             started[stage].set()
             t = time.monotonic()
             try:
@@ -78,20 +90,25 @@ def main(argv: list[str]) -> int:
     # Python's default action would kill this harness; ignored here, and the try is done again.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     with _ephemeral.temporary_server():
-        # The second run times the stages with compilations cached (not needed at a checkpoint).
-        for name in ("reference",) if at_checkpoint else ("reference", "timing"):
+        # A second run times the stages with compilations cached (random moments only).
+        for name in ("reference", "timing") if "random" in moments.values() else ("reference",):
             state = run(name)
             assert state.is_completed(), state.message
         stage_s = {stage: times[-1] for stage, times in durations.items()}
         print(json.dumps({"reference": _metrics(Path(out) / "reference"), "stage_s": stage_s}), flush=True)
-        for stage in started:
+        for stage, moment in moments.items():
             for i in range(int(tries)):
                 # A run whose stage ended before its random moment (the machine's load varies:
                 # the stage may run faster than when it was timed) got no signal, or got it
                 # after the stage, in a later one: it is done again under a new name, up to 3 times.
                 for attempt in range(3):
                     name = f"{stage}-{i}" if attempt == 0 else f"{stage}-{i}.{attempt}"
-                    delay = _after_checkpoint(Path(out) / name) if at_checkpoint else stage_s[stage]
+                    delay = {
+                        "random": lambda s=stage: random.uniform(0.0, 0.8 * stage_s[s]),
+                        "start": lambda: 0.0,
+                        "checkpoint": _after_checkpoint(Path(out) / name),
+                        "evaluator": second_evaluator,
+                    }[moment]
                     record = _try(run, out, name, started[stage], delay, lambda s=stage: ends[s], i == 0)
                     if record["latency_s"] is not None and record["stage_after_signal_s"] >= 0:
                         break
@@ -99,9 +116,40 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+MOMENTS = ("random", "start", "checkpoint", "evaluator")
+
+
+def _watch_evaluators():
+    """(reset, wait): ``reset()`` starts counting the evaluators of a new evaluation; ``wait()``,
+    a delay function, waits until its second evaluator starts, then returns 0 s. (Wraps
+    :func:`ensemble_core.evaluators.get`, which evaluation calls once per evaluator.)"""
+    from ensemble_core import evaluators
+
+    calls = {"n": 0}
+    second = threading.Event()
+    get = evaluators.get
+
+    def counting_get(name: str):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            second.set()
+        return get(name)
+
+    def reset() -> None:
+        calls["n"] = 0
+        second.clear()
+
+    def wait() -> float:
+        assert second.wait(timeout=300), "the second evaluator never started"
+        return 0.0
+
+    evaluators.get = counting_get
+    return reset, wait
+
+
 def _after_checkpoint(run_dir: Path):
     """A delay function: wait for a committed checkpoint of ``run_dir`` (or of one of its
-    member groups), then 0-0.5 s."""
+    member groups), then 0 s."""
 
     def wait() -> float:
         deadline = time.monotonic() + 300
@@ -110,24 +158,22 @@ def _after_checkpoint(run_dir: Path):
             if any(p.name.isdigit() for d in dirs if d.is_dir() for p in d.iterdir()):
                 break
             time.sleep(0.02)
-        return 0.5
+        return 0.0
 
     return wait
 
 
-def _try(run, out: str, name: str, started: threading.Event, duration, stage_end, resume: bool) -> dict:
-    """One stopped run: SIGTERM after a random part of ``duration`` (seconds, or a function
-    that waits and returns them) from the stage's start; never after the run ended."""
+def _try(run, out: str, name: str, started: threading.Event, delay, stage_end, resume: bool) -> dict:
+    """One stopped run: SIGTERM ``delay()`` seconds after the stage's start (``delay`` may
+    wait for its moment before it returns); never after the run ended."""
     started.clear()
     finished = threading.Event()
     sent: list[float] = []
 
     def send() -> None:
-        if started.wait(timeout=300):
-            limit = duration() if callable(duration) else 0.8 * duration
-            if not finished.wait(random.uniform(0.0, limit)):
-                sent.append(time.monotonic())
-                os.kill(os.getpid(), signal.SIGTERM)
+        if started.wait(timeout=300) and not finished.wait(delay()):
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGTERM)
 
     sender = threading.Thread(target=send, daemon=True)
     sender.start()

@@ -41,6 +41,7 @@ def stack(tmp_path_factory):
         yield tmp, env
 
 
+@pytest.mark.soak  # make test: test_worker_and_flow_run_killed_is_crashed_and_resumed (the worker killed too)
 def test_worker_killed_while_training(stack):
     """(a) SIGKILL of the worker's process group: the run still ends COMPLETED with every
     record (the flow-run process carries on, or, as Prefect 3.9's flow-run process does
@@ -88,6 +89,7 @@ def test_worker_and_flow_run_killed_is_crashed_and_resumed(stack):
     assert _assert_crashed_and_resumed(env, run_id, killed) < CRASH_WAIT_S
 
 
+@pytest.mark.soak  # make test: the lost machine above, the server restart below, test_reconcile.py
 def test_whole_stack_killed_is_crashed_and_resumed(stack):
     """(d) SIGKILL of the whole stack while a run trains (the machine that held it all is
     lost): flow-run process, worker, reconciler, server and database. `make serve` on the

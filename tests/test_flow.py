@@ -390,7 +390,16 @@ def test_predict_cli_with_the_champion_and_a_refusal(finished_run, tfds_dir, tmp
         assert not list(run_dir.glob(f"predictions-{name}*"))
 
 
-@pytest.mark.parametrize("signals", [("SIGTERM",), ("SIGINT",), ("SIGTERM", "SIGTERM"), ("SIGINT", "SIGTERM")])
+@pytest.mark.parametrize(
+    "signals",
+    [
+        ("SIGTERM",),
+        ("SIGINT", "SIGTERM"),
+        # make soak: the other two (covered once by the two above: each signal, and two at once)
+        pytest.param(("SIGINT",), marks=pytest.mark.soak),
+        pytest.param(("SIGTERM", "SIGTERM"), marks=pytest.mark.soak),
+    ],
+)
 def test_cli_stop_signal_checkpoints_and_exits_75(tmp_path, tfds_dir, signals):
     """SIGTERM or SIGINT (Ctrl-C), once or twice in quick succession, while the CLI trains:
     a checkpoint is saved, the flow run ends Crashed (what the retry automation re-runs

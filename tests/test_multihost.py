@@ -350,6 +350,7 @@ def test_jax_processes_started_once_per_host_train_one_program(tfds_dir, tmp_pat
     assert netns.leaks(tag) == []
 
 
+@pytest.mark.soak  # make test: the member-group host cut below, test_processes.py's killed JAX process
 def test_jax_processes_one_host_cut_off_both_stop_and_a_rerun_resumes(tfds_dir, tmp_path):
     """One program across two hosts (the data axis crosses them: a collective every
     step), the second host's link cut once a checkpoint is saved: JAX's coordination
@@ -467,6 +468,7 @@ def _logged_after(log: Path, fragment: str, since: float) -> float:
     raise AssertionError(f"no line with {fragment!r} in {log} after the fault")
 
 
+@pytest.mark.soak  # make test: the host cut below, test_groups.py's killed Dask worker
 def test_a_worker_host_killed_mid_training_its_group_resumes_on_the_other_host(cluster_hosts, tfds_dir, tmp_path):
     """Every process of the host training group 0 killed once the group has saved a
     checkpoint (the host gone): the scheduler sees the worker's connection drop, runs the

@@ -1,6 +1,10 @@
-"""Stop signals that always stop: a real SIGTERM at random moments inside every stage of
-the real flow (Prefect's engine and its own SIGTERM handler in place), one program and
-member groups on the local runner, and the command line's one line and exit code 75.
+"""Stop signals that always stop: a real SIGTERM inside every stage of the real flow
+(Prefect's engine and its own SIGTERM handler in place), one program and member groups on
+the local runner, and the command line's one line and exit code 75.
+
+``make test`` signals each stage once, at a moment the test controls (the stage's start, a
+committed checkpoint, the second evaluator); ``make soak`` signals ten times at random
+moments of each stage (the ``soak`` tests below).
 
 Before :mod:`ensemble_core.stopping`, a SIGTERM during evaluation was raised by Prefect's
 handler wherever the main thread was, and lost about half the time inside a
@@ -21,6 +25,8 @@ pytestmark = pytest.mark.slow  # flows under a temporary Prefect server, signals
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIES = 10
+# The deterministic tests need two evaluators (a signal as the second starts), not all six.
+TWO_EVALUATORS = ("eval.evaluators=[test, rotation]",)
 SMALL = [
     "data.max_train_examples=512",
     "data.max_test_examples=200",
@@ -66,6 +72,21 @@ def _check_tries(first: dict, tries: list[dict], stderr: str) -> None:
     assert "Traceback" not in stderr and "Exception ignored" not in stderr
 
 
+def test_sigterm_in_every_stage_at_a_controlled_moment(tmp_path, tfds_dir):
+    """One SIGTERM in each stage: preparation as it starts, training once a checkpoint is
+    committed, evaluation as its second evaluator starts; each run ends Crashed with the one
+    line, and its rerun completes with the uninterrupted run's figures."""
+    moments = "prepare@start,train@checkpoint,evaluate@evaluator"
+    first, tries, stderr = _stop_proc(tmp_path, tfds_dir, moments, "train.epochs=10", *TWO_EVALUATORS, tries=1)
+    assert [t["run"].rsplit("-", 1)[0] for t in tries] == ["prepare", "train", "evaluate"]
+    _check_tries(first, tries, stderr)
+    by_stage = {t["run"].rsplit("-", 1)[0]: t["message"] for t in tries}
+    assert "during dataset preparation" in by_stage["prepare"], by_stage
+    assert "training stopped at epoch" in by_stage["train"], by_stage
+    assert "during evaluation" in by_stage["evaluate"], by_stage
+
+
+@pytest.mark.soak
 def test_sigterm_at_random_moments_in_every_stage(tmp_path, tfds_dir):
     first, tries, stderr = _stop_proc(tmp_path, tfds_dir, "prepare,train,evaluate", "train.epochs=2")
     assert len(tries) == 3 * TRIES
@@ -73,9 +94,31 @@ def test_sigterm_at_random_moments_in_every_stage(tmp_path, tfds_dir):
 
 
 def test_sigterm_stops_member_groups_on_the_local_runner(tmp_path, tfds_dir):
+    """Member groups on the thread-pool runner, signalled once a group has committed a
+    checkpoint: they stop at their next step, not at their last epoch."""
+    first, tries, stderr = _stop_proc(
+        tmp_path,
+        tfds_dir,
+        "train@checkpoint",
+        "train.epochs=20",
+        "distributed.member_groups=2",
+        *TWO_EVALUATORS,
+        tries=1,
+    )
+    assert len(tries) == 1
+    _check_tries(first, tries, stderr)
+    _check_groups_stopped_inside(tries)
+
+
+@pytest.mark.soak
+def test_sigterm_at_random_moments_stops_member_groups_on_the_local_runner(tmp_path, tfds_dir):
     first, tries, stderr = _stop_proc(tmp_path, tfds_dir, "train", "train.epochs=20", "distributed.member_groups=2")
     assert len(tries) == TRIES
     _check_tries(first, tries, stderr)
+    _check_groups_stopped_inside(tries)
+
+
+def _check_groups_stopped_inside(tries: list[dict]) -> None:
     # Groups train in a thread-pool thread, which never receives a signal: they stop at
     # their next step all the same (before, each trained to its last epoch, 20 x 7 steps).
     stopped_inside = [t for t in tries if "training stopped at epoch" in t["message"]]

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.test_stop_signals import ROOT, SMALL, _check_tries, _stop_proc
+from tests.test_stop_signals import ROOT, SMALL, TWO_EVALUATORS, _check_tries, _stop_proc
 
 pytestmark = pytest.mark.slow  # flows under a temporary Prefect server, signals, resumes
 
@@ -23,16 +23,16 @@ def test_sigterm_reaches_member_groups_on_dask_workers(tmp_path, tfds_dir):
     stop at their next step through the run directory's stop request; once (each run
     starts a Dask cluster, seconds), signalled once a group has committed a checkpoint,
     and resumed to the uninterrupted run's figures."""
-    overrides = ["train.epochs=60", "distributed.member_groups=2", "distributed.task_runner=dask"]
+    overrides = ["train.epochs=30", "distributed.member_groups=2", "distributed.task_runner=dask", *TWO_EVALUATORS]
     first, tries, stderr = _stop_proc(tmp_path, tfds_dir, "train@checkpoint", *overrides, tries=1)
     assert len(tries) == 1
     _check_tries(first, tries, stderr)
     for t in tries:
         assert "training stopped at epoch" in t["message"], t
-        # Every group stopped before its end (60 epochs x 7 steps) and kept the step it stopped at.
+        # Every group stopped before its end (30 epochs x 7 steps) and kept the step it stopped at.
         for g in (0, 1):
             steps = [int(c.rsplit("/", 1)[1]) for c in t["checkpoints"] if c.startswith(f"groups/{g}/")]
-            assert steps and max(steps) < 60 * 7, t
+            assert steps and max(steps) < 30 * 7, t
         assert not (tmp_path / "runs" / t["run"] / ".stop-request").exists()  # the relay cleans up
 
 

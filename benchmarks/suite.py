@@ -1,0 +1,127 @@
+"""The test suite's own figures: ``.ci/run`` on a fresh clone, timed, with one core held busy.
+
+    python -m benchmarks.suite [--runs 3] [--no-busy-core] [--fast]
+                               [--out benchmarks/results/suite-cpu-2core.json]
+
+Each run clones the committed ``HEAD`` of this repository into a new temporary directory
+(as CI does), starts ``python3 -c "while True: pass"`` (unless ``--no-busy-core``) and
+runs ``.ci/run`` there (install from nothing, then the README's test command, ``make
+test``), with ``ENSEMBLE_SUITE_REPORT`` set so that the suite records each test's wall
+and CPU seconds (``tests/conftest.py``). ``--fast`` also times ``make test-fast`` in the
+last clone, under the same load. Writes (``--out``): ``date``, ``machine``, ``commit``,
+and per run the install-and-suite seconds, the suite's seconds as pytest printed them,
+the number of tests by outcome, the CPU seconds of all tests, and the 15 slowest tests
+(wall seconds, setup and teardown included); ``budget_s`` is the suite's budget
+(15 minutes, issue 37), and ``within_budget`` says whether every run met it.
+
+The README and docs/development.md take their suite figures from this file (checked by
+``make docs-check``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks._provenance import ROOT, stamp
+
+BUDGET_S = 15 * 60  # make test on 2 cores with one held busy, install excluded
+FAST_BUDGET_S = 90  # make test-fast
+SUMMARY = re.compile(r"=+ (?P<counts>.*?) in (?P<seconds>[0-9.]+)s")
+
+
+def _counts(text: str) -> tuple[dict[str, int], float | None]:
+    """pytest's last summary line: {'passed': n, 'failed': n, ...} and its seconds."""
+    found = list(SUMMARY.finditer(text))
+    if not found:
+        return {}, None
+    last = found[-1]
+    counts = {m.group(2): int(m.group(1)) for m in re.finditer(r"(\d+) (\w+)", last.group("counts"))}
+    return counts, float(last.group("seconds"))
+
+
+def _timed(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[int, float, str]:
+    start = time.monotonic()
+    with log.open("w") as f:
+        rc = subprocess.run(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+    return rc, time.monotonic() - start, log.read_text(errors="replace")
+
+
+def _records(report: Path) -> list[dict]:
+    return json.loads(report.read_text())["records"] if report.exists() else []
+
+
+def one_run(work: Path, busy_core: bool, fast: bool) -> dict:
+    """Clone, run ``.ci/run`` (and ``make test-fast`` with ``fast``), return its figures."""
+    clone = work / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+    report = work / "suite-report.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "ENSEMBLE_"))}
+    env["ENSEMBLE_SUITE_REPORT"] = str(report)
+    env["JAX_COMPILATION_CACHE_DIR"] = str(work / "jax-cache")  # cold, as on a fresh machine
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy_core else None
+    try:
+        rc, total_s, text = _timed([".ci/run"], clone, env, work / "ci.log")
+        counts, suite_s = _counts(text)
+        records = _records(report)
+        row = {
+            "exit_code": rc,
+            "install_and_suite_s": round(total_s, 1),
+            "suite_s": suite_s,
+            "tests": sum(counts.get(k, 0) for k in ("passed", "failed", "skipped", "error", "errors")),
+            "outcomes": counts,
+            "cpu_s": round(sum(r["cpu_s"] for r in records), 1),
+            "slowest": [
+                {"test": r["test"], "wall_s": r["wall_s"], "cpu_s": r["cpu_s"]}
+                for r in sorted(records, key=lambda r: -r["wall_s"])[:15]
+            ],
+            "failed": [r["test"] for r in records if r.get("outcome") == "failed"],
+        }
+        if fast:
+            frc, fast_s, ftext = _timed(["make", "test-fast"], clone, env, work / "fast.log")
+            fcounts, fsuite_s = _counts(ftext)
+            row["fast"] = {"exit_code": frc, "wall_s": round(fast_s, 1), "suite_s": fsuite_s, "outcomes": fcounts}
+    finally:
+        if burner is not None:
+            burner.kill()
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.suite", description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--no-busy-core", action="store_true", help="do not hold a core busy")
+    parser.add_argument("--fast", action="store_true", help="also time make test-fast in the last clone")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "suite-cpu-2core.json"))
+    args = parser.parse_args(argv)
+    result = {
+        **stamp(),
+        "command": "python -m benchmarks.suite " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "busy_core": not args.no_busy_core,
+        "budget_s": BUDGET_S,
+        "fast_budget_s": FAST_BUDGET_S,
+        "runs": [],
+    }
+    for i in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="ensemble-suite-") as work:
+            row = one_run(Path(work), not args.no_busy_core, args.fast and i == args.runs - 1)
+        result["runs"].append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "slowest"}), flush=True)
+    runs = result["runs"]
+    result["all_passed"] = all(r["exit_code"] == 0 for r in runs)
+    result["within_budget"] = all(r["suite_s"] is not None and r["suite_s"] <= BUDGET_S for r in runs)
+    result["max_suite_s"] = max((r["suite_s"] or 0.0) for r in runs)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0 if result["all_passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
