@@ -34,7 +34,9 @@ from benchmarks._provenance import ROOT, stamp
 
 BUDGET_S = 15 * 60  # make test on 2 cores with one held busy, install excluded
 FAST_BUDGET_S = 90  # make test-fast
-SUMMARY = re.compile(r"=+ (?P<counts>.*?) in (?P<seconds>[0-9.]+)s")
+SUMMARY = re.compile(
+    r"^=* ?(?P<counts>\d+ (?:passed|failed|skipped|error|errors|deselected)\b.*?) in (?P<seconds>[0-9.]+)s", re.M
+)
 
 
 def _counts(text: str) -> tuple[dict[str, int], float | None]:

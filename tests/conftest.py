@@ -44,15 +44,41 @@ def mnist_test(embedded_dir):
     return data.load_split(data.EMBEDDED, "test", embedded_dir)
 
 
-# The modules that mostly wait on real processes (a Prefect stack's heartbeats, timeouts
-# and scheduler; trainings killed and resumed) start first: under `make test`'s two
-# pytest-xdist workers, the other worker runs the CPU-bound modules during those waits.
-_WAITING_FIRST = ("test_deployment_faults.py", "test_deployment.py", "test_flow.py")
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory):
+    """The API URL of one Prefect server per test process, for the command lines the tests
+    start in subprocesses (``tests/prefect_api.py``; pass ``cli_env(prefect_api)``)."""
+    from tests.prefect_api import api_server
+
+    with api_server(tmp_path_factory.mktemp("prefect-api")) as url:
+        yield url
+
+
+# Longest first (make test's pytest-xdist workers take a whole module at a time, in this
+# order, with --no-loadscope-reorder): the last module to start is a short one, so no
+# worker is left running a long module after the others have finished. Seconds of wall
+# time measured by benchmarks.suite (2 cores, one held busy); the rest follow in file order.
+_LONGEST_FIRST = (
+    "test_deployment.py",  # 360 s: a Prefect stack on PostgreSQL, scheduled runs
+    "test_flow.py",  # 350 s
+    "test_reliability.py",  # 330 s
+    "test_cli_process.py",  # 250 s
+    "test_multihost.py",  # 230 s
+    "test_stop_signals_more.py",  # 200 s
+    "test_groups.py",  # 200 s
+    "test_deployment_faults.py",  # 180 s: a Prefect stack on PostgreSQL, faults
+    "test_stateful_members.py",  # 170 s
+    "test_stratify_resume.py",  # 155 s
+    "test_stop_signals.py",  # 150 s
+    "test_full_disk.py",  # 130 s
+    "test_processes.py",  # 120 s
+    "test_conv_patches.py",  # 90 s
+)
 
 
 def pytest_collection_modifyitems(items):
     def rank(item) -> int:
         name = item.path.name
-        return _WAITING_FIRST.index(name) if name in _WAITING_FIRST else len(_WAITING_FIRST)
+        return _LONGEST_FIRST.index(name) if name in _LONGEST_FIRST else len(_LONGEST_FIRST)
 
-    items.sort(key=rank)
+    items.sort(key=rank)  # stable: within a rank, file and test order stay as collected

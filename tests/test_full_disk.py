@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.prefect_api import cli_env
+
 pytestmark = pytest.mark.slow  # the command line in subprocesses on a real tmpfs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,8 +74,8 @@ def _fill(mnt: Path, leave: int) -> None:
     assert abs(_free(mnt) - leave) <= 4 * KIB
 
 
-def _cli(out: Path, tfds_dir: str, name: str = "r") -> tuple[int, str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "XLA_FLAGS"}
+def _cli(out: Path, tfds_dir: str, api: str, name: str = "r") -> tuple[int, str, str]:
+    env = cli_env(api)
     sets = [x for kv in [f"data.data_dir={tfds_dir}", *SMALL] for x in ("--set", kv)]
     cmd = [sys.executable, "-m", "flows.train_ensemble", *sets, "--output-dir", str(out), "--run-name", name]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -111,13 +113,13 @@ def _digest(path: Path) -> dict[str, str]:
     return {str(f.relative_to(path)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
 
 
-def test_full_disk_in_training_then_in_evaluation_is_one_line_and_resumes(tmpfs, tfds_dir):
+def test_full_disk_in_training_then_in_evaluation_is_one_line_and_resumes(tmpfs, tfds_dir, prefect_api):
     out = tmpfs / "runs"
     ckpts = out / "r" / "checkpoints"
     # Room for the first checkpoint (its arrays, uncompressed: 1.2 MiB, what the first save
     # checks for) but not for a second (720 KiB on disk, compressed, plus the save margin).
     _fill(tmpfs, 1590 * KIB)
-    line = _one_line(*_cli(out, tfds_dir))
+    line = _one_line(*_cli(out, tfds_dir, prefect_api))
     assert line.startswith(f"error: no space left on device writing '{ckpts}/"), line
     assert f"free on {tmpfs}" in line and "the finished checkpoints ['8'] are intact" in line, line
     assert f"fix: free space on {tmpfs} and rerun with the same --run-name to resume" in line, line
@@ -131,7 +133,7 @@ def test_full_disk_in_training_then_in_evaluation_is_one_line_and_resumes(tmpfs,
 
     (tmpfs / "filler").unlink()
     _fill(tmpfs, _disk_usage(ckpts / "8") + SAVE_MARGIN_BYTES + 64 * KIB)
-    rc, stdout, err = _cli(out, tfds_dir)
+    rc, stdout, err = _cli(out, tfds_dir, prefect_api)
     line = _one_line(rc, stdout, err)
     assert "resumed from the checkpoint of epoch 1" in err
     assert "Task run 'evaluate_members" in err and "Finished in state Failed" in err
@@ -144,7 +146,7 @@ def test_full_disk_in_training_then_in_evaluation_is_one_line_and_resumes(tmpfs,
 
     # Space freed: the same run name finishes, from the final checkpoint (no training).
     (tmpfs / "filler").unlink()
-    rc, stdout, err = _cli(out, tfds_dir)
+    rc, stdout, err = _cli(out, tfds_dir, prefect_api)
     assert rc == 0, err[-3000:]
     assert stdout.strip().splitlines()[-1] == str(out / "r")
     assert "Traceback" not in stdout + err
@@ -154,22 +156,22 @@ def test_full_disk_in_training_then_in_evaluation_is_one_line_and_resumes(tmpfs,
     _no_leftovers(out)
 
 
-def test_a_full_disk_is_refused_before_any_compute(tmpfs, tfds_dir):
+def test_a_full_disk_is_refused_before_any_compute(tmpfs, tfds_dir, prefect_api):
     _fill(tmpfs, 0)
     out = tmpfs / "runs"
-    line = _one_line(*_cli(out, tfds_dir))
+    line = _one_line(*_cli(out, tfds_dir, prefect_api))
     assert line.startswith(f"error: no space left on device writing '{out}' (0 B free on {tmpfs}"), line
     assert not out.exists() and sorted(p.name for p in tmpfs.iterdir()) == ["filler"]
 
 
 @pytest.mark.parametrize("where", ["/sys/ensemble-runs", "/proc/ensemble-runs"])
-def test_an_output_dir_that_takes_no_files_is_refused_in_preflight(where, tfds_dir):
+def test_an_output_dir_that_takes_no_files_is_refused_in_preflight(where, tfds_dir, prefect_api):
     """``/sys`` and ``/proc`` pass ``os.access`` as root but take no file: preflight's
     write probe refuses them in one line, before the Prefect server or any compute
     (before it, the run died at the run directory's ``mkdir`` with a traceback)."""
     if not Path(where).parent.is_dir():
         pytest.skip(f"{Path(where).parent} is not mounted here")
-    line = _one_line(*_cli(Path(where), tfds_dir))
+    line = _one_line(*_cli(Path(where), tfds_dir, prefect_api))
     assert line.startswith(f"error: '{where}' (output_dir) does not take files: writing a file in"), line
     assert line.endswith("fix: set --output-dir to a directory on a disk file system you can write to"), line
     assert not Path(where).exists()

@@ -116,7 +116,10 @@ def _largest_file(d: Path) -> Path:
     return max((f for f in d.rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "delete"])
+@pytest.mark.parametrize(
+    "damage",
+    ["truncate", pytest.param("delete", marks=pytest.mark.soak)],  # make soak: the same fallback, another damage
+)
 def test_damaged_latest_checkpoint_falls_back(tmp_path, tfds_dir, reference, damage):
     run = tmp_path / "run"
     rc, _, err = _finish(_proc(run, tfds_dir, "train.epochs=3"))

@@ -3,7 +3,6 @@ both test workers): member groups on Dask workers, and the command line stopped 
 evaluation."""
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -13,6 +12,7 @@ import time
 
 import pytest
 
+from tests.prefect_api import cli_env
 from tests.test_stop_signals import ROOT, SMALL, TWO_EVALUATORS, _check_tries, _stop_proc
 
 pytestmark = pytest.mark.slow  # flows under a temporary Prefect server, signals, resumes
@@ -43,11 +43,11 @@ def _evaluation_started(proc: subprocess.Popen, lines: list[str], seen: threadin
             seen.set()
 
 
-def test_cli_stopped_during_evaluation_exits_75_with_one_line(tmp_path, tfds_dir):
+def test_cli_stopped_during_evaluation_exits_75_with_one_line(tmp_path, tfds_dir, prefect_api):
     """The command line, SIGTERM at a random moment of evaluation: exit 75, one ``error:``
     line naming the stage and the resume command, no traceback; the rerun completes."""
     out = tmp_path / "runs"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "XLA_FLAGS"}
+    env = cli_env(prefect_api)
     sets = [a for kv in [*SMALL, "train.epochs=1", f"data.data_dir={tfds_dir}"] for a in ("--set", kv)]
     cmd = [sys.executable, "-m", "flows.train_ensemble", *sets, "--output-dir", str(out), "--run-name", "cli"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -1,0 +1,182 @@
+"""The command line as a process (``python -m flows.train_ensemble`` in a subprocess, with
+its own temporary Prefect server): bad input is one line and exit code 2 before anything
+is written; SIGTERM and SIGINT, once or twice, checkpoint and exit 75 with one line and
+the rerun resumes; Ctrl-C while it starts is one line; kill -9 takes its temporary
+server with it. The flow under Prefect, in this process, is tested in test_flow.py.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.prefect_api import cli_env
+
+pytestmark = pytest.mark.slow  # CLIs in subprocesses, each with a temporary Prefect server
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tiny(tfds_dir):
+    return ["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", f"data.data_dir={tfds_dir}"]
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--set", "train.learning_rate=-0.1"], "train.learning_rate"),
+        (["--set", "ensemble.size=0"], "ensemble.size"),
+        (["--set", "mesh.data=3"], "mesh.data=3 does not divide"),
+        (["--set", "mesh.ensemble=3", "--set", "ensemble.size=4"], "ensemble.pad=true"),
+        (["--config", "/nonexistent.yaml"], "cannot read config file"),
+        (["--set", "unknown.key=1"], "unknown config key 'unknown'"),
+    ],
+)
+def test_cli_bad_input_exits_2_with_one_line(tmp_path, args, fragment):
+    out = tmp_path / "runs"
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.train_ensemble", *args, "--output-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0]
+    assert not out.exists()  # nothing was written
+
+
+@pytest.mark.parametrize(
+    "signals",
+    [
+        ("SIGTERM",),
+        ("SIGINT", "SIGTERM"),
+        # make soak: the other two (covered once by the two above: each signal, and two at once)
+        pytest.param(("SIGINT",), marks=pytest.mark.soak),
+        pytest.param(("SIGTERM", "SIGTERM"), marks=pytest.mark.soak),
+    ],
+)
+def test_cli_stop_signal_checkpoints_and_exits_75(tmp_path, tfds_dir, signals, prefect_api):
+    """SIGTERM or SIGINT (Ctrl-C), once or twice in quick succession, while the CLI trains:
+    a checkpoint is saved, the flow run ends Crashed (what the retry automation re-runs
+    under a deployment), the command exits 75 at once (no retry, no sleep) with one line
+    saying how to resume and no traceback; rerunning the same run name resumes and completes."""
+    import signal
+    import time
+
+    out = tmp_path / "runs"
+    env = cli_env(prefect_api)  # the test process's Prefect server (its temporary one: below)
+    cmd = [
+        sys.executable,
+        "-m",
+        "flows.train_ensemble",
+        *_tiny(tfds_dir),
+        "--set",
+        "train.epochs=30",
+        "--output-dir",
+        str(out),
+        "--run-name",
+        "term",
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not any(p.name.isdigit() for p in (out / "term" / "checkpoints").glob("*")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+        time.sleep(0.2)
+    for name in signals:
+        proc.send_signal(getattr(signal, name))
+        time.sleep(0.05)
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err[-2000:]
+    assert time.monotonic() - sent < 50  # no retry delay, no second training in-process
+    line = [ln for ln in err.splitlines() if ln.startswith("error: ")][-1]
+    assert "training stopped at epoch" in line and "--run-name term" in line, err[-3000:]
+    assert "Traceback" not in err
+    steps = sorted(int(p.name) for p in (out / "term" / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps and steps[-1] < 30 * 8  # stopped before the end (8 steps an epoch)
+    if signals != ("SIGTERM",):
+        return  # the resume itself is the same for every signal: shown once, below
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((out / "term" / "report.json").read_text())
+    assert report["resumed_from_epoch"] is not None
+
+
+def _ephemeral_servers(parent_pid: int) -> list[int]:
+    """pids of this project's temporary Prefect servers started by ``parent_pid``."""
+    import os
+
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+            environ = (d / "environ").read_bytes()
+        except OSError:
+            continue
+        if (
+            b"flows._ephemeral:create_app" in cmd
+            and f"ENSEMBLE_EPHEMERAL_PARENT_PID={parent_pid}\0".encode() in environ
+        ):
+            found.append(int(d.name))
+    return [p for p in found if p != os.getpid()]
+
+
+def test_cli_killed_leaves_no_temporary_server(tmp_path, tfds_dir):
+    """kill -9 of a CLI run that uses a temporary Prefect server (no PREFECT_API_URL): the
+    server process goes too (it was left behind, about 200 MB, one per killed command)."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "runs"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    cmd = [sys.executable, "-m", "flows.train_ensemble", *_tiny(tfds_dir), "--set", "train.epochs=30"]
+    proc = subprocess.Popen([*cmd, "--output-dir", str(out), "--run-name", "k"], cwd=ROOT, env=env)
+    deadline = time.monotonic() + 180
+    while not any(p.name.isdigit() for p in (out / "k" / "checkpoints").glob("*")):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    servers = _ephemeral_servers(proc.pid)
+    assert len(servers) == 1  # the run really used a temporary server of its own
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{servers[0]}").exists() and time.monotonic() < deadline:
+        with open(f"/proc/{servers[0]}/stat") as f:
+            if f.read().split()[2] == "Z":
+                break
+        time.sleep(0.2)
+    alive = Path(f"/proc/{servers[0]}").exists() and Path(f"/proc/{servers[0]}/stat").read_text().split()[2] != "Z"
+    assert not alive, f"temporary server {servers[0]} outlived its command"
+
+
+def test_cli_interrupted_while_starting_is_one_line(tmp_path, tfds_dir):
+    """Ctrl-C in the first second (modules still importing): one line, exit 75, nothing written."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "runs"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.train_ensemble", *_tiny(tfds_dir), "--output-dir", str(out)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err[-2000:]
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("error: stopped by SIGINT") and "fix:" in lines[-1] and "Traceback" not in err
+    assert not out.exists()
