@@ -63,7 +63,10 @@ def test_cli_stop_signal_checkpoints_and_exits_75(tmp_path, tfds_dir, signals, p
     """SIGTERM or SIGINT (Ctrl-C), once or twice in quick succession, while the CLI trains:
     a checkpoint is saved, the flow run ends Crashed (what the retry automation re-runs
     under a deployment), the command exits 75 at once (no retry, no sleep) with one line
-    saying how to resume and no traceback; rerunning the same run name resumes and completes."""
+    saying how to resume and no traceback; rerunning the same run name resumes and completes.
+
+    Why not shorter (about a minute for SIGTERM): the command trains to its first
+    checkpoint, stops, and its rerun resumes and completes with every evaluator."""
     import signal
     import time
 

@@ -72,7 +72,10 @@ def test_both_runs_completed_with_every_record(two_runs):
 
 
 def test_flow_run_processes_exit(two_runs):
-    """No flow-run process of the stack is left once the runs are final."""
+    """No flow-run process of the stack is left once the runs are final.
+
+    Why not shorter (its fixture, 2-3 min under load: the stack on PostgreSQL and two
+    runs by `prefect deployment run`, each a new flow-run process under a busy core)."""
     _, env, _ = two_runs
     wait_until(lambda: not engine_pids(env), 30, "flow-run processes to exit")
 
@@ -161,7 +164,10 @@ def test_three_nights_replayed_by_the_scheduler(two_runs):
     """The nightly deployment replayed by the real scheduler over three nights of a data
     export in data.manual_dir: night 1 on 1,000 training digits, night 2 on 3,000 (a new
     snapshot: trained, the champion compared on the new test split), night 3 on the same
-    3,000 (skipped with nightly.when_unchanged=skip; trained with train)."""
+    3,000 (skipped with nightly.when_unchanged=skip; trained with train).
+
+    Why not shorter (2-3 min): four runs created by the real scheduler (its loop is 5 s
+    here), each a new flow-run process; the nights are the behaviour."""
     from tests._idx_export import write_mnist_export
 
     tmp, env, _ = two_runs

@@ -78,7 +78,11 @@ def _assert_crashed_and_resumed(env, run_id, killed, marked_by=None):
 def test_worker_and_flow_run_killed_is_crashed_and_resumed(stack):
     """(b) SIGKILL of the worker and of the flow-run process (a lost machine): the run is
     marked Crashed (by what is left of its process, or by the reconciler once its heartbeats
-    stop), rescheduled, run again by the new worker and resumed from its checkpoint."""
+    stop), rescheduled, run again by the new worker and resumed from its checkpoint.
+
+    Why not shorter (about 2 min): nothing is left to report the run, so it waits for the
+    reconciler's heartbeat timeout (ZOMBIE_AFTER_S, 50 s: Prefect's heartbeats come every
+    30 s at the least), then for the re-run to resume and finish."""
     tmp, env = stack
     run_id = start_long_run(env, tmp, "fault-both")
     (engine,) = engine_pids(env, run_id)
@@ -105,7 +109,10 @@ def test_whole_stack_killed_is_crashed_and_resumed(stack):
 
 def test_server_restarted_while_training(stack):
     """(c) The server is stopped and started again while a run trains: the run finishes
-    with every record (or is crashed and re-run); no checkpoint is lost."""
+    with every record (or is crashed and re-run); no checkpoint is lost.
+
+    Why not shorter (1-2 min): a run long enough to outlive the server's restart (its
+    start-up and database migrations), then the run's end."""
     tmp, env = stack
     run_id = start_long_run(env, tmp, "fault-server")
     serve_dir = Path(env["ENSEMBLE_SERVE_DIR"])

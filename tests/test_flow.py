@@ -46,6 +46,11 @@ def finished_run(prefect_server, tfds_dir, tmp_path_factory):
 
 
 def test_cli_prints_run_dir_last(finished_run):
+    """The command prints the run directory as its last line.
+
+    Why not shorter (its fixture, 1-1.5 min the first time: a Prefect test server, the
+    tiny run with every default evaluator, building the shifted and OOD sets once for the
+    module)."""
     rc, stdout, run_dir = finished_run
     assert rc == 0
     assert stdout.strip().splitlines()[-1] == str(run_dir)

@@ -114,6 +114,11 @@ def _digest(path: Path) -> dict[str, str]:
 
 
 def test_full_disk_in_training_then_in_evaluation_is_one_line_and_resumes(tmpfs, tfds_dir, prefect_api):
+    """A tmpfs filled by a checkpoint save, then by evaluation: each one line and exit 2,
+    nothing half-written, and the rerun finishes once space is freed.
+
+    Why not shorter (about a minute under load): four command lines (two failures, two
+    reruns), each training or evaluating on the real file system."""
     out = tmpfs / "runs"
     ckpts = out / "r" / "checkpoints"
     # Room for the first checkpoint (its arrays, uncompressed: 1.2 MiB, what the first save

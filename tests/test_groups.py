@@ -174,7 +174,10 @@ def test_groups_on_a_local_dask_cluster_equal_one_program(tfds_dir, tmp_path):
     """The command with task_runner=dask against a Prefect server: two worker processes
     train a group each (distinct processes, pinned to distinct cores), the members equal
     one program's, and the server holds a task run per group with its own logs and
-    progress artifact, under the train-member-groups subflow of the run."""
+    progress artifact, under the train-member-groups subflow of the run.
+
+    Why not shorter (about a minute under load): a Prefect test server, a local Dask
+    cluster of two worker processes, and the one-program reference run."""
     import asyncio
     import contextlib
     import io

@@ -211,7 +211,11 @@ def _cli(cluster, tfds_dir, out: Path, name: str, *sets: str, auth: str | None =
 
 def test_member_groups_on_two_hosts_over_tls_equal_one_program(cluster_hosts, tfds_dir, tmp_path):
     """member_groups=2 on the remote TLS scheduler: each group's task run on its own host
-    (the topology names it), the members equal one program's."""
+    (the topology names it), the members equal one program's.
+
+    Why not shorter (about 2 min under load, most of it the module's cluster: a Prefect
+    server, a TLS scheduler and a worker on each simulated host): two hosts' worth of
+    processes are the least that shows groups on separate hosts."""
     from ensemble_core import runs
     from ensemble_core.config import load_config
     from tests.ensembles import predictions
@@ -483,7 +487,10 @@ def test_a_worker_host_cut_off_mid_training_its_group_resumes_on_the_other_host(
     checkpoint (its processes live on, unreachable): the scheduler and the worker each
     find the other gone when their connection times out, the cut-off trainer stops at its
     next step and lets go of the group, and the group resumes from its checkpoint on the
-    other host."""
+    other host.
+
+    Why not shorter (2-3 min under load): training must outlast Dask's connection timeout
+    (DASK_ENV) before the cut is seen on both ends, then the group trains again elsewhere."""
     # Training must outlast the detection (DASK_ENV's timeout): about 2 s per epoch here.
     victim, cut_at, resumed = _group0_fault(
         cluster_hosts, tfds_dir, tmp_path, "cut", lambda host: cluster_hosts["hosts"].cut(host.name), epochs=12

@@ -91,6 +91,12 @@ def _cmdline(pid: int) -> str:
 
 @pytest.mark.slow
 def test_a_killed_jax_process_stops_the_run_in_bounded_time_and_the_rerun_resumes(tfds_dir, tmp_path):
+    """One of two JAX processes SIGKILLed mid-training: the other stops within a bounded time
+    (none left blocked in a collective), the run fails with one line, and a rerun resumes.
+
+    Why not shorter (about a minute under load): two JAX processes start and train to a
+    checkpoint, the survivor waits out the coordination service's heartbeat timeout, and
+    the rerun starts both again."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     overrides = ("distributed.num_processes=2", "train.epochs=4", "data.max_train_examples=640", "mesh.data=8")
     cmd = _run_cmd(tfds_dir, tmp_path / "runs", *overrides)

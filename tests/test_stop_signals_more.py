@@ -22,7 +22,10 @@ def test_sigterm_reaches_member_groups_on_dask_workers(tmp_path, tfds_dir):
     """Groups on Dask workers (other processes: the signal reaches only the run's process)
     stop at their next step through the run directory's stop request; once (each run
     starts a Dask cluster, seconds), signalled once a group has committed a checkpoint,
-    and resumed to the uninterrupted run's figures."""
+    and resumed to the uninterrupted run's figures.
+
+    Why not shorter (1-2 min): three runs (reference, stopped, resumed), each starting a
+    local Dask cluster whose worker processes import JAX."""
     overrides = ["train.epochs=30", "distributed.member_groups=2", "distributed.task_runner=dask", *TWO_EVALUATORS]
     first, tries, stderr = _stop_proc(tmp_path, tfds_dir, "train@checkpoint", *overrides, tries=1)
     assert len(tries) == 1

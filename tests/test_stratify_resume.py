@@ -31,6 +31,11 @@ def _committed(d: Path) -> list[int]:
 
 
 def test_sigkill_in_the_stratification_stage_then_resume_is_bitwise_identical(tmp_path, tfds_dir):
+    """The killed and resumed run against one never interrupted (module docstring).
+
+    Why not shorter (1.5-2.5 min under load): three hyper-deep runs in processes (the
+    reference, the killed one, its rerun), each a search, a first selection and a
+    stratified pool of CNNs; the kill must land inside the stratified pool's training."""
     ref = tmp_path / "ref" / "run"
     rc, _, err = _finish(_proc(ref, tfds_dir, *HYPER_DEEP))
     assert rc == 0, err[-2000:]
