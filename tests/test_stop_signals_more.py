@@ -48,7 +48,11 @@ def _evaluation_started(proc: subprocess.Popen, lines: list[str], seen: threadin
 
 def test_cli_stopped_during_evaluation_exits_75_with_one_line(tmp_path, tfds_dir, prefect_api):
     """The command line, SIGTERM at a random moment of evaluation: exit 75, one ``error:``
-    line naming the stage and the resume command, no traceback; the rerun completes."""
+    line naming the stage and the resume command, no traceback; the rerun completes.
+
+    Why not shorter (1-1.5 min under load): the command trains, is stopped in evaluation,
+    and its rerun evaluates with every default evaluator (the shifted and OOD sets are
+    built once, in the first run)."""
     out = tmp_path / "runs"
     env = cli_env(prefect_api)
     sets = [a for kv in [*SMALL, "train.epochs=1", f"data.data_dir={tfds_dir}"] for a in ("--set", kv)]
