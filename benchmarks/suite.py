@@ -10,8 +10,8 @@ test``), with ``ENSEMBLE_SUITE_REPORT`` set so that the suite records each test'
 and CPU seconds (``tests/conftest.py``). ``--fast`` also times ``make test-fast`` in the
 last clone, under the same load. Writes (``--out``): ``date``, ``machine``, ``commit``,
 and per run the install-and-suite seconds, the suite's seconds as pytest printed them,
-the number of tests by outcome, the CPU seconds of all tests, and the 15 slowest tests
-(wall seconds, setup and teardown included); ``budget_s`` is the suite's budget
+the number of tests by outcome, the CPU seconds of all tests, the 15 slowest tests
+(wall seconds, setup and teardown included) and each module's wall and CPU seconds; ``budget_s`` is the suite's budget
 (15 minutes, issue 37), and ``within_budget`` says whether every run met it.
 
 The README and docs/development.md take their suite figures from this file (checked by
@@ -60,6 +60,18 @@ def _records(report: Path) -> list[dict]:
     return json.loads(report.read_text())["records"] if report.exists() else []
 
 
+def _by_module(records: list[dict]) -> dict[str, dict[str, float]]:
+    """Wall and CPU seconds per test module, the most CPU first: where the budget goes."""
+    modules: dict[str, dict[str, float]] = {}
+    for r in records:
+        m = modules.setdefault(r["test"].split("::")[0], {"wall_s": 0.0, "cpu_s": 0.0, "tests": 0})
+        m["wall_s"] += r["wall_s"]
+        m["cpu_s"] += r["cpu_s"]
+        m["tests"] += 1
+    ordered = sorted(modules.items(), key=lambda kv: -kv[1]["cpu_s"])
+    return {k: {key: round(v[key], 1) if key != "tests" else v[key] for key in v} for k, v in ordered}
+
+
 def one_run(work: Path, busy_core: bool, fast: bool) -> dict:
     """Clone, run ``.ci/run`` (and ``make test-fast`` with ``fast``), return its figures."""
     clone = work / "clone"
@@ -85,6 +97,7 @@ def one_run(work: Path, busy_core: bool, fast: bool) -> dict:
                 for r in sorted(records, key=lambda r: -r["wall_s"])[:15]
             ],
             "failed": [r["test"] for r in records if r.get("outcome") == "failed"],
+            "modules": _by_module(records),
         }
         if fast:
             frc, fast_s, ftext = _timed(["make", "test-fast"], clone, env, work / "fast.log")
