@@ -24,12 +24,12 @@ run: setup
 	$(PY) -m flows.train_ensemble $(ARGS)
 
 # Two tiers (docs/development.md). make test: every behaviour proved once, deterministically
-# (each fault class by one real instance at a moment the test controls), under 15 minutes
-# on 2 cores with one held busy; what .ci/run calls.
+# (each fault class by one real instance at a moment the test controls); what .ci/run
+# calls. Budget: 15 minutes on 2 cores with one held busy (measured: docs/development.md).
 test: setup
 	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=15 -m "not soak" tests
 
-# The edit loop (under 90 s on 2 cores): every test not marked slow (a real Prefect stack,
+# The edit loop (budget 90 s on 2 cores): every test not marked slow (a real Prefect stack,
 # the flow under Prefect, CLIs in subprocesses, kill/resume of trainings) or soak.
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m "not slow and not soak" --durations=10 tests
