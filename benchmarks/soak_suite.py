@@ -38,10 +38,6 @@ RESULTS = ROOT / "benchmarks" / "results"
 PARTS = ("tests", "sweep", "recovery", "deployment-soak")
 
 
-def _soak_tests() -> list[str]:
-    return [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "-m", "soak", "tests"]
-
-
 def _write_tests_result(report: Path, rc: int, seconds: float, out: Path) -> None:
     records = json.loads(report.read_text())["records"] if report.exists() else []
     outcomes: dict[str, int] = {}
@@ -71,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown part {unknown[0]!r}; fix: pick from {', '.join(PARTS)}", file=sys.stderr)
         return 2
     commands = {
-        "tests": None,  # below: the suite's own report is read back
+        "tests": [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "-m", "soak", "tests"],
         "sweep": [sys.executable, "-m", "benchmarks.reliability_sweep", "--jobs", "2"],
         "recovery": [sys.executable, "-m", "benchmarks.recovery", "--tries", str(args.recovery_tries)],
         "deployment-soak": [sys.executable, "-m", "benchmarks.soak", "--runs", str(args.soak_runs)],
@@ -86,15 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     for part in parts:
         print(f"== {part}", flush=True)
         start = time.monotonic()
-        if part == "tests":
+        cmd = commands[part]
+        if part == "tests":  # the suite's own report, read back into its result file
             with tempfile.TemporaryDirectory(prefix="ensemble-soak-") as work:
                 report = Path(work) / "report.json"
                 env = {**os.environ, "ENSEMBLE_SUITE_REPORT": str(report)}
-                cmd = _soak_tests()
                 rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
                 _write_tests_result(report, rc, time.monotonic() - start, RESULTS / files[part])
         else:
-            cmd = commands[part]
             rc = subprocess.run(cmd, cwd=ROOT).returncode
         summary["parts"][part] = {
             "command": " ".join(["python", *cmd[1:]]),
