@@ -15,7 +15,7 @@ import tensorflow_datasets as tfds
 from ensemble_core import data, runs, shifts
 from ensemble_core.config import PipelineConfig, load_config
 from ensemble_core.errors import DataError
-from ensemble_core.evaluators import EvalContext, _ood, _shift, corruptions, fashion_mnist, letters, translation
+from ensemble_core.evaluators import EvalContext, _ood, corruptions, fashion_mnist, letters, translation
 from tests._cifar_mock import NUM_TEST, NUM_TRAIN, cifar10_tfds  # noqa: F401  (a fixture)
 
 # MARK: CIFAR-10 through data.prepare / data.load_split
@@ -252,14 +252,26 @@ def test_translation_evaluator_and_its_plots_on_rgb(rgb, tmp_path):
 
 
 def test_rgb_examples_are_drawn_in_colour(rgb):
-    from ensemble_core.plotting import plt
+    """The examples grid tiles the images in one imshow: RGB stays RGB, one channel is grey,
+    and each tile is the image itself (against slicing the tiled array back)."""
+    from ensemble_core.plotting import image_grid, plt
 
-    fig, ax = plt.subplots()
-    _shift.show_image(ax, rgb[0])
-    assert ax.images[0].get_array().shape == (32, 32, 3)
-    _shift.show_image(ax, rgb[0, ..., :1])
-    assert ax.images[1].get_array().shape == (32, 32) and ax.images[1].get_cmap().name == "gray"
+    images = np.stack([rgb[:3], rgb[3:6]])  # [2, 3, 32, 32, 3]
+    fig = image_grid(images, ["a", "b"], "t")
+    tiled = fig.axes[0].images[0].get_array()
+    assert tiled.shape == (2 * 34 - 2, 3 * 34 - 2, 3)
+    np.testing.assert_array_equal(tiled[34:66, 68:100], rgb[5])
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["a", "b"]
     plt.close(fig)
+    fig = image_grid(images[..., :1])
+    image = fig.axes[0].images[0]
+    assert image.get_array().shape == (66, 100) and image.get_cmap().name == "gray"
+    np.testing.assert_array_equal(image.get_array()[:32, 34:66], rgb[1, ..., 0])
+    plt.close(fig)
+    with pytest.raises(ValueError, match="uint8"):
+        image_grid(images.astype(np.float32))
+    with pytest.raises(ValueError, match="row labels"):
+        image_grid(images, ["only one"])
 
 
 # MARK: one run on the mocked CIFAR-10 (8.5-13 s on 2 busy cores: slow)

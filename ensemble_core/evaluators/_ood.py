@@ -18,8 +18,7 @@ import numpy as np
 
 from ensemble_core import metrics as metrics_lib
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput, skipped
-from ensemble_core.evaluators._shift import show_image
-from ensemble_core.plotting import plt, save
+from ensemble_core.plotting import image_grid, plt, save
 
 CONFIDENT = 0.9
 FIGURES = ("auroc", "aupr", "fpr_at_95_tpr")
@@ -113,11 +112,7 @@ def plot_ood(metrics: dict, arrays: dict, plots_dir: Path, name: str) -> dict[st
     ax.set(xlabel="false positive rate (test flagged)", ylabel="true positive rate (OOD flagged)", title=f"ROC: {name}")
     ax.legend(fontsize=8)
     paths[f"{name}_roc"] = save(fig, plots_dir / f"{name}_roc.png")
-    examples = arrays["examples"]
-    fig, axes = plt.subplots(1, len(examples), figsize=(len(examples) * 0.8, 1.2), squeeze=False)
-    for ax, image in zip(axes[0], examples, strict=True):
-        show_image(ax, image)
-    fig.suptitle(f"{name}: examples", fontsize=9)
+    fig = image_grid(arrays["examples"][None], title=f"{name}: examples")
     paths[f"{name}_examples"] = save(fig, plots_dir / f"{name}_examples.png")
     return paths
 

@@ -15,7 +15,7 @@ from ensemble_core import metrics as metrics_lib
 from ensemble_core import stopping
 from ensemble_core.calibration import apply_temperature
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput
-from ensemble_core.plotting import plt, save
+from ensemble_core.plotting import image_grid, plt, save
 
 FIGURES = ("accuracy", "nll", "brier", "ece")
 WHO = ("ensemble", "member_mean", "best_member")
@@ -127,28 +127,10 @@ def plot_levels(metrics: dict, plots_dir: Path, name: str, xlabel: str, ticks: S
     return save(fig, plots_dir / f"{name}.png")
 
 
-def show_image(ax, image: np.ndarray) -> None:
-    """Draw one uint8 ``[H, W, C]`` image on ``ax``, without ticks: C = 1 in grey (0 black,
-    255 white), C = 3 as RGB."""
-    if image.shape[-1] == 1:
-        ax.imshow(image[..., 0], cmap="gray", vmin=0, vmax=255)
-    else:
-        ax.imshow(image)
-    ax.set_xticks([])
-    ax.set_yticks([])
-
-
 def plot_examples(metrics: dict, arrays: dict, plots_dir: Path, name: str) -> Path:
     """``<name>_examples.png``: the first test images at every level (a row per level)."""
-    examples = arrays["examples"]
-    rows, cols = examples.shape[:2]
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * 0.9, rows * 0.9 + 0.4), squeeze=False)
-    for r, row in enumerate(metrics["levels"]):
-        for c in range(cols):
-            show_image(axes[r][c], examples[r, c])
-        axes[r][0].set_ylabel(str(row.get("name", f"{row['level']:g}")), rotation=0, ha="right", fontsize=7)
-    fig.suptitle(f"{name}: examples", fontsize=9)
-    return save(fig, plots_dir / f"{name}_examples.png")
+    labels = [str(row.get("name", f"{row['level']:g}")) for row in metrics["levels"]]
+    return save(image_grid(arrays["examples"], labels, f"{name}: examples"), plots_dir / f"{name}_examples.png")
 
 
 def markdown(metrics: dict, title: str, unit: str) -> list[str]:
