@@ -29,7 +29,7 @@ run: setup
 test: setup
 	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=15 -m "not soak" tests
 
-# The edit loop (budget 90 s on 2 cores): every test not marked slow (a real Prefect stack,
+# The edit loop (budget 90 s on 2 cores): every test not marked slow (over 5 s on 2 busy cores, a real Prefect stack,
 # the flow under Prefect, CLIs in subprocesses, kill/resume of trainings) or soak.
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m "not slow and not soak" --durations=10 tests

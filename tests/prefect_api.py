@@ -43,6 +43,9 @@ def api_server(home: Path) -> Iterator[str]:
         "PREFECT_HOME": str(home),
         "PREFECT_UI_ENABLED": "0",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # The services of Prefect's temporary server only (what a command line's own server
+        # runs, flows/_ephemeral.py): the full set polls the database all session long.
+        "PREFECT__SERVER_EPHEMERAL": "1",
     }
     cmd = [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app"]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error"]

@@ -33,6 +33,7 @@ def _augment(key, images, first_row=0, global_batch=None, crop_padding=4, flip=T
     return augment(key, images, global_batch=g, first_row=first_row, crop_padding=crop_padding, flip=flip)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(16, 28, 28, 1), (16, 32, 32, 3)])
 @pytest.mark.parametrize("crop_padding, flip", [(4, True), (4, False), (0, True), (2, True)])
 def test_equals_numpy_reference(shape, crop_padding, flip):
@@ -79,6 +80,7 @@ def test_shard_map_equals_the_whole_batch(data):
     np.testing.assert_array_equal(np.asarray(sharded(key, images)), np.asarray(_augment(key, images)))
 
 
+@pytest.mark.slow
 def test_members_vmapped_inside_shard_map():
     """As in the train step: members vmapped on each device of an ('ensemble', 'data') = (2, 2) mesh."""
     mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("ensemble", "data"))

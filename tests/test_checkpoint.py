@@ -30,6 +30,7 @@ def _params(cfg, dataset, run_dir):
         return f["member_probs"]
 
 
+@pytest.mark.slow
 def test_round_trip_and_keep_last(tmp_path, tfds_dir):
     cfg = _cfg(tfds_dir)
     summary, _dataset = _run(cfg, tmp_path / "run")
@@ -43,6 +44,7 @@ def test_round_trip_and_keep_last(tmp_path, tfds_dir):
     ckpt.close()
 
 
+@pytest.mark.slow
 def test_resume_continues_where_it_stopped(tmp_path, tfds_dir):
     full_cfg = _cfg(tfds_dir)
     _, dataset = _run(full_cfg, tmp_path / "full")
@@ -56,6 +58,7 @@ def test_resume_continues_where_it_stopped(tmp_path, tfds_dir):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "change, named",
     [
@@ -80,12 +83,14 @@ def test_resume_under_another_config_is_refused_and_writes_nothing(tmp_path, tfd
     assert EnsembleCheckpointer(tmp_path / "run" / "checkpoints").all_steps() == [8]
 
 
+@pytest.mark.slow
 def test_fewer_epochs_than_done_is_refused(tmp_path, tfds_dir):
     _run(_cfg(tfds_dir, "train.epochs=2"), tmp_path / "run")
     with pytest.raises(IncompatibleRunError, match=r"already trained 2 epochs.*train.epochs >= 2"):
         _run(_cfg(tfds_dir, "train.epochs=1"), tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_sessions_record_what_each_part_of_training_used(tmp_path, tfds_dir):
     """1 epoch, then resumed to 3 epochs with other (allowed) checkpoint and mesh settings:
     two sessions, each with its epochs, steps and settings; the checkpoint holds them too."""
@@ -119,6 +124,7 @@ def test_sessions_of_a_previous_release_checkpoint_are_read():
     assert training_sessions({}) == []
 
 
+@pytest.mark.slow
 def test_restore_onto_fewer_devices(tmp_path, tfds_dir):
     cfg = _cfg(tfds_dir, "train.epochs=1")
     _, _dataset = _run(cfg, tmp_path / "run")  # saved sharded over 4 devices
@@ -134,6 +140,7 @@ def test_restore_onto_fewer_devices(tmp_path, tfds_dir):
     assert jax.tree.structure(state) == jax.tree.structure(target)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop_after_steps", [None, 11])  # None: right after epoch 1's checkpoint
 def test_stop_then_resume_matches_an_uninterrupted_run(tmp_path, tfds_dir, stop_after_steps):
     from ensemble_core.errors import PreemptedError

@@ -158,6 +158,7 @@ def test_a_utf8_file_with_a_bom_and_a_file_of_exactly_the_limit_are_read(tmp_pat
     assert load_config(exact).seed == 4
 
 
+@pytest.mark.slow
 def test_deep_nesting_and_huge_numbers_are_one_line_errors(tmp_path):
     deep = tmp_path / "deep.yaml"
     deep.write_text("seed: " + "[" * 5000 + "]" * 5000 + "\n")

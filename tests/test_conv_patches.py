@@ -22,6 +22,7 @@ def _both(module: nn.Module, variables, x, method="slices"):
     return plain, patched
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "method, channels, stride, padding, kernel_size, use_bias",
     [  # each method, channel count, stride, padding form and kernel shape at least once
@@ -54,6 +55,7 @@ def test_forward_and_gradients_equal_nn_conv(method, channels, stride, padding, 
     jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, **TOL), g_plain, g_patched)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "conv",
     [
@@ -79,6 +81,7 @@ def test_init_under_the_interceptor_creates_nn_convs_parameters():
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(b, a), plain, patched)
 
 
+@pytest.mark.slow
 def test_unsupported_convolutions_run_unchanged():
     x = jax.random.normal(jax.random.key(0), (2, 8, 8, 4))
     for conv in (nn.Conv(4, (3, 3), feature_group_count=2), nn.Conv(4, (3, 3), padding="CIRCULAR"), nn.Conv(4, (3,))):
@@ -99,6 +102,7 @@ class _Net(nn.Module):
         return nn.Dense(3)(jnp.mean(y + s, axis=(1, 2)))
 
 
+@pytest.mark.slow
 def test_under_vmap_over_members_equals_nn_conv_and_is_one_batched_matmul():
     net = _Net()
     x = jax.random.normal(jax.random.key(0), (4, 3, 10, 10, 3))  # [E, B, H, W, C]

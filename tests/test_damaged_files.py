@@ -39,6 +39,7 @@ DAMAGE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", DAMAGE)
 def test_a_damaged_selection_is_set_aside_with_one_warning(selecting_run, mnist_test, caplog, case):
     path = selecting_run / "selection.json"
@@ -86,6 +87,7 @@ def test_a_readable_cache_with_the_wrong_rows_is_built_again(tfds_dir, caplog):
         np.testing.assert_array_equal(f["images"], want["images"])  # the file itself was rebuilt
 
 
+@pytest.mark.slow
 def test_the_rotation_evaluator_rebuilds_a_wrong_cache(tmp_path, tfds_dir):
     """End to end: a rotation run, its cached rotated test set replaced by a readable file of
     the wrong length, and the same run evaluated again gives the same figures."""

@@ -156,6 +156,7 @@ def _assert_loads_like(data_dir: str, mnist_train, mnist_test) -> None:
         np.testing.assert_array_equal(got_y, want_y)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", UP_FRONT + AT_READ, ids=lambda f: f.__name__.strip("_"))
 def test_damage_is_a_data_error_and_its_fix_works(damage, copied, mnist_train, mnist_test):
     data_dir, variant = copied

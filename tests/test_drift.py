@@ -283,6 +283,7 @@ def assert_uncertainty_matches(got: dict, want: dict) -> None:
     assert got["mutual_information_increase"] == pytest.approx(want["mutual_information_increase"], rel=1e-4, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_a_shifted_label_distribution_is_drift(champion):
     """Only the digits 0-4 (1,000 unseen ones), and another test split: the label shift is
     the total variation of the IDX labels, the uncertainty the champion's on the first
@@ -316,6 +317,7 @@ def test_a_shifted_label_distribution_is_drift(champion):
     assert any("total variation" in line and "label_shift_threshold 0.1" in line for line in report.exceeded)
 
 
+@pytest.mark.slow
 def test_an_export_drawn_like_the_champions_is_no_drift(champion):
     cfg, dataset, src = new_export(champion, "alike", champion.train_idx[1000:2000], champion.test_idx[:500])
     report = runs.detect_drift(cfg, dataset, champion.out)
@@ -328,6 +330,7 @@ def test_an_export_drawn_like_the_champions_is_no_drift(champion):
     assert report.exceeded == [] and not report.drifted
 
 
+@pytest.mark.slow
 def test_thresholds_of_the_config_apply(champion):
     """The same export with every threshold at 0: whatever figure is positive is exceeded."""
     cfg, dataset, _ = new_export(
@@ -349,6 +352,7 @@ def test_thresholds_of_the_config_apply(champion):
     assert report.exceeded and report.drifted  # the total variation of two samples is > 0
 
 
+@pytest.mark.slow
 def test_without_its_snapshot_the_champion_is_measured_on_this_runs_test_split(champion):
     pool = champion.train_idx[1000:]
     shifted = pool[champion.labels[pool] < 5][:1000]
@@ -368,6 +372,7 @@ def test_without_its_snapshot_the_champion_is_measured_on_this_runs_test_split(c
     assert report.label_shift is not None  # the counts come from the champion's record
 
 
+@pytest.mark.slow
 def test_no_champion_computes_nothing(champion, tmp_path):
     cfg = load_config(None, overrides(champion.src, champion.tfds))
     dataset = runs.prepare(cfg.data)
@@ -379,6 +384,7 @@ def test_no_champion_computes_nothing(champion, tmp_path):
     assert report.exceeded == [] and not report.drifted
 
 
+@pytest.mark.slow
 def test_drift_disabled_computes_nothing(champion):
     pool = champion.train_idx[1000:]
     shifted = pool[champion.labels[pool] < 5][:1000]

@@ -10,6 +10,7 @@ from ensemble_core.train import unstacked
 from tests.ensembles import small_setup
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "model_name, strategy, data_axis, grouped",
     [("cnn", "vmap", 1, False), ("cnn", "unroll", 2, False), ("cnn", "unroll", 1, True), ("mlp", "vmap", 4, False)],

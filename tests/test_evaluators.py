@@ -43,6 +43,7 @@ def _brier(probs, labels):
     return float(np.mean(np.sum((probs - onehot) ** 2, -1)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SHIFTS)
 def test_shift_figures_are_recomputed_from_the_npz(finished, name):
     result, report = finished
@@ -68,6 +69,7 @@ def test_shift_figures_are_recomputed_from_the_npz(finished, name):
     assert (result.run_dir.plots / f"{name}.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_rotation_levels_and_selective_prediction(finished):
     result, report = finished
     section = report["evaluations"]["rotation"]["metrics"]
@@ -87,6 +89,7 @@ def test_rotation_levels_and_selective_prediction(finished):
         np.testing.assert_allclose(f["member_probs"][:, f["level"] == 0], test_probs, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["letters", "fashion_mnist"])
 def test_ood_figures_are_recomputed_from_the_npz(finished, name):
     result, report = finished
@@ -123,6 +126,7 @@ def test_fashion_mnist_is_skipped_with_one_line_when_its_files_are_absent(tmp_pa
     ]
 
 
+@pytest.mark.slow
 def test_promotion_on_an_evaluator_figure(finished, tfds_dir):
     result, report = finished
     promo = report["promotion"]
@@ -133,6 +137,7 @@ def test_promotion_on_an_evaluator_figure(finished, tfds_dir):
     assert champion["figures"] == {promo["metric"]: pytest.approx(figure)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ALL)
 def test_the_probe_produces_the_figure_paths_of_a_trained_run(finished, name):
     """The structure the check relies on is the real one: every evaluator's figure paths on

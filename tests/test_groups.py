@@ -96,6 +96,7 @@ def one_program(tmp_path_factory, tfds_dir):
     return cfg, result
 
 
+@pytest.mark.slow
 def test_two_groups_in_one_process_equal_one_program_bitwise(one_program, tfds_dir, tmp_path):
     """Same per-device layout (one member per device in both): bitwise equal members,
     predictions and report figures; the run's checkpoint is the gathered one."""
@@ -125,6 +126,7 @@ def test_two_groups_in_one_process_equal_one_program_bitwise(one_program, tfds_d
     assert f"| 1 | 2..3 | {report['topology'][1]['host']} | {os.getpid()} | - | 1 | 8 | 2 x 1 |" in markdown
 
 
+@pytest.mark.slow
 def test_groups_with_another_per_device_layout_agree_within_1e5(tfds_dir, tmp_path):
     """All members vmapped on one device: 4 members in one batched kernel vs 2 + 2. XLA
     does not promise the same summation order for another batch of members, so equality
@@ -137,6 +139,7 @@ def test_groups_with_another_per_device_layout_agree_within_1e5(tfds_dir, tmp_pa
     np.testing.assert_array_equal(b["labels"], a["labels"])
 
 
+@pytest.mark.slow
 def test_a_changed_group_count_is_refused_on_resume(one_program, tmp_path, tfds_dir):
     cfg = tiny_config(tfds_dir, *COMMON, "distributed.member_groups=2")
     runs.run(cfg, tmp_path, "r")
@@ -286,6 +289,7 @@ def test_a_killed_dask_worker_is_replaced_and_its_group_resumes(tfds_dir, tmp_pa
         np.testing.assert_array_equal(predictions(run)[k], v)
 
 
+@pytest.mark.slow
 def test_a_stopped_grouped_run_is_not_restarted_under_another_layout(one_program, tmp_path, tfds_dir):
     """Regression: a grouped run stopped by SIGTERM (its checkpoints only under groups/<g>/)
     and rerun with member_groups=1 trained from epoch 0 beside the orphaned group

@@ -76,6 +76,7 @@ def _optax_schedule(hp: dict, steps_per_epoch: int, epochs: int):
     return optax.schedules.warmup_cosine_decay_schedule(0.0, hp["learning_rate"], warmup, total)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_per_member_hyperparameters_equal_each_member_trained_alone(mnist_train, optimizer):
     images, labels = mnist_train[0][:N_TRAIN], mnist_train[1][:N_TRAIN]
@@ -166,6 +167,7 @@ def _load(cfg, dataset, split):
 # MARK: best epochs and early stopping
 
 
+@pytest.mark.slow
 def test_best_parameters_are_the_members_parameters_at_its_best_epoch(mnist_train):
     images, labels = mnist_train[0][:N_TRAIN], mnist_train[1][:N_TRAIN]
     val_images = mnist_train[0][N_TRAIN : N_TRAIN + 200]
@@ -219,6 +221,7 @@ def test_best_parameters_are_the_members_parameters_at_its_best_epoch(mnist_trai
     assert np.asarray(state.healthy).all()  # stopping is not divergence
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop_after_steps", [5, 13])
 def test_hyper_ensemble_resumes_bitwise_wherever_it_stops(tmp_path, tfds_dir, stop_after_steps):
     cfg = tiny_config(
@@ -252,6 +255,7 @@ def test_hyper_ensemble_resumes_bitwise_wherever_it_stops(tmp_path, tfds_dir, st
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_more_epochs_on_resume_are_refused_when_the_learning_rate_decays(tmp_path, tfds_dir):
     cfg = tiny_config(tfds_dir, "train.schedule=cosine")
     dataset = runs.prepare(cfg.data)
@@ -286,6 +290,7 @@ def test_bad_search_or_selection_settings_are_one_line_errors(overrides, match):
 # MARK: selection and temperature scaling in a run
 
 
+@pytest.mark.slow
 def test_selected_calibrated_run_evaluates_predicts_and_reports_the_selection(tmp_path, tfds_dir):
     from scipy import optimize, special
     from sklearn.metrics import log_loss

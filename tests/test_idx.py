@@ -127,6 +127,7 @@ def fashion_dir(tmp_path_factory):
     return tfds_dir, data.prepare("fashion_mnist", str(tfds_dir))
 
 
+@pytest.mark.slow
 def test_fashion_mnist_prepares_from_the_debian_files(fashion_dir):
     tfds_dir, info = fashion_dir
     assert (info.num_train, info.num_test, info.num_classes, info.image_shape) == (60000, 10000, 10, (28, 28, 1))
@@ -140,6 +141,7 @@ def test_fashion_mnist_prepares_from_the_debian_files(fashion_dir):
     assert names == list(data.FASHION_MNIST_CLASSES) and names[0] == "T-shirt/top" and names[9] == "Ankle boot"
 
 
+@pytest.mark.slow
 def test_fashion_mnist_test_split_equals_the_gz_files(fashion_dir):
     _, info = fashion_dir
     images, labels = data.load_split("fashion_mnist", "test", info.tfds_data_dir)

@@ -21,6 +21,7 @@ def _cfg(*extra):
     return load_config(None, ["ensemble.size=8", *extra])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra, slots",
     [

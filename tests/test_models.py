@@ -20,6 +20,7 @@ class HowtoCNN(nn.Module):
         return nn.Dense(10)(x)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(2, 28, 28, 3), (1, 7, 9, 2), (3, 4, 4, 1)])
 def test_avg_pool_2x2_equals_flax_avg_pool(shape):
     x = jax.random.normal(jax.random.key(0), shape)
@@ -31,6 +32,7 @@ def test_avg_pool_2x2_equals_flax_avg_pool(shape):
     np.testing.assert_allclose(got_grad, want_grad, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_cnn_equals_the_howto_cnn():
     x = jax.random.uniform(jax.random.key(0), (16, 28, 28, 1))
     labels = jnp.arange(16) % 10

@@ -193,6 +193,7 @@ def test_batch_norm_is_flax_imagenets():
     np.testing.assert_allclose(updated["batch_stats"]["var"], 0.9 * var + 0.1 * bvar, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet", "wide_resnet"])
 def test_train_updates_batch_stats_and_eval_uses_them(name):
     model = build_model_with(name)
@@ -215,6 +216,7 @@ def test_train_updates_batch_stats_and_eval_uses_them(name):
     assert not np.allclose(first[:2], second[:2], atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "overrides"), [("resnet", {"batch_norm": False}), ("lenet5", {})])
 def test_without_batch_norm_training_is_per_example_too(name, overrides):
     model = build_model_with(name, **overrides)
@@ -228,6 +230,7 @@ def test_without_batch_norm_training_is_per_example_too(name, overrides):
 # ---------------------------------------------------------------- dropout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet", "wide_resnet"])
 def test_dropout(name):
     model = build_model_with(name, dropout_rate=0.5)

@@ -28,7 +28,9 @@ COMMON = ("ensemble.size=4", "data.validation_fraction=0.2", "data.max_train_exa
 @pytest.mark.parametrize(
     "mesh, where",
     [
-        ("mesh.data=2", "inside"),  # ensemble 4 x data 2: each member's data pair on one process
+        # make soak: ensemble 4 x data 2, each member's data pair on one process (make test:
+        # the same processes with every batch split across them, below)
+        pytest.param("mesh.data=2", "inside", marks=pytest.mark.soak),
         ("mesh.data=8", "across"),  # ensemble 1 x data 8: every batch split over both processes
     ],
 )
@@ -151,6 +153,7 @@ def _left_behind(pid: int, tmp: Path) -> list[str]:
 
 
 @pytest.mark.slow  # the CNN of configs/default.yaml, 8 members over two JAX processes
+@pytest.mark.soak  # make test: test_two_processes_train_the_members_of_one (and the killed process's logs)
 def test_the_default_cnn_trains_across_two_jax_processes(tfds_dir, tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()

@@ -145,7 +145,9 @@ def test_damaged_latest_checkpoint_falls_back(tmp_path, tfds_dir, reference, dam
 def test_write_error_during_save_is_clear_and_keeps_earlier_checkpoints(tmp_path, tfds_dir):
     run = tmp_path / "run"
     # From epoch 2 on, every write past 4 KiB fails (RLIMIT_FSIZE: a real failing write()).
-    rc, _, err = _finish(_proc(run, tfds_dir, "--fsize-limit-after-epoch", "2", "4096"))
+    # An MLP: the failing write is the subject, not the network.
+    mlp = ("model.name=mlp", "model.hidden_sizes=[32]")
+    rc, _, err = _finish(_proc(run, tfds_dir, "--fsize-limit-after-epoch", "2", "4096", *mlp))
     assert rc == 2
     # orbax's writer thread may also print its traceback; our one-line error is among the lines.
     (line,) = [x for x in err.splitlines() if x.startswith("error: ")]
@@ -156,7 +158,7 @@ def test_write_error_during_save_is_clear_and_keeps_earlier_checkpoints(tmp_path
     assert re.search(r" failed( \[E[A-Z]+\])? \(\w+: .+\); the finished checkpoints", line), line
     assert "finished checkpoints ['16'] are intact" in line and "fix: free disk space" in line
     # The earlier checkpoint is intact: a resume from it completes.
-    rc, out, err = _finish(_proc(run, tfds_dir))
+    rc, out, err = _finish(_proc(run, tfds_dir, *mlp))
     assert rc == 0, err[-2000:]
     assert json.loads(out.strip().splitlines()[-1])["resumed_from"] == 1
 
@@ -320,15 +322,21 @@ def test_predict_takes_uint8_and_the_same_images_as_floats_alike(reference, tfds
     np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
 
 
-def test_concurrent_runs_in_different_directories_share_caches(tmp_path, tfds_dir, reference):
+def test_concurrent_runs_in_different_directories_share_caches(tmp_path, tfds_dir):
     env = {
         **{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
         "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "shared-jax-cache"),
     }
-    procs = [_proc(tmp_path / name, tfds_dir, env=env) for name in ("a", "b")]
+    # MLPs (sharing caches does not depend on the network): the reference is the same
+    # config run in this process, with its own compilation cache.
+    mlp = ("model.name=mlp", "model.hidden_sizes=[32]")
+    procs = [_proc(tmp_path / name, tfds_dir, *mlp, env=env) for name in ("a", "b")]
+    from tests.train_proc import BASE
+
+    ref = runs.run(load_config(None, [*BASE, f"data.data_dir={tfds_dir}", *mlp]), tmp_path, "ref")
     for p in procs:
         rc, _, err = _finish(p)
         assert rc == 0, err[-2000:]
-    want = predictions(reference)["member_probs"]
+    want = predictions(ref.run_dir.path)["member_probs"]
     for name in ("a", "b"):
         np.testing.assert_array_equal(predictions(tmp_path / name)["member_probs"], want)

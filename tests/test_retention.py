@@ -391,6 +391,7 @@ for i, (out, root) in enumerate(args["trials"]):
 """
 
 
+@pytest.mark.slow
 def test_sigkill_at_any_moment_leaves_every_run_whole_or_without_its_checkpoints(tmp_path):
     trials = 10
     scenarios = [scenario(tmp_path / f"t{i}") for i in range(trials + 1)]

@@ -101,6 +101,7 @@ def fingerprints(nights) -> tuple[str, str]:
 # MARK: night 2: a new export
 
 
+@pytest.mark.slow
 def test_night2_trains_on_the_new_export(nights):
     r2 = nights.night2
     assert r2.skipped is None and r2.training is not None and r2.promotion is not None
@@ -118,6 +119,7 @@ def test_night2_trains_on_the_new_export(nights):
     assert record["config"] == nights.cfg().model_dump(mode="json")
 
 
+@pytest.mark.slow
 def test_night2_drift_is_computed_against_night1(nights):
     fp1, fp2 = fingerprints(nights)
     d = nights.night2.drift
@@ -133,6 +135,7 @@ def test_night2_drift_is_computed_against_night1(nights):
     assert nights.night1.drift is not None and nights.night1.drift.champion_run is None
 
 
+@pytest.mark.slow
 def test_the_champion_is_measured_on_night2s_test_split(nights):
     """The champion's NLL in night 2's decision: night 1's ensemble (every healthy member,
     the mean of their probabilities, no temperature) on night 2's test split."""
@@ -169,6 +172,7 @@ def test_the_champion_is_measured_on_night2s_test_split(nights):
 # MARK: night 3: nothing new
 
 
+@pytest.mark.slow
 def test_an_unchanged_night_is_skipped(nights):
     r3 = nights.night3
     _, fp2 = fingerprints(nights)
@@ -206,6 +210,7 @@ def test_a_changed_training_key_trains(state):
     assert rows[-1]["run_name"] == "night3-seed1"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "change",
     [
@@ -249,6 +254,7 @@ def test_a_change_outside_the_training_identity_skips(state, change, tmp_path):
     assert (state.out / "history.jsonl").read_bytes() == state.history_after_night2
 
 
+@pytest.mark.slow
 def test_a_champion_record_without_a_snapshot_trains(state):
     """A champion.json written by an older release (no "snapshot"): nothing to compare with."""
     path = state.out / "champion.json"
@@ -297,6 +303,7 @@ def test_a_resumed_run_is_never_skipped(state):
     assert r.evaluation.ensemble == pytest.approx(state.night2.evaluation.ensemble, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_trained_runs_record_their_data_snapshot(nights):
     for result in (nights.night1, nights.night2):
         run_dir = result.run_dir.path

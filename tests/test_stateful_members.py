@@ -34,6 +34,7 @@ def _train(mnist_train, built, epochs=1):
     return state
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["unroll", "vmap"])
 def test_a_batchnorm_dropout_member_equals_flax_trainstate_alone(mnist_train, strategy):
     """Each member equals the same network trained alone with Flax's TrainState +
@@ -76,7 +77,17 @@ def one_device(mnist_train):
     return _train(mnist_train, _setup(4, "unroll", AUGMENT, devices=1))
 
 
-@pytest.mark.parametrize("devices, ensemble, data", [(2, 2, 1), (8, 4, 2), (4, 1, 4)])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "devices, ensemble, data",
+    [
+        # make soak: two more meshes (make test: ensemble 4 x data 2, BatchNorm statistics
+        # over a member's data shards, and tests/test_train.py's meshes for stateless members)
+        pytest.param(2, 2, 1, marks=pytest.mark.soak),
+        (8, 4, 2),
+        pytest.param(4, 1, 4, marks=pytest.mark.soak),
+    ],
+)
 def test_same_members_with_batchnorm_dropout_and_augmentation_on_any_mesh(
     mnist_train, one_device, devices, ensemble, data
 ):
@@ -91,6 +102,7 @@ def test_same_members_with_batchnorm_dropout_and_augmentation_on_any_mesh(
     _close(got.variables, ref.variables, atol=5e-4)
 
 
+@pytest.mark.slow
 def test_a_user_axis_name_is_replaced_by_the_data_axis(mnist_train):
     """A network copied from Flax's ImageNet example names its BatchNorm axis 'batch' (its
     pmap axis); in the ensemble the statistics are averaged over the member's batch anyway."""
@@ -102,6 +114,7 @@ def test_a_user_axis_name_is_replaced_by_the_data_axis(mnist_train):
     _close(got.variables, ref.variables, atol=5e-5)
 
 
+@pytest.mark.slow
 def test_members_draw_different_dropout_masks_and_augmentations(mnist_train):
     """Members with the same initialisation and data order still differ: their dropout and
     augmentation keys are their own."""
@@ -140,6 +153,7 @@ def test_members_draw_different_dropout_masks_and_augmentations(mnist_train):
     np.testing.assert_array_equal(*(np.asarray(unstacked(state2.params, m)["Dense_0"]["kernel"]) for m in (0, 1)))
 
 
+@pytest.mark.slow
 def test_inference_uses_the_running_averages(mnist_train):
     """Evaluation applies each member with train=False: normalised by its batch_stats, so
     an example's prediction does not depend on the rest of its batch."""
@@ -164,6 +178,7 @@ def test_inference_uses_the_running_averages(mnist_train):
     assert min(moved) > 1e-3  # the running averages were updated by training
 
 
+@pytest.mark.slow
 def test_a_resnet_member_does_not_depend_on_how_its_batch_is_split(mnist_train):
     """A CIFAR ResNet with BatchNorm at initialisation amplifies float32 rounding: with
     XLA:CPU's own convolutions (which round differently for a batch of 32 and two of 16)

@@ -41,6 +41,7 @@ def one_program(tmp_path_factory, tfds_dir):
     return cfg, runs.run(cfg, out, "g1")
 
 
+@pytest.mark.slow
 def test_the_checkpoint_holds_batch_stats_as_stock_orbax_reads_it(one_program):
     cfg, result = one_program
     with EnsembleCheckpointer(result.run_dir.checkpoints) as ckpt:
@@ -72,6 +73,31 @@ def test_two_member_groups_give_the_same_batchnorm_members(one_program, tfds_dir
 
 
 @pytest.mark.slow
+def test_a_stopped_run_resumes_bitwise_with_batchnorm_dropout_and_augmentation(one_program, tmp_path, tfds_dir):
+    """Stopped mid-epoch (a stop request at step 5 of 16, as a SIGTERM makes) and resumed,
+    BatchNorm statistics, dropout and augmentation keys included: the members, their
+    histories and their predictions equal the run never stopped, bitwise. (The same
+    through SIGKILL of a training process: the soak test below.)"""
+    from ensemble_core.errors import PreemptedError
+
+    cfg, full = one_program
+    dataset = runs.prepare(cfg.data)
+    keys = runs.split_keys(cfg, cfg.ensemble.size)
+    calls = []
+    with pytest.raises(PreemptedError):
+        runs.train(cfg, dataset, keys, tmp_path / "stopped", should_stop=lambda: len(calls.append(1) or calls) >= 5)
+    resumed = runs.train(cfg, dataset, keys, tmp_path / "stopped")
+    assert resumed.resumed_from is not None
+    assert resumed.history == full.training.history and resumed.members == full.training.members
+    states = [
+        restore(cfg, d, dataset.num_classes, dataset.image_shape)[0] for d in (full.run_dir.path, tmp_path / "stopped")
+    ]
+    for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(states[1]), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.slow
+@pytest.mark.soak  # make test: the stop and resume above, in one process (SIGKILL: test_reliability.py)
 def test_sigkill_then_resume_is_bitwise_with_batchnorm_dropout_and_augmentation(tmp_path, tfds_dir):
     from tests.test_reliability import _finish, _proc, _wait_for_committed_checkpoint, _wait_for_epoch
 
@@ -121,6 +147,7 @@ def test_a_model_or_augmentation_that_cannot_work_is_one_line_before_any_compute
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_bad_import_path_through_the_command_line_exits_2(tmp_path):
     import subprocess
     import sys

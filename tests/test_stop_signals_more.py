@@ -18,6 +18,41 @@ from tests.test_stop_signals import ROOT, SMALL, TWO_EVALUATORS, _check_tries, _
 pytestmark = pytest.mark.slow  # flows under a temporary Prefect server, signals, resumes
 
 
+def test_a_stop_of_the_run_is_relayed_to_its_groups_processes(tmp_path):
+    """The run's stop request reaches member groups in other processes (Dask workers)
+    through the run directory: :func:`stopping.relay_to_file` writes the file within its
+    poll interval, holding the signal's name, a process that only sees the file
+    (``file_requested``, checked here from a child process) stops, and the file is gone
+    once the relay ends, a stale one from an earlier stop removed on entry."""
+    from ensemble_core import stopping
+
+    path = tmp_path / ".stop-request"
+    path.write_text("SIGTERM")  # stale, from an earlier stop
+    child = [
+        sys.executable,
+        "-c",
+        "import sys; from ensemble_core import stopping; from pathlib import Path; "
+        "sys.exit(0 if stopping.file_requested(Path(sys.argv[1]))() else 3)",
+        str(path),
+    ]
+    stopping.clear()
+    try:
+        with stopping.relay_to_file(path, poll_s=0.02):
+            time.sleep(0.1)
+            assert not path.exists() and subprocess.run(child, cwd=ROOT).returncode == 3
+            stopping.request(signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while not path.exists():
+                assert time.monotonic() < deadline, "the stop request was not relayed within 10 s"
+                time.sleep(0.01)
+            assert path.read_text() == "SIGTERM"
+            assert subprocess.run(child, cwd=ROOT).returncode == 0
+        assert not path.exists()
+    finally:
+        stopping.clear()
+
+
+@pytest.mark.soak  # make test: test_a_stop_of_the_run_is_relayed_to_its_groups_processes + the controlled-moment test
 def test_sigterm_reaches_member_groups_on_dask_workers(tmp_path, tfds_dir):
     """Groups on Dask workers (other processes: the signal reaches only the run's process)
     stop at their next step through the run directory's stop request; once (each run
@@ -46,6 +81,8 @@ def _evaluation_started(proc: subprocess.Popen, lines: list[str], seen: threadin
             seen.set()
 
 
+# make test: test_cli_process.py's SIGTERM (exit 75, one line), the controlled-moment test's evaluation
+@pytest.mark.soak
 def test_cli_stopped_during_evaluation_exits_75_with_one_line(tmp_path, tfds_dir, prefect_api):
     """The command line, SIGTERM at a random moment of evaluation: exit 75, one ``error:``
     line naming the stage and the resume command, no traceback; the rerun completes.

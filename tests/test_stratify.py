@@ -2,11 +2,13 @@
 
 The stratified members against each (setting, initialisation) trained alone by the
 seed tutorial's single-model loop (tests/oracles.py), the one-line refusals, and the
-report of a stratified run read back from its files. The SIGKILL resume is in
-tests/test_stratify_resume.py (a slow test: a training process killed and resumed).
+report of a stratified run read back from its files, and the stratified pool stopped
+mid-training and resumed. The SIGKILL resume is in tests/test_stratify_resume.py (a soak
+test: a training process killed and resumed).
 """
 
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -103,7 +105,47 @@ def test_stratified_members_equal_each_setting_and_initialisation_trained_alone(
     )
 
 
-@pytest.mark.slow  # a hyper-deep run (about 10 s)
+@pytest.mark.slow  # the hyper-deep run of the fixture, and the stratified pool again
+def test_the_stratified_pool_stopped_mid_training_resumes_bitwise(stratified, tmp_path):
+    """The stratification stage of a run whose search pool has trained, stopped at step 7
+    of the stratified pool's 30 (a stop request, as a SIGTERM makes) and run again: the
+    same plan, and the stratified pool's history, members and final arrays bitwise those of
+    the run never stopped."""
+    from ensemble_core.errors import PreemptedError
+    from ensemble_core.runs.stratify import stratify
+
+    cfg, result = stratified
+    run = tmp_path / "hd"
+    shutil.copytree(
+        result.run_dir.path, run, ignore=lambda d, names: ["stratified"] if d == str(result.run_dir.path) else []
+    )
+    dataset = runs.prepare(cfg.data)
+    calls = []
+    with pytest.raises(PreemptedError):
+        stratify(cfg, dataset, run, should_stop=lambda: len(calls.append(1) or calls) >= 7)
+    stopped_at = sorted(int(c.name) for c in (run / "stratified" / "checkpoints").iterdir() if c.name.isdigit())
+    assert stopped_at and stopped_at[-1] < 30  # stopped inside the pool's training, checkpointed
+    resumed = stratify(cfg, dataset, run)
+    want = result.stratification
+    assert (resumed.settings, resumed.inits, resumed.first_selection) == (
+        want.settings,
+        want.inits,
+        want.first_selection,
+    )
+    assert resumed.training.resumed_from is not None
+    assert resumed.training.history == want.training.history and resumed.training.members == want.training.members
+    plan = runs.RunDir(run)
+    assert json.loads(plan_path(plan).read_text()) == json.loads(plan_path(result.run_dir).read_text())
+    pool_cfg, _, _ = final_pool(cfg, plan)
+    states = [
+        restore(pool_cfg, d, dataset.num_classes, dataset.image_shape)[0]
+        for d in (result.run_dir.stratified.path, plan.stratified.path)
+    ]
+    for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(states[1]), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.slow
 def test_stratified_run_reports_the_first_selection_the_pool_and_the_final_selection(stratified):
     cfg, result = stratified
     run = result.run_dir

@@ -14,7 +14,9 @@ import pytest
 from tests.ensembles import predictions
 from tests.test_reliability import _finish, _proc
 
-pytestmark = pytest.mark.slow  # training processes killed and resumed
+# make soak (make test: test_stratify.py's stratified pool stopped and resumed in one process,
+# and test_reliability.py's SIGKILL of a training process)
+pytestmark = [pytest.mark.slow, pytest.mark.soak]  # training processes killed and resumed
 
 HYPER_DEEP = [
     "ensemble.search={learning_rate: {distribution: log_uniform, low: 0.02, high: 0.2}, "

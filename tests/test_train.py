@@ -19,6 +19,7 @@ def _assert_trees_close(a, b, atol=1e-5):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_name, strategy", [("cnn", "unroll"), ("cnn", "vmap"), ("mlp", "vmap")])
 def test_stacked_ensemble_equals_members_trained_alone(mnist_train, model_name, strategy):
     images, labels = mnist_train[0][:N_TRAIN], mnist_train[1][:N_TRAIN]
@@ -36,6 +37,7 @@ def test_stacked_ensemble_equals_members_trained_alone(mnist_train, model_name, 
         _assert_trees_close(unstacked(state.params, m), alone)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ensemble_axis, data_axis", [(1, 1), (2, 1), (4, 1), (2, 2), (1, 4)])
 def test_same_members_on_any_mesh(mnist_train, ensemble_axis, data_axis):
     images, labels = mnist_train[0][:N_TRAIN], mnist_train[1][:N_TRAIN]
@@ -48,6 +50,7 @@ def test_same_members_on_any_mesh(mnist_train, ensemble_axis, data_axis):
     _assert_trees_close(got.params, ref.params, atol=1e-5 if data_axis == 1 else 5e-5)
 
 
+@pytest.mark.slow
 def test_member_is_independent_of_ensemble_size(mnist_train):
     images, labels = mnist_train[0][:N_TRAIN], mnist_train[1][:N_TRAIN]
     small, _ = train_small(small_setup("mlp", 2), images, labels)
@@ -55,6 +58,7 @@ def test_member_is_independent_of_ensemble_size(mnist_train):
     _assert_trees_close(unstacked(small.params, 1), unstacked(big.params, 1))
 
 
+@pytest.mark.slow
 def test_training_reduces_loss(mnist_train):
     images, labels = mnist_train[0][:1024], mnist_train[1][:1024]
     built = small_setup("mlp", 2, hidden=(64,), lr=0.05)
@@ -95,6 +99,7 @@ def test_mesh_plans():
         mesh_lib.plan_mesh(4, 8, data=2, batch_size=33)
 
 
+@pytest.mark.slow
 def test_padded_members_are_real_members(mnist_train):
     images, labels = mnist_train[0][:N_TRAIN], mnist_train[1][:N_TRAIN]
     padded, _ = train_small(small_setup("mlp", 3, ensemble=2, pad=True, hidden=(16,)), images, labels)
@@ -116,6 +121,7 @@ def test_epoch_order_is_a_permutation_per_member():
     np.testing.assert_array_equal(jax.random.key_data(keys["init"]), jax.random.key_data(more["init"])[:4])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("donate", [None, True])
 def test_cpu_step_compiler_options_and_donation(mnist_train, donate):
     """On CPU the step is compiled without YNNPACK fusions and, by default, without
