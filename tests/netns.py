@@ -9,8 +9,10 @@ host's name (a mount namespace with that file bound over it: gloo, JAX's CPU col
 resolves its own host name). The rest of the file system is shared by every host, as a
 cluster shares its run directory over NFS.
 
-Everything is named ``ensh<pid>...`` and removed on exit, also when the test fails;
-:func:`leaks` lists what is left of any earlier cluster (for the tests to assert none).
+Everything is named ``ensh<pid in hex>x<serial>...`` and removed on exit, also when the test
+fails; :func:`leaks` lists what is left of any earlier cluster (for the tests to assert
+none). What a killed test process could not remove (its namespaces, veths and bridge,
+whose address every cluster uses) is removed when the next cluster starts.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import contextlib
 import dataclasses
 import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -98,7 +101,10 @@ def cluster(names: Sequence[str]) -> Iterator[Cluster]:
     process started on them killed, namespaces, veths and the bridge deleted."""
     # Unique per cluster (several may be up at once in one process, e.g. a module's and a
     # test's own), and at most 15 characters with the suffixes below (Linux's IFNAMSIZ).
-    tag = f"{PREFIX}{os.getpid() % 100000}{next(_serial) % 100}"
+    # The pid in hex (at most 6 digits: Linux's pid_max is 2**22) identifies the owner, so
+    # that a cluster left by a killed process can be told from a live one.
+    tag = f"{PREFIX}{os.getpid():x}x{next(_serial) % 256:02x}"
+    remove_stale()
     bridge = f"{tag}br"
     made = Cluster(tag=tag, hosts={}, hosts_file=Path(tempfile.mkdtemp(prefix=tag)) / "hosts")
     bridge_made = False
@@ -144,6 +150,39 @@ def cluster(names: Sequence[str]) -> Iterator[Cluster]:
         if bridge_made:  # never another cluster's
             _ip("link", "del", bridge, check=False)
         shutil.rmtree(made.hosts_file.parent, ignore_errors=True)
+
+
+def _owner(name: str) -> int | None:
+    m = re.match(rf"{PREFIX}([0-9a-f]+)x[0-9a-f]{{2}}", name)
+    return int(m.group(1), 16) if m else None
+
+
+def remove_stale() -> list[str]:
+    """Remove what clusters of processes that no longer exist left behind (a test process
+    killed with SIGKILL never reaches :func:`cluster`'s teardown, and its bridge holds the
+    address every cluster uses): their processes killed, namespaces and links deleted.
+    Returns the names removed."""
+    stale = []
+    for name in leaks():
+        owner = _owner(name)
+        if owner is None:
+            continue
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            stale.append(name)
+        except PermissionError:
+            pass  # alive, another user's
+    namespaces = {line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines() if line}
+    for name in stale:
+        if name in namespaces:
+            for pid in _pids(name):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            _ip("netns", "del", name, check=False)
+        else:
+            _ip("link", "del", name, check=False)
+    return stale
 
 
 def leaks(prefix: str = PREFIX) -> list[str]:

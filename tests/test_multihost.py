@@ -86,6 +86,37 @@ def test_simulated_hosts_are_separate_and_leave_nothing_behind(tmp_path):
     assert netns.leaks(tag) == []
 
 
+def test_a_cluster_left_by_a_killed_test_process_is_removed_by_the_next():
+    """A test process killed with SIGKILL never tears its cluster down, and its bridge keeps
+    the address every cluster uses (the next cluster's hosts were unreachable). The next
+    cluster removes what dead processes left (their hosts' processes too) and works."""
+    code = (
+        "import sys, time\nfrom tests import netns\nwith netns.cluster(['alpha']) as c:\n"
+        " c.start('alpha', ['sleep', '600'])\n print(c.tag, flush=True)\n time.sleep(600)"
+    )
+    p = subprocess.Popen([PY, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    tag = p.stdout.readline().strip()
+    assert tag, "the cluster did not start"
+    p.kill()
+    p.wait()
+    p.stdout.close()
+    left = netns.leaks(tag)
+    assert f"{tag}br" in left and f"{tag}-alpha" in left  # what the killed process left
+    with netns.cluster(["beta"]) as hosts:
+        assert netns.leaks(tag) == []
+        beta = hosts.hosts["beta"].address
+        hosts.start(
+            "beta",
+            [
+                PY,
+                "-c",
+                "import socket,sys; s=socket.socket(); s.bind((sys.argv[1], 9100)); s.listen(); s.accept()",
+                beta,
+            ],
+        )
+        _wait_for(lambda: _connects(beta, 9100), "a server on beta", 60)
+
+
 @pytest.fixture(scope="module")
 def cluster_hosts(tmp_path_factory):
     """A scheduler host running a Prefect server (auth string) and a TLS Dask scheduler,

@@ -84,6 +84,7 @@ def test_sigkill_mid_training_then_resume_is_bitwise_identical(tmp_path, tfds_di
     p.send_signal(signal.SIGKILL)
     p.wait()
     saved = sorted(int(d.name) for d in (run / "checkpoints").iterdir() if d.name.isdigit())
+    assert saved[-1] < 4 * 16, f"the kill landed after training ended (checkpoints {saved})"
     rc, out, err = _finish(_proc(run, tfds_dir))
     assert rc == 0, err[-2000:]
     summary = json.loads(out.strip().splitlines()[-1])
@@ -145,8 +146,8 @@ def test_damaged_latest_checkpoint_falls_back(tmp_path, tfds_dir, reference, dam
 def test_write_error_during_save_is_clear_and_keeps_earlier_checkpoints(tmp_path, tfds_dir):
     run = tmp_path / "run"
     # From epoch 2 on, every write past 4 KiB fails (RLIMIT_FSIZE: a real failing write()).
-    # An MLP: the failing write is the subject, not the network.
-    mlp = ("model.name=mlp", "model.hidden_sizes=[32]")
+    # Without the pause: the failing write is the subject, not a long training.
+    mlp = ("model.options={hidden: 64, pause_s: 0}",)
     rc, _, err = _finish(_proc(run, tfds_dir, "--fsize-limit-after-epoch", "2", "4096", *mlp))
     assert rc == 2
     # orbax's writer thread may also print its traceback; our one-line error is among the lines.
@@ -266,8 +267,10 @@ print(json.dumps({{"devices": jax.device_count(), "step": step, "meta_step": out
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["devices"] == 1 and got["step"] == got["meta_step"] == 64 and got["shape"] == [4, 256, 10]
-    cfg = load_config(None, [f"data.data_dir={tfds_dir}", "model.name=cnn", "ensemble.size=4"])
+    assert got["devices"] == 1 and got["step"] == got["meta_step"] == 64 and got["shape"] == [4, 64, 10]
+    from tests.train_proc import BASE
+
+    cfg = load_config(None, [*BASE, f"data.data_dir={tfds_dir}"])
     state, _ = runs.evaluation.restore(cfg, reference, 10, (28, 28, 1))
     expected = float(np.abs(np.asarray(state.params["Dense_1"]["kernel"])).sum())
     assert got["abs_sum"] == pytest.approx(expected, rel=1e-6)
@@ -327,9 +330,9 @@ def test_concurrent_runs_in_different_directories_share_caches(tmp_path, tfds_di
         **{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
         "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "shared-jax-cache"),
     }
-    # MLPs (sharing caches does not depend on the network): the reference is the same
-    # config run in this process, with its own compilation cache.
-    mlp = ("model.name=mlp", "model.hidden_sizes=[32]")
+    # Without the pause (sharing caches does not need a long training): the reference is
+    # the same config run in this process, with its own compilation cache.
+    mlp = ("model.options={hidden: 64, pause_s: 0}",)
     procs = [_proc(tmp_path / name, tfds_dir, *mlp, env=env) for name in ("a", "b")]
     from tests.train_proc import BASE
 

@@ -29,7 +29,10 @@ BASE = [
     "data.validation_fraction=0.2",
     "train.patience=2",
     "data.max_test_examples=200",
-    "model.name=cnn",
+    # An MLP whose training steps wait 0.1 s in a host callback: about 5 s of training
+    # after the first checkpoint for a kill to land in, without the CPU seconds of a CNN
+    "model.name=tests.user_models.paced_mlp:build",
+    "model.options={hidden: 64, pause_s: 0.1}",
     "ensemble.size=4",
     "train.batch_size=64",
     "train.epochs=4",
