@@ -1,6 +1,6 @@
 """The test suite's own figures: ``.ci/run`` on a fresh clone, timed, with one core held busy.
 
-    python -m benchmarks.suite [--runs 3] [--no-busy-core] [--fast]
+    python -m benchmarks.suite [--runs 3] [--no-busy-core] [--fast] [--append]
                                [--out benchmarks/results/suite-cpu-2core.json]
 
 Each run clones the committed ``HEAD`` of this repository into a new temporary directory
@@ -12,7 +12,9 @@ last clone, under the same load. Writes (``--out``): ``date``, ``machine``, ``co
 and per run the install-and-suite seconds, the suite's seconds as pytest printed them,
 the number of tests by outcome, the CPU seconds of all tests, the 15 slowest tests
 (wall seconds, setup and teardown included) and each module's wall and CPU seconds; ``budget_s`` is the suite's budget
-(15 minutes, issue 37), and ``within_budget`` says whether every run met it.
+(15 minutes, issue 37), and ``within_budget`` says whether every run met it. ``--append``
+adds the runs to those already in ``--out`` when that file was written for the same commit
+(runs in a row measured in separate sittings); otherwise it starts the file anew.
 
 The README and docs/development.md take their suite figures from this file (checked by
 ``make docs-check``).
@@ -114,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-busy-core", action="store_true", help="do not hold a core busy")
     parser.add_argument("--fast", action="store_true", help="also time make test-fast in the last clone")
+    parser.add_argument("--append", action="store_true", help="add to --out's runs of the same commit")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "suite-cpu-2core.json"))
     args = parser.parse_args(argv)
     result = {
@@ -124,6 +127,13 @@ def main(argv: list[str] | None = None) -> int:
         "fast_budget_s": FAST_BUDGET_S,
         "runs": [],
     }
+    # What is measured is a clone of HEAD: the work tree's own changes play no part.
+    if result["commit"]:
+        result["commit"] = result["commit"].removesuffix("-dirty")
+    earlier = json.loads(Path(args.out).read_text()) if args.append and Path(args.out).exists() else None
+    if earlier is not None and earlier.get("commit") == result["commit"]:
+        result["runs"] = earlier["runs"]
+        result["command"] = f"{earlier['command']}; {result['command']}"
     for i in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="ensemble-suite-") as work:
             row = one_run(Path(work), not args.no_busy_core, args.fast and i == args.runs - 1)

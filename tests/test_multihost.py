@@ -443,10 +443,11 @@ def _group0_fault(cluster, tfds_dir, tmp_path, name: str, fault, epochs: int = 4
     cluster has two workers again afterwards."""
     from ensemble_core.config import load_config
 
-    slow = [
-        *("model.name=cnn", "data.max_train_examples=1280", f"train.epochs={epochs}"),
-        *("promotion.enabled=false", "eval.evaluators=[test]"),
-    ]
+    # Training that lasts (20 steps of 0.1 s an epoch: tests/user_models/paced_mlp.py) with
+    # little CPU; the reference below, in this process, trains the same network unpaused.
+    paced = ("model.name=tests.user_models.paced_mlp:build", "data.max_train_examples=1280", f"train.epochs={epochs}")
+    slow = [*paced, "model.options={hidden: 64, pause_s: 0.1}", "promotion.enabled=false", "eval.evaluators=[test]"]
+    unpaused = [*paced, "model.options={hidden: 64, pause_s: 0}", "promotion.enabled=false", "eval.evaluators=[test]"]
     env = {**os.environ, "PREFECT_API_URL": cluster["api"], "PREFECT_API_AUTH_STRING": AUTH}
     args = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", f"data.data_dir={tfds_dir}"]
     for s in [*cluster["sets"], *slow]:
@@ -486,7 +487,7 @@ def _group0_fault(cluster, tfds_dir, tmp_path, name: str, fault, epochs: int = 4
         assert len(sessions) == 2 and sessions[1]["start_epoch"] >= 1  # resumed from its checkpoint, not restarted
     finally:
         _replace_worker(cluster, victim)
-    cfg = load_config(ROOT / "configs" / "tiny.yaml", [f"data.data_dir={tfds_dir}", *slow])
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", [f"data.data_dir={tfds_dir}", *unpaused])
     _assert_members_equal(cfg, out / name, _one_program(cfg, tmp_path / "one"), atol=2e-5)
     assert resumed is not None
     return victim, struck_wall, resumed
