@@ -66,6 +66,10 @@ def two_runs(stack):
 
 
 def test_both_runs_completed_with_every_record(two_runs):
+    """Both deployment runs end COMPLETED with every record (task runs, artifacts, logs).
+
+    Why not shorter (its fixture, 2-3 min under load: the stack on PostgreSQL and two
+    runs by `prefect deployment run`, each a new flow-run process under a busy core)."""
     _, env, flow_runs = two_runs
     for fr in flow_runs:
         assert_complete_records(env, fr)
@@ -264,7 +268,10 @@ def bad_runs(two_runs):
 def test_bad_parameters_fail_at_once_with_one_line(bad_runs, case):
     """Bad parameters (what the schema cannot refuse, and an unknown key) fail on the first attempt (no retry), with the
     CLI's `error: ...; fix: ...` line in --watch's output and as the state message, and
-    nothing written under the output dir."""
+    nothing written under the output dir.
+
+    Why not shorter (its fixture, about a minute under load for the first case: the four
+    runs start side by side, each a flow-run process importing JAX before it refuses)."""
     env, results = bad_runs
     proc, elapsed, out, before = results[case]
     expected = BAD[case][1]

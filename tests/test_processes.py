@@ -35,6 +35,11 @@ COMMON = ("ensemble.size=4", "data.validation_fraction=0.2", "data.max_train_exa
     ],
 )
 def test_two_processes_train_the_members_of_one(tfds_dir, tmp_path, mesh, where):
+    """One program in two JAX processes (joined over loopback) trains the members one
+    process trains, to float32 rounding, and says so in its report.
+
+    Why not shorter (about a minute under load): the one-process run, then two JAX
+    processes that each import JAX, join, compile and train."""
     one = runs.run(tiny_config(tfds_dir, *COMMON, mesh), tmp_path, "one")
     two = runs.run(tiny_config(tfds_dir, *COMMON, mesh, "distributed.num_processes=2"), tmp_path, "two")
     a, b = predictions(one.run_dir.path), predictions(two.run_dir.path)
