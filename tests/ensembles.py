@@ -96,3 +96,22 @@ def tiny_config(tfds_dir: str, *overrides: str):
         "eval.evaluators=[test]",
     ]
     return load_config(None, [*base, *overrides])
+
+
+def stop_after(steps: int):
+    """A ``should_stop`` that asks training to stop once it has been asked ``steps`` times
+    (once per step): a stop request at a step the test chooses, as a SIGTERM makes."""
+    calls = []
+    return lambda: len(calls.append(1) or calls) >= steps
+
+
+def assert_checkpoints_equal(cfg: PipelineConfig, dataset, run_a, run_b) -> None:
+    """The latest checkpoints of two runs of ``cfg`` (directories with ``checkpoints/``),
+    restored, are bitwise equal leaf for leaf (parameters, optimizer and model state)."""
+    import numpy as np
+
+    from ensemble_core.runs.evaluation import restore
+
+    a, b = (restore(cfg, d, dataset.num_classes, dataset.image_shape)[0] for d in (run_a, run_b))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -152,6 +152,10 @@ def cluster(names: Sequence[str]) -> Iterator[Cluster]:
         shutil.rmtree(made.hosts_file.parent, ignore_errors=True)
 
 
+def _namespaces() -> list[str]:
+    return [line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines() if line]
+
+
 def _owner(name: str) -> int | None:
     m = re.match(rf"{PREFIX}([0-9a-f]+)x[0-9a-f]{{2}}", name)
     return int(m.group(1), 16) if m else None
@@ -173,7 +177,7 @@ def remove_stale() -> list[str]:
             stale.append(name)
         except PermissionError:
             pass  # alive, another user's
-    namespaces = {line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines() if line}
+    namespaces = set(_namespaces())
     for name in stale:
         if name in namespaces:
             for pid in _pids(name):
@@ -188,6 +192,6 @@ def remove_stale() -> list[str]:
 def leaks(prefix: str = PREFIX) -> list[str]:
     """Namespaces and links whose names start with ``prefix`` (default: any cluster's; a
     :attr:`Cluster.tag`: that cluster's) that exist now."""
-    namespaces = [line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines() if line]
+    namespaces = _namespaces()
     links = [line.split(":")[1].strip().split("@")[0] for line in _ip("-o", "link", check=False).stdout.splitlines()]
     return [n for n in [*namespaces, *links] if n.startswith(prefix)]

@@ -10,7 +10,7 @@ from ensemble_core import data, rngs, runs, setup
 from ensemble_core.config import PipelineConfig, load_config
 from ensemble_core.errors import ConfigError, IncompatibleRunError, PreemptedError
 from ensemble_core.train import unstacked
-from tests.ensembles import tiny_config, train_small
+from tests.ensembles import assert_checkpoints_equal, stop_after, tiny_config, train_small
 from tests.oracles import train_member_alone
 
 N_TRAIN = 256
@@ -236,23 +236,11 @@ def test_hyper_ensemble_resumes_bitwise_wherever_it_stops(tmp_path, tfds_dir, st
     dataset = runs.prepare(cfg.data)
     keys = runs.split_keys(cfg, 4)
     full = runs.train(cfg, dataset, keys, tmp_path / "full")
-    calls = []
     with pytest.raises(PreemptedError):
-        runs.train(
-            cfg,
-            dataset,
-            keys,
-            tmp_path / "stopped",
-            should_stop=lambda: len(calls.append(1) or calls) >= stop_after_steps,
-        )
+        runs.train(cfg, dataset, keys, tmp_path / "stopped", should_stop=stop_after(stop_after_steps))
     resumed = runs.train(cfg, dataset, keys, tmp_path / "stopped")
     assert resumed.history == full.history and resumed.members == full.members
-    states = []
-    for name in ("full", "stopped"):
-        state, _ = runs.evaluation.restore(cfg, tmp_path / name, dataset.num_classes, dataset.image_shape)
-        states.append(state)
-    for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(states[1]), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert_checkpoints_equal(cfg, dataset, tmp_path / "full", tmp_path / "stopped")
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ from ensemble_core.errors import ConfigError, IncompatibleRunError
 from ensemble_core.predict import member_probs
 from ensemble_core.runs.checkpoint import STATE_FORMAT, EnsembleCheckpointer
 from ensemble_core.runs.evaluation import restore
-from tests.ensembles import predictions, tiny_config
+from tests.ensembles import assert_checkpoints_equal, predictions, stop_after, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 USER_MODEL = (
@@ -83,17 +83,12 @@ def test_a_stopped_run_resumes_bitwise_with_batchnorm_dropout_and_augmentation(o
     cfg, full = one_program
     dataset = runs.prepare(cfg.data)
     keys = runs.split_keys(cfg, cfg.ensemble.size)
-    calls = []
     with pytest.raises(PreemptedError):
-        runs.train(cfg, dataset, keys, tmp_path / "stopped", should_stop=lambda: len(calls.append(1) or calls) >= 5)
+        runs.train(cfg, dataset, keys, tmp_path / "stopped", should_stop=stop_after(5))
     resumed = runs.train(cfg, dataset, keys, tmp_path / "stopped")
     assert resumed.resumed_from is not None
     assert resumed.history == full.training.history and resumed.members == full.training.members
-    states = [
-        restore(cfg, d, dataset.num_classes, dataset.image_shape)[0] for d in (full.run_dir.path, tmp_path / "stopped")
-    ]
-    for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(states[1]), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert_checkpoints_equal(cfg, dataset, full.run_dir.path, tmp_path / "stopped")
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ from ensemble_core.runs.dataset import load
 from ensemble_core.runs.evaluation import restore
 from ensemble_core.runs.pool import final_pool, plan_path
 from ensemble_core.train import unstacked
+from tests.ensembles import assert_checkpoints_equal, stop_after
 from tests.oracles import train_member_alone
 from tests.test_hyper import _optax_schedule
 
@@ -120,9 +121,8 @@ def test_the_stratified_pool_stopped_mid_training_resumes_bitwise(stratified, tm
         result.run_dir.path, run, ignore=lambda d, names: ["stratified"] if d == str(result.run_dir.path) else []
     )
     dataset = runs.prepare(cfg.data)
-    calls = []
     with pytest.raises(PreemptedError):
-        stratify(cfg, dataset, run, should_stop=lambda: len(calls.append(1) or calls) >= 7)
+        stratify(cfg, dataset, run, should_stop=stop_after(7))
     stopped_at = sorted(int(c.name) for c in (run / "stratified" / "checkpoints").iterdir() if c.name.isdigit())
     assert stopped_at and stopped_at[-1] < 30  # stopped inside the pool's training, checkpointed
     resumed = stratify(cfg, dataset, run)
@@ -137,12 +137,7 @@ def test_the_stratified_pool_stopped_mid_training_resumes_bitwise(stratified, tm
     plan = runs.RunDir(run)
     assert json.loads(plan_path(plan).read_text()) == json.loads(plan_path(result.run_dir).read_text())
     pool_cfg, _, _ = final_pool(cfg, plan)
-    states = [
-        restore(pool_cfg, d, dataset.num_classes, dataset.image_shape)[0]
-        for d in (result.run_dir.stratified.path, plan.stratified.path)
-    ]
-    for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(states[1]), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert_checkpoints_equal(pool_cfg, dataset, result.run_dir.stratified.path, plan.stratified.path)
 
 
 @pytest.mark.slow
