@@ -154,6 +154,7 @@ def _worker(args: argparse.Namespace) -> dict:
         "size": e,
         "method": args.method,
         "backend": jax.default_backend(),
+        "device_kind": jax.devices()[0].device_kind,  # e.g. 'NVIDIA H100 80GB HBM3', 'cpu'
         "devices": jax.device_count(),
     }
 
@@ -453,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
             "processor": platform.processor(),
             "cpus": os.cpu_count(),
             "backend": rows[0]["project"]["backend"],
+            "device_kind": rows[0]["project"].get("device_kind"),
             "devices": rows[0]["project"]["devices"],
         },
         "batch_size": BATCH,

@@ -189,7 +189,10 @@ def test_a_checkpoint_from_before_collections_is_restored(tmp_path, tfds_dir):
         data.EMBEDDED, "test", data.prepare(data.EMBEDDED, tfds_dir).tfds_data_dir, limit=want.shape[1]
     )
     got = member_probs(setup.predict_fn(), state.final_variables, images, setup.mesh, 64)
-    np.testing.assert_allclose(got, want, atol=1e-6)
+    # predictions.npz was recorded on CPU. On GPU, XLA computes float32 matmuls and convolutions
+    # in TF32 by default (jax_default_matmul_precision): measured there up to 1.5e-4 apart
+    # (benchmarks/results/gpu-h100-check.json).
+    np.testing.assert_allclose(got, want, atol=1e-6 if jax.default_backend() == "cpu" else 1e-3)
     bn = cfg.model_copy(update={"model": load_config(None, [USER_MODEL[0]]).model})
     with pytest.raises(IncompatibleRunError, match="before members carried mutable collections"):
         restore(bn, run_dir, 10, (28, 28, 1))
