@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from ensemble_core.metrics import _TINY
+from ensemble_core.metrics import FLOAT64_TINY
 
 #: The temperatures :func:`fit_temperature` searches between.
 MIN_TEMPERATURE = 0.05
@@ -22,7 +22,7 @@ def _check(temperature: float) -> None:
 
 
 def _log(probs: np.ndarray) -> np.ndarray:
-    return np.log(np.maximum(np.asarray(probs, np.float64), _TINY))
+    return np.log(np.maximum(np.asarray(probs, np.float64), FLOAT64_TINY))
 
 
 def _log_softmax(z: np.ndarray) -> np.ndarray:

@@ -8,7 +8,20 @@ from __future__ import annotations
 
 
 class EnsembleError(Exception):
-    """Base class of every error the project raises on purpose."""
+    """Base class of every error the project raises on purpose.
+
+    Args:
+        problem: what is wrong, naming the value, file or process.
+        fix: what the user does about it; the message is ``"<problem>; fix: <fix>"``.
+    """
+
+    def __init__(self, problem: str, fix: str | None = None) -> None:
+        super().__init__(problem if fix is None else f"{problem}; fix: {fix}")
+
+
+def resume_fix(run_name: str) -> str:
+    """The fix of every stop that leaves a run to resume: its name, to run it again."""
+    return f"rerun with the same run name (run_name {run_name}) to resume"
 
 
 class ConfigError(EnsembleError, ValueError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-_TINY = np.finfo(np.float64).tiny
+FLOAT64_TINY = np.finfo(np.float64).tiny
 
 
 def ensemble_probs(member_probs: np.ndarray) -> np.ndarray:
@@ -31,7 +31,7 @@ def nll(probs: np.ndarray, labels: np.ndarray) -> float:
     large finite value instead of infinity.
     """
     p = np.asarray(probs, np.float64)[np.arange(len(labels)), labels]
-    return float(-np.mean(np.log(np.maximum(p, _TINY))))
+    return float(-np.mean(np.log(np.maximum(p, FLOAT64_TINY))))
 
 
 def brier(probs: np.ndarray, labels: np.ndarray) -> float:
@@ -56,7 +56,7 @@ def ece(probs: np.ndarray, labels: np.ndarray, num_bins: int = 15) -> float:
 def entropy(probs: np.ndarray) -> np.ndarray:
     """Shannon entropy over the last axis, ``-sum_c p log p`` (nats), with 0 log 0 = 0."""
     p = np.asarray(probs, np.float64)
-    return -np.sum(np.where(p > 0, p * np.log(np.maximum(p, _TINY)), 0.0), axis=-1)
+    return -np.sum(np.where(p > 0, p * np.log(np.maximum(p, FLOAT64_TINY)), 0.0), axis=-1)
 
 
 def predictive_entropy(member_probs: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ import numbers
 
 import numpy as np
 
-from ensemble_core.metrics import _TINY
+from ensemble_core.metrics import FLOAT64_TINY
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +101,7 @@ def _greedy(
     available = mask.copy()
     order: list[int] = []
     if sorted_init:
-        alone = -np.mean(np.log(np.maximum(p_true, _TINY)), axis=1)  # [E]: each member's own NLL
+        alone = -np.mean(np.log(np.maximum(p_true, FLOAT64_TINY)), axis=1)  # [E]: each member's own NLL
         alone[~mask] = np.inf
         order = [int(i) for i in np.argsort(alone, kind="stable")[:sorted_init]]  # stable: ties to lowest index
     running = np.zeros(p_true.shape[1], np.float64)
@@ -110,10 +110,10 @@ def _greedy(
     for k in range(1, size + 1):
         if k <= sorted_init:
             best = order[k - 1]
-            score = float(-np.mean(np.log(np.maximum((running + p_true[best]) / k, _TINY))))
+            score = float(-np.mean(np.log(np.maximum((running + p_true[best]) / k, FLOAT64_TINY))))
         else:
             candidate = (running[None, :] + p_true) / k  # [E, N]
-            nll = -np.mean(np.log(np.maximum(candidate, _TINY)), axis=1)
+            nll = -np.mean(np.log(np.maximum(candidate, FLOAT64_TINY)), axis=1)
             nll[~available] = np.inf
             best = int(np.argmin(nll))  # argmin: the first (lowest index) of equal values
             score = float(nll[best])
@@ -247,6 +247,6 @@ def bagged_selection(
     order = np.lexsort((np.arange(e), -totals))  # decreasing averaged multiplicity, ties to lowest index
     members = [int(i) for i in order for _ in range(int(counts[i]))]
     cumulative = np.cumsum(p_true[members], axis=0) / np.arange(1, size + 1)[:, None]  # [K, N]
-    nlls = [float(v) for v in -np.mean(np.log(np.maximum(cumulative, _TINY)), axis=1)]
+    nlls = [float(v) for v in -np.mean(np.log(np.maximum(cumulative, FLOAT64_TINY)), axis=1)]
     weights = {int(i): float(totals[i] / bags) for i in np.flatnonzero(totals)}
     return Selection(members=members, validation_nll=nlls, weights=weights)

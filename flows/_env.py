@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ensemble_core.config import HOST_DEVICES  # pydantic and numpy, no JAX
 
-__all__ = ["HOST_DEVICES", "apply"]
+__all__ = ["apply"]
 _FLAG = "--xla_force_host_platform_device_count"
 
 

@@ -33,13 +33,9 @@ from prefect.states import Cancelled, Crashed, Failed, State
 from ensemble_core.errors import EnsembleError, PreemptedError
 from flows import _ephemeral
 from flows._cli import EXIT_BAD_INPUT, EXIT_PREEMPTED, in_flags
-from flows._services import DRAIN_TIMEOUT_S, PrefectServices, drain_services
 
 __all__ = [
-    "DRAIN_TIMEOUT_S",
     "PREEMPTED_PREFIX",
-    "PrefectServices",
-    "drain_services",
     "exit_code",
     "finish_cli",
     "interrupted",

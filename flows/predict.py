@@ -23,7 +23,7 @@ from prefect.states import State
 
 from ensemble_core import stopping
 from ensemble_core.errors import EnsembleError, PreemptedError
-from flows import _cli, _outcome
+from flows import _cli, _outcome, _services
 from tasks.predict import load_images, predict_images, resolve_run
 
 
@@ -45,7 +45,7 @@ def predict(
       run_dir: a run directory; default: the champion under ``output_dir``.
       output: where to write; default ``<run_dir>/predictions-<input name>.npz``.
     """
-    services = _outcome.PrefectServices()
+    services = _services.PrefectServices()
     try:
         # SIGTERM/SIGINT stop prediction at its next batch (ensemble_core.stopping); the
         # output is written atomically, so nothing half-written is left.

@@ -32,6 +32,7 @@ from ensemble_core.config import PipelineConfig, load_config, validate
 from ensemble_core.errors import ConfigError, EnsembleError, PreemptedError
 from flows import _outcome
 from flows import _server
+from flows import _services
 from flows import _cli
 from flows._cli import EXIT_BAD_INPUT, report_error
 from tasks._cluster import preflight as cluster_preflight
@@ -126,7 +127,7 @@ def train_ensemble(
         promotion: Deprecated: use config.promotion.
         distributed: Deprecated: use config.distributed.
     """
-    services = _outcome.PrefectServices()
+    services = _services.PrefectServices()
     run_name = run_name or default_run_name()
     legacy = {"seed": seed, "data": data, "model": model, "ensemble": ensemble, "train": train, "mesh": mesh}
     legacy.update(checkpoint=checkpoint, eval=eval, promotion=promotion, distributed=distributed)

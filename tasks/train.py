@@ -13,18 +13,13 @@ from prefect import flow, get_run_logger, task
 from ensemble_core import runs, stopping
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
-from ensemble_core.errors import PreemptedError
+from ensemble_core.errors import PreemptedError, resume_fix
 from tasks import TRANSIENT_RETRIES
-from tasks._progress import PROGRESS_INTERVAL_S, PROGRESS_KEY, train_with_progress
-from tasks._runners import local_cluster_kwargs, pin_to_core, place_group, scheduler_lost, submit_each, task_runner
+from tasks._progress import train_with_progress
+from tasks._runners import place_group, scheduler_lost, submit_each, task_runner
 
 __all__ = [
-    "PROGRESS_INTERVAL_S",
-    "PROGRESS_KEY",
     "gather_members",
-    "local_cluster_kwargs",
-    "pin_to_core",
-    "task_runner",
     "train_member_group",
     "train_members",
     "train_stage",
@@ -110,5 +105,6 @@ def train_stage(config: PipelineConfig, dataset: DatasetInfo, keys: dict, run_di
         # checkpoints are what they were, so this is a stop like any other.
         raise PreemptedError(
             f"stopped by {signal.Signals(err.signal).name} while the member groups started or ended; their "
-            f"checkpoints are kept; fix: rerun with the same run name (run_name {Path(run_dir).name}) to resume"
+            "checkpoints are kept",
+            fix=resume_fix(Path(run_dir).name),
         ) from None

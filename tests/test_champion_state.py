@@ -1,5 +1,5 @@
 """Damaged champion/history state never blocks a later run (ensemble_core.runs.champion_state,
-through the names ensemble_core.runs.champion re-exports).
+and the promotion policy of ensemble_core.runs.champion that reads it).
 
 Real files under tmp_path; what is read back is checked with the json module directly.
 """
@@ -18,7 +18,7 @@ import pytest
 from ensemble_core.runs import champion, champion_state
 from ensemble_core.runs.layout import OutputDir
 
-LOGGER = "ensemble_core.runs.champion"
+LOGGER = "ensemble_core.runs.champion_state"
 METRICS = {"accuracy": 0.91, "nll": 0.31, "brier": 0.12, "ece": 0.02}
 
 
@@ -116,7 +116,7 @@ def test_damaged_champion_is_set_aside_with_one_warning(tmp_path, caplog, case):
     runs_before = _snapshot(tmp_path / "runs")
 
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert champion.read_champion(out) is None
+        assert champion_state.read_champion(out) is None
 
     assert not (out / "champion.json").exists()
     (moved,) = _corrupt_files(out)
@@ -133,7 +133,7 @@ def test_damaged_champion_is_set_aside_with_one_warning(tmp_path, caplog, case):
     # the next run finds no champion and no warning: the damage was dealt with once
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert champion.read_champion(out) is None
+        assert champion_state.read_champion(out) is None
     assert not _warnings(caplog)
     assert _corrupt_files(out) == [moved]
 
@@ -154,7 +154,7 @@ def test_warning_says_what_was_wrong(tmp_path, caplog, case, words):
     content, _ = _damaged_champions(tmp_path)[case]
     (tmp_path / "champion.json").write_bytes(content)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        champion.read_champion(tmp_path)
+        champion_state.read_champion(tmp_path)
     (record,) = _warnings(caplog)
     assert words in record.getMessage()
 
@@ -167,7 +167,7 @@ def test_valid_champion_is_returned_unchanged(tmp_path, caplog):
     (out / "champion.json").write_text(json.dumps(rec, indent=2))
     before = (out / "champion.json").read_bytes()
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        got = champion.read_champion(out)
+        got = champion_state.read_champion(out)
     assert got == rec == json.loads(before)
     assert (out / "champion.json").read_bytes() == before
     assert not _warnings(caplog) and not _corrupt_files(out)
@@ -176,8 +176,8 @@ def test_valid_champion_is_returned_unchanged(tmp_path, caplog):
 def test_missing_champion_is_none_silently_and_creates_nothing(tmp_path, caplog):
     out = tmp_path / "never-made"
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert champion.read_champion(out) is None
-        assert champion.read_history(out) == []
+        assert champion_state.read_champion(out) is None
+        assert champion_state.read_history(out) == []
     assert not out.exists()
     assert not _warnings(caplog)
 
@@ -185,13 +185,13 @@ def test_missing_champion_is_none_silently_and_creates_nothing(tmp_path, caplog)
 def test_champion_pointer_dies_when_its_run_dir_is_deleted(tmp_path, caplog):
     """Valid today, pointer to a deleted run tomorrow: set aside, no dir re-created."""
     run = _run_dir(tmp_path)
-    champion.write_champion(tmp_path / "out", _record(run))
-    assert champion.read_champion(tmp_path / "out")["run_dir"] == str(run)
+    champion_state.write_champion(tmp_path / "out", _record(run))
+    assert champion_state.read_champion(tmp_path / "out")["run_dir"] == str(run)
     for p in sorted(run.rglob("*"), reverse=True):
         p.rmdir()
     run.rmdir()
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert champion.read_champion(tmp_path / "out") is None
+        assert champion_state.read_champion(tmp_path / "out") is None
     assert not run.exists()
     assert len(_warnings(caplog)) == 1
 
@@ -201,16 +201,16 @@ def test_decision_after_a_damaged_champion_promotes(tmp_path, caplog):
     out.mkdir()
     (out / "champion.json").write_bytes(b'{"run_name": "old", "run_dir": ')  # a half-written pointer
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        current = champion.read_champion(out)
+        current = champion_state.read_champion(out)
     challenger = {"accuracy": 0.5, "nll": 2.0, "brier": 0.6, "ece": 0.3}
     assert current is None and champion.decide(challenger["nll"], current, "nll") == (True, "no champion yet")
 
     run = _run_dir(tmp_path, "new")
-    champion.write_champion(out, _record(run, metrics=challenger))
+    champion_state.write_champion(out, _record(run, metrics=challenger))
     on_disk = json.loads((out / "champion.json").read_text())
     assert on_disk["run_name"] == "new" and on_disk["metrics"] == challenger
     assert dt.datetime.fromisoformat(on_disk["promoted_at"]).tzinfo is not None
-    assert champion.read_champion(out) == on_disk
+    assert champion_state.read_champion(out) == on_disk
     # the damaged pointer is still there, untouched, for a human to look at
     (moved,) = _corrupt_files(out)
     assert moved.read_bytes() == b'{"run_name": "old", "run_dir": '
@@ -230,7 +230,7 @@ def test_set_aside_never_overwrites(tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         for i in range(3):
             (tmp_path / "champion.json").write_bytes(f"garbage {i}".encode())
-            paths.append(champion.set_aside(tmp_path, "champion.json", f"test {i}"))
+            paths.append(champion_state.set_aside(tmp_path, "champion.json", f"test {i}"))
     assert [p.name for p in paths] == [
         "champion.json.20240506T070809.123456Z",
         "champion.json.20240506T070809.123456Z-1",
@@ -246,19 +246,19 @@ def test_set_aside_a_directory_and_a_missing_name(tmp_path, caplog):
     (d / "inner").mkdir(parents=True)
     (d / "inner" / "f.bin").write_bytes(b"\x00\x01")
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        moved = champion.set_aside(tmp_path, "stale", "unreadable checkpoint", consequence="it is ignored")
+        moved = champion_state.set_aside(tmp_path, "stale", "unreadable checkpoint", consequence="it is ignored")
     assert not d.exists() and moved.parent == tmp_path / "corrupt-state"
     assert (moved / "inner" / "f.bin").read_bytes() == b"\x00\x01"
     (record,) = _warnings(caplog)
     assert "unreadable checkpoint" in record.getMessage() and str(moved) in record.getMessage()
     with pytest.raises(FileNotFoundError):
-        champion.set_aside(tmp_path, "nothing-here", "x")
+        champion_state.set_aside(tmp_path, "nothing-here", "x")
 
 
 def test_write_champion_is_atomic(tmp_path, monkeypatch):
     run = _run_dir(tmp_path)
     out = tmp_path / "out"
-    champion.write_champion(out, _record(run))  # creates out
+    champion_state.write_champion(out, _record(run))  # creates out
     before = (out / "champion.json").read_bytes()
 
     def broken_replace(src, dst):
@@ -266,7 +266,7 @@ def test_write_champion_is_atomic(tmp_path, monkeypatch):
 
     monkeypatch.setattr(champion_state.os, "replace", broken_replace)
     with pytest.raises(OSError):
-        champion.write_champion(out, _record(run, run_name="other"))
+        champion_state.write_champion(out, _record(run, run_name="other"))
     monkeypatch.undo()
     assert (out / "champion.json").read_bytes() == before
     assert sorted(p.name for p in out.iterdir()) == ["champion.json"]  # no temporary file left
@@ -293,7 +293,7 @@ def test_history_with_corrupt_lines_keeps_every_intact_row(tmp_path, caplog):
     path.write_bytes(b"\n".join(lines))
 
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        rows = champion.read_history(tmp_path)
+        rows = champion_state.read_history(tmp_path)
 
     assert rows == good
     # independent check: the file now holds exactly the intact rows, in order
@@ -308,7 +308,7 @@ def test_history_with_corrupt_lines_keeps_every_intact_row(tmp_path, caplog):
     # read again: nothing more to set aside
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert champion.read_history(tmp_path) == good
+        assert champion_state.read_history(tmp_path) == good
     assert not _warnings(caplog) and len(_corrupt_files(tmp_path)) == 1
 
 
@@ -316,21 +316,21 @@ def test_intact_history_lines_are_kept_byte_for_byte(tmp_path):
     """Rewriting after a bad line does not re-serialise the intact ones."""
     odd = b'{ "run_name" : "spaced",   "nll": 1.50 }'
     (tmp_path / "history.jsonl").write_bytes(odd + b"\nnot json\n")
-    assert champion.read_history(tmp_path) == [{"run_name": "spaced", "nll": 1.5}]
+    assert champion_state.read_history(tmp_path) == [{"run_name": "spaced", "nll": 1.5}]
     assert (tmp_path / "history.jsonl").read_bytes() == odd + b"\n"
 
 
 def test_append_history_is_idempotent_per_run_name(tmp_path):
-    first = champion.append_history(tmp_path, _row("r1", nll=0.5, promoted=False))
-    again = champion.append_history(tmp_path, _row("r1", nll=0.4, promoted=True))  # a retried task
+    first = champion_state.append_history(tmp_path, _row("r1", nll=0.5, promoted=False))
+    again = champion_state.append_history(tmp_path, _row("r1", nll=0.4, promoted=True))  # a retried task
     assert first == [_row("r1", nll=0.5, promoted=False)]
     assert again == [_row("r1", nll=0.4, promoted=True)]
-    both = champion.append_history(tmp_path, _row("r2"))
+    both = champion_state.append_history(tmp_path, _row("r2"))
     assert both == [_row("r1", nll=0.4, promoted=True), _row("r2")]
     on_disk = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
     assert on_disk == both
     # replacing r1 keeps its place
-    assert champion.append_history(tmp_path, _row("r1", nll=0.1)) == [_row("r1", nll=0.1), _row("r2")]
+    assert champion_state.append_history(tmp_path, _row("r1", nll=0.1)) == [_row("r1", nll=0.1), _row("r2")]
 
 
 def test_append_history_collapses_old_duplicates_and_skips_corrupt_lines(tmp_path, caplog):
@@ -339,7 +339,7 @@ def test_append_history_collapses_old_duplicates_and_skips_corrupt_lines(tmp_pat
     text = "".join(json.dumps(r) + "\n" for r in lines) + '{"run_name": "r2", "nl'
     (tmp_path / "history.jsonl").write_text(text)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        rows = champion.append_history(tmp_path, _row("r1", nll=0.7))
+        rows = champion_state.append_history(tmp_path, _row("r1", nll=0.7))
     assert rows == [_row("r1", nll=0.7), _row("r0")]
     assert [json.loads(x) for x in (tmp_path / "history.jsonl").read_text().splitlines()] == rows
     assert len(_warnings(caplog)) == 1
@@ -348,7 +348,7 @@ def test_append_history_collapses_old_duplicates_and_skips_corrupt_lines(tmp_pat
 
 
 def test_append_history_failure_keeps_the_old_file(tmp_path, monkeypatch):
-    champion.append_history(tmp_path, _row("r1"))
+    champion_state.append_history(tmp_path, _row("r1"))
     before = (tmp_path / "history.jsonl").read_bytes()
 
     def broken_replace(src, dst):
@@ -356,7 +356,7 @@ def test_append_history_failure_keeps_the_old_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(champion_state.os, "replace", broken_replace)
     with pytest.raises(OSError):
-        champion.append_history(tmp_path, _row("r2"))
+        champion_state.append_history(tmp_path, _row("r2"))
     monkeypatch.undo()
     assert (tmp_path / "history.jsonl").read_bytes() == before
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
@@ -367,7 +367,7 @@ def test_concurrent_appends_lose_no_row(tmp_path):
 
     def worker(t):
         for i in range(8):
-            champion.append_history(tmp_path, _row(f"t{t}-r{i}"))
+            champion_state.append_history(tmp_path, _row(f"t{t}-r{i}"))
 
     threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
     for th in threads:
@@ -408,3 +408,41 @@ def test_compare_with_champion_survives_a_damaged_state_and_a_retry(tmp_path, ca
     assert json.loads((out / "champion.json").read_text())["run_name"] == "new-run"
     assert not dead.exists()
     assert len(_warnings(caplog)) == 2  # one for the pointer, one for the history line
+
+
+@pytest.mark.parametrize("raised", ["CheckpointError", "TypeError"])
+def test_only_a_damaged_champion_run_sets_the_pointer_aside(tmp_path, monkeypatch, caplog, raised):
+    """A champion measured on another data config is re-evaluated. When its run cannot be
+    (a damaged checkpoint: CheckpointError) the pointer is set aside and the challenger is
+    promoted; a programming error (TypeError) propagates and champion.json stays."""
+    from ensemble_core.config import PipelineConfig
+    from ensemble_core.errors import CheckpointError
+    from ensemble_core.runs import Evaluation
+    from ensemble_core.runs import champion as promotion
+    from ensemble_core.runs.results import EvaluatorResult
+
+    out = tmp_path / "out"
+    out.mkdir()
+    old = _run_dir(tmp_path, "old-champion")
+    pointer = json.dumps(_record(old, data={"name": "mnist5k", "val_fraction": 0.2}))
+    (out / "champion.json").write_text(pointer)
+    error = {"CheckpointError": CheckpointError("checkpoint 3 is damaged"), "TypeError": TypeError("a bug")}[raised]
+
+    def unreadable(directory):
+        raise error
+
+    monkeypatch.setattr(promotion, "EnsembleCheckpointer", unreadable)
+    test = {"ensemble": {"accuracy": 0.8, "nll": 0.6, "brier": 0.2, "ece": 0.05}}
+    evaluation = Evaluation(results={"test": EvaluatorResult(name="test", metrics=test)})
+    run = _run_dir(tmp_path, "new-run")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        if raised == "TypeError":
+            with pytest.raises(TypeError, match="a bug"):
+                promotion.promote(PipelineConfig(), None, "new-run", run, evaluation, out)
+            assert (out / "champion.json").read_text() == pointer and _corrupt_files(out) == []
+            return
+        decision = promotion.promote(PipelineConfig(), None, "new-run", run, evaluation, out).to_json()
+    assert decision["promoted"] and decision["reason"] == "no champion yet"
+    assert json.loads((out / "champion.json").read_text())["run_name"] == "new-run"
+    (moved,) = _corrupt_files(out)
+    assert moved.read_text() == pointer

@@ -303,7 +303,7 @@ def test_dead_prefect_service_crashes_the_run_instead_of_completing(prefect_serv
     from prefect.events.clients import EventsClient
     from prefect.events.worker import EventsWorker
 
-    from flows import _outcome
+    from flows import _outcome, _services
 
     class Unreachable(EventsClient):
         async def __aenter__(self):
@@ -314,7 +314,7 @@ def test_dead_prefect_service_crashes_the_run_instead_of_completing(prefect_serv
 
     @flow
     def watched() -> str:
-        services = _outcome.PrefectServices()
+        services = _services.PrefectServices()
         time.sleep(1.0)  # the service's thread dies meanwhile
         return services.outcome("done")
 

@@ -19,7 +19,7 @@ from ensemble_core.errors import ConfigError, IncompatibleRunError
 from ensemble_core.processutil import free_port
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.evaluation import restore
-from ensemble_core.runs.training import group_keys
+from ensemble_core.runs.keys import group_keys
 from ensemble_core.setup import build
 from tests.ensembles import predictions, tiny_config
 

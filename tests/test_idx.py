@@ -137,7 +137,7 @@ def test_fashion_mnist_prepares_from_the_debian_files(fashion_dir):
     )
     assert data.idx_files_available("fashion_mnist") == FASHION_DIR
     assert data.prepare("fashion_mnist", str(tfds_dir)) == info  # prepared once, then reused
-    names = preparation._builder("fashion_mnist", info.tfds_data_dir).info.features["label"].names
+    names = preparation.tfds_builder("fashion_mnist", info.tfds_data_dir).info.features["label"].names
     assert names == list(data.FASHION_MNIST_CLASSES) and names[0] == "T-shirt/top" and names[9] == "Ankle boot"
 
 
@@ -222,7 +222,7 @@ def test_bad_idx_file_in_manual_dir_is_refused_before_anything_is_written(tmp_pa
 
 def test_idx_names_take_precedence_over_the_catalog():
     for name in ("mnist", "fashion_mnist"):
-        builder = preparation._builder(name, None)
+        builder = preparation.tfds_builder(name, None)
         assert builder.name == name and str(builder.version) == "1.0.0"
         assert builder.info.features["image"].shape == (28, 28, 1)
     with pytest.raises(DataError, match="not an IDX dataset"):

@@ -1,6 +1,7 @@
 """The import graph of ``ensemble_core``, ``flows`` and ``tasks``, read from the source with
 ``ast`` (every import statement, those inside functions included): no cycles, no Dask or
-Prefect in the core, and no module too long to read in one sitting. Pure text, no project
+Prefect in the core, no private name imported across modules, no module re-exporting
+another's names, and no module too long to read in one sitting. Pure text, no project
 imports, instant."""
 
 from __future__ import annotations
@@ -47,6 +48,53 @@ def _imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 full = f"{base}.{alias.name}"
                 out.add(full if full in modules else base)
     return out
+
+
+def _anchor(name: str, path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from ... import`` statement of module ``name`` reads from."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    base = node.module or ""
+    if node.level:
+        anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join([*anchor, base] if base else anchor)
+    return base
+
+
+def _private_names(name: str, source: str, path: Path, modules: dict[str, Path]) -> list[str]:
+    """``from ours import _x`` in ``source`` where ``_x`` is a name, not a module: a private
+    name used outside the module that defines it. A package-private module (``from flows
+    import _cli``) is not a private name: its package's modules share it."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename=str(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = _anchor(name, path, node)
+            if base.split(".")[0] not in PACKAGES:
+                continue
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private and f"{base}.{alias.name}" not in modules:
+                    found.append(f"{base}.{alias.name}")
+    return found
+
+
+def _re_exports(name: str, source: str, path: Path) -> list[str]:
+    """Names in ``__all__`` of a module (not a package's ``__init__``) that it imports from
+    another module of ours: a module speaks for its own names; a package's ``__init__`` is
+    the one place that gathers its modules' names."""
+    if path.name == "__init__.py":
+        return []
+    tree = ast.parse(source, filename=str(path))
+    imported = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and _anchor(name, path, node).split(".")[0] in PACKAGES
+        for alias in node.names
+    }
+    public: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            public = [elt.value for elt in node.value.elts if isinstance(elt, ast.Constant)]
+    return sorted(set(public) & imported)
 
 
 def _graph() -> dict[str, set[str]]:
@@ -113,6 +161,33 @@ def test_the_core_imports_neither_prefect_nor_dask():
         if name.split(".")[0] == "ensemble_core"
     }
     assert {name: deps for name, deps in offending.items() if deps} == {}
+
+
+def test_no_private_name_is_imported_across_modules():
+    modules = _modules()
+    found = {name: _private_names(name, path.read_text(), path, modules) for name, path in modules.items()}
+    assert {name: names for name, names in found.items() if names} == {}
+
+
+def test_the_private_name_finder_finds_one():
+    modules = _modules()
+    path = modules["ensemble_core.calibration"]
+    planted = "from ensemble_core.metrics import _X, nll\nfrom flows import _cli\nfrom . import _y\n"
+    assert _private_names("ensemble_core.calibration", planted, path, modules) == [
+        "ensemble_core.metrics._X",
+        "ensemble_core._y",
+    ]
+
+
+def test_no_module_re_exports_a_siblings_names():
+    found = {name: _re_exports(name, path.read_text(), path) for name, path in _modules().items()}
+    assert {name: names for name, names in found.items() if names} == {}
+
+
+def test_the_re_export_finder_finds_one():
+    path = _modules()["ensemble_core.runs.champion"]
+    planted = 'from ensemble_core.metrics import nll\nimport numpy\n__all__ = ["nll", "promote"]\n'
+    assert _re_exports("ensemble_core.runs.champion", planted, path) == ["nll"]
 
 
 @pytest.mark.parametrize("package", PACKAGES)

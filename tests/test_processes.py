@@ -17,7 +17,7 @@ import pytest
 from ensemble_core import runs
 from ensemble_core.config import load_config
 from ensemble_core.errors import ConfigError
-from ensemble_core.runs.processes import EXIT_GRACE_S, HEARTBEAT_TIMEOUT_S
+from ensemble_core.runs.launcher import EXIT_GRACE_S, HEARTBEAT_TIMEOUT_S
 from tests.ensembles import predictions, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]

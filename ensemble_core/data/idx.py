@@ -108,7 +108,7 @@ def _idx_source(name: str) -> tuple[str, str | None]:
     return IDX_SOURCES[name]
 
 
-def _idx_file(directory: Path, filename: str) -> Path | None:
+def idx_file(directory: Path, filename: str) -> Path | None:
     """``directory/filename`` (``.gz``), or the same file uncompressed, or None."""
     for candidate in (directory / filename, directory / filename.removesuffix(".gz")):
         if candidate.is_file():
@@ -132,14 +132,16 @@ def idx_files_available(name: str, manual_dir: str | os.PathLike | None = None) 
     fills). Only checks that the files exist; they are validated when prepared.
     """
     directory = idx_dir(name, manual_dir)
-    if all(_idx_file(directory, f) is not None for f in IDX_FILES):
+    if all(idx_file(directory, f) is not None for f in IDX_FILES):
         return directory
     return None
 
 
-def _idx_missing(name: str, manual_dir: str | os.PathLike | None) -> DataError:
+def idx_missing(name: str, manual_dir: str | os.PathLike | None) -> DataError:
+    """The one-line DataError for IDX dataset ``name`` whose files are not all in its
+    directory: which files, where they were looked for, and how to install or point to them."""
     directory = idx_dir(name, manual_dir)
-    missing = [f for f in IDX_FILES if _idx_file(directory, f) is None]
+    missing = [f for f in IDX_FILES if idx_file(directory, f) is None]
     _, install = _idx_source(name)
     where = "data.manual_dir" if manual_dir else "the default directory"
     files = ", ".join(IDX_FILES)
@@ -161,8 +163,8 @@ def read_idx_split(directory: Path, split: str) -> tuple[np.ndarray, np.ndarray]
         uint8 ``[N, 28, 28]``, labels that are not ``[N]`` or not in [0, 10).
     """
     prefix = {"train": "train", "test": "t10k"}[split]
-    image_path = _idx_file(directory, f"{prefix}-images-idx3-ubyte.gz")
-    label_path = _idx_file(directory, f"{prefix}-labels-idx1-ubyte.gz")
+    image_path = idx_file(directory, f"{prefix}-images-idx3-ubyte.gz")
+    label_path = idx_file(directory, f"{prefix}-labels-idx1-ubyte.gz")
     if image_path is None or label_path is None:
         raise DataError(
             f"the IDX files of split '{split}' are not in {directory}; fix: put {', '.join(IDX_FILES)} there"
@@ -188,7 +190,7 @@ def read_idx_split(directory: Path, split: str) -> tuple[np.ndarray, np.ndarray]
 _IDX_BUILDER_CLASSES: dict[str, type] = {}
 
 
-def _idx_builder_class(name: str):
+def idx_builder_class(name: str):
     """Defines (once per process) the TFDS builder of the IDX dataset ``name``.
 
     Not registered with TFDS (``skip_registration``), so it neither clashes with nor

@@ -17,11 +17,11 @@ from array_record.python import array_record_module
 from ensemble_core.data.sources import EMBEDDED, IDX_SOURCES, one_line
 from ensemble_core.errors import DataError
 
-_READ_METADATA = tfds.core.DatasetInfo.read_from_directory.__code__
-_SET_FILE_FORMAT = tfds.core.DatasetInfo.set_file_format.__code__
+READ_METADATA = tfds.core.DatasetInfo.read_from_directory.__code__
+SET_FILE_FORMAT = tfds.core.DatasetInfo.set_file_format.__code__
 
 
-def _frame_of(err: BaseException, code: CodeType) -> FrameType | None:
+def frame_of(err: BaseException, code: CodeType) -> FrameType | None:
     """The frame of ``code`` in ``err``'s traceback (None if ``err`` did not pass it).
 
     Constructing a builder reads the prepared dataset's ``dataset_info.json``
@@ -38,7 +38,7 @@ def _frame_of(err: BaseException, code: CodeType) -> FrameType | None:
     return None
 
 
-def _damaged(name: str, variant_dir, what: str, cause: BaseException | None = None) -> DataError:
+def damaged_error(name: str, variant_dir, what: str, cause: BaseException | None = None) -> DataError:
     """A one-line DataError for damage in a prepared dataset's directory.
 
     The fix works because :func:`prepare` treats a directory that does not exist as "not
@@ -80,7 +80,7 @@ def _check_shard(path: Path, expected_records: int) -> str | None:
             reader.close()
 
 
-def _first_unreadable(paths: list[Path]) -> tuple[Path, RuntimeError] | None:
+def first_unreadable(paths: list[Path]) -> tuple[Path, RuntimeError] | None:
     """The first of ``paths`` whose records cannot all be read, with the reader's error.
 
     Reads every record, so it is called only after a read has already failed: it tells
@@ -102,7 +102,7 @@ def _first_unreadable(paths: list[Path]) -> tuple[Path, RuntimeError] | None:
     return None
 
 
-def _split_names(split: str) -> list[str]:
+def split_names(split: str) -> list[str]:
     """The split names in a TFDS split spec: ``"train[:10%]+test"`` -> train, test."""
     return [part.split("[", 1)[0].strip() for part in split.split("+")]
 
@@ -135,11 +135,11 @@ def verify_prepared(builder, name: str, splits: list[str] | None = None) -> None
         try:
             json.loads(features_json.read_text())
         except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise _damaged(name, variant_dir, f"{features_json} cannot be read", err) from err
+            raise damaged_error(name, variant_dir, f"{features_json} cannot be read", err) from err
     available = builder.info.splits
     if not list(available.keys()):
-        raise _damaged(name, variant_dir, f"{variant_dir / 'dataset_info.json'} lists no splits")
-    wanted = list(available.keys()) if splits is None else [s for spec in splits for s in _split_names(spec)]
+        raise damaged_error(name, variant_dir, f"{variant_dir / 'dataset_info.json'} lists no splits")
+    wanted = list(available.keys()) if splits is None else [s for spec in splits for s in split_names(spec)]
     for split in wanted:
         if split not in available:
             raise DataError(
@@ -148,14 +148,16 @@ def verify_prepared(builder, name: str, splits: list[str] | None = None) -> None
             )
         info = available[split]
         if not info.shard_lengths:
-            raise _damaged(name, variant_dir, f"dataset_info.json lists no shard files for split '{split}'")
+            raise damaged_error(name, variant_dir, f"dataset_info.json lists no shard files for split '{split}'")
         for path, length in zip(info.filepaths, info.shard_lengths, strict=True):
             problem = _check_shard(Path(path), int(length))
             if problem is not None:
-                raise _damaged(name, variant_dir, problem)
+                raise damaged_error(name, variant_dir, problem)
 
 
-def _manual_files(builder) -> list[str]:
+def manual_files(builder) -> list[str]:
+    """The file names a TFDS builder downloads (its ``url_infos``), to name them in an error;
+    empty when the builder cannot say."""
     try:
         return sorted({url.rsplit("/", 1)[-1] for url in builder.url_infos or {}})
     except Exception:  # noqa: BLE001  (only to name the files in a message; any failure: none)

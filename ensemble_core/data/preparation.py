@@ -14,18 +14,18 @@ import pydantic
 import tensorflow_datasets as tfds
 from google.protobuf.message import DecodeError
 
-from ensemble_core.data.idx import _idx_builder_class, _idx_missing, idx_files_available
+from ensemble_core.data.idx import idx_builder_class, idx_files_available, idx_missing
 from ensemble_core.data.integrity import (
-    _READ_METADATA,
-    _SET_FILE_FORMAT,
-    _damaged,
-    _first_unreadable,
-    _frame_of,
-    _manual_files,
-    _split_names,
+    READ_METADATA,
+    SET_FILE_FORMAT,
+    damaged_error,
+    first_unreadable,
+    frame_of,
+    manual_files,
+    split_names,
     verify_prepared,
 )
-from ensemble_core.data.mnist5k import _builder_class
+from ensemble_core.data.mnist5k import mnist5k_builder_class
 from ensemble_core.data.snapshot import DataSnapshot
 from ensemble_core.data.sources import EMBEDDED, FILE_FORMAT, IDX_SOURCES, one_line
 from ensemble_core.errors import DataError
@@ -56,7 +56,7 @@ class DatasetInfo(pydantic.BaseModel):
     snapshot: DataSnapshot | None = None
 
 
-def _builder(name: str, data_dir: str | None):
+def tfds_builder(name: str, data_dir: str | None):
     """The TFDS builder of ``name``; constructing it reads ``dataset_info.json`` of a
     prepared dataset.
 
@@ -66,16 +66,16 @@ def _builder(name: str, data_dir: str | None):
     """
     try:
         if name == EMBEDDED:
-            return _builder_class()(data_dir=data_dir, file_format=FILE_FORMAT)
+            return mnist5k_builder_class()(data_dir=data_dir, file_format=FILE_FORMAT)
         if name in IDX_SOURCES:  # before the catalog builders of the same names (they need TensorFlow)
-            return _idx_builder_class(name)(data_dir=data_dir, file_format=FILE_FORMAT)
+            return idx_builder_class(name)(data_dir=data_dir, file_format=FILE_FORMAT)
         return tfds.builder(name, data_dir=data_dir, file_format=FILE_FORMAT)
     except Exception as err:  # tfds raises DatasetNotFoundError, ParseError and others
-        frame = _frame_of(err, _READ_METADATA)
+        frame = frame_of(err, READ_METADATA)
         if frame is not None:
             variant_dir = frame.f_locals.get("dataset_info_dir")
-            raise _damaged(name, variant_dir, f"{variant_dir}/dataset_info.json cannot be read", err) from err
-        frame = _frame_of(err, _SET_FILE_FORMAT)
+            raise damaged_error(name, variant_dir, f"{variant_dir}/dataset_info.json cannot be read", err) from err
+        frame = frame_of(err, SET_FILE_FORMAT)
         info = frame.f_locals.get("self") if frame is not None else None
         if isinstance(info, tfds.core.DatasetInfo):
             stored = getattr(info.file_format, "value", info.file_format)
@@ -91,7 +91,7 @@ def _builder(name: str, data_dir: str | None):
         ) from None
 
 
-def _prepare_locked(name: str, data_dir: str | None, manual_dir: str | None, root: Path) -> DatasetInfo:
+def prepare_locked(name: str, data_dir: str | None, manual_dir: str | None, root: Path) -> DatasetInfo:
     """Make sure ``name``'s array_record files exist in the TFDS data dir ``data_dir``,
     preparing them if needed (the caller holds the preparation lock; see
     :func:`ensemble_core.data.prepare`).
@@ -121,13 +121,13 @@ def _prepare_locked(name: str, data_dir: str | None, manual_dir: str | None, roo
         directory and file and says to delete the directory; the next call then prepares
         the dataset anew.
     """
-    builder = _builder(name, data_dir)  # again: another process may have prepared it meanwhile
+    builder = tfds_builder(name, data_dir)  # again: another process may have prepared it meanwhile
     if not builder.is_prepared() and builder.data_path.exists():
-        raise _damaged(name, builder.data_dir, f"{builder.data_path / 'dataset_info.json'} is missing")
+        raise damaged_error(name, builder.data_dir, f"{builder.data_path / 'dataset_info.json'} is missing")
     if not builder.is_prepared() and name in IDX_SOURCES:
         source = idx_files_available(name, manual_dir)
         if source is None:
-            raise _idx_missing(name, manual_dir)
+            raise idx_missing(name, manual_dir)
         try:
             builder.download_and_prepare(
                 file_format=FILE_FORMAT,
@@ -156,7 +156,7 @@ def _prepare_locked(name: str, data_dir: str | None, manual_dir: str | None, roo
                 download_config=tfds.download.DownloadConfig(manual_dir=str(manual)),
             )
         except Exception as err:  # noqa: BLE001  (TFDS builders raise anything; one line with the fix)
-            files = ", ".join(_manual_files(builder)) or "the dataset's original files"
+            files = ", ".join(manual_files(builder)) or "the dataset's original files"
             raise DataError(
                 f"cannot prepare '{name}' ({type(err).__name__}: {str(err)[:200]}); "
                 f"offline fix: put {files} in {manual} (or set data.manual_dir) and rerun"
@@ -225,10 +225,10 @@ def load_split(
       RuntimeError: a read failed although every file reads on its own (not damage;
         passed on unchanged, as is any other error).
     """
-    builder = _builder(name, data_dir)
+    builder = tfds_builder(name, data_dir)
     if not builder.is_prepared():
         if builder.data_path.exists():
-            raise _damaged(name, builder.data_dir, f"{builder.data_path / 'dataset_info.json'} is missing")
+            raise damaged_error(name, builder.data_dir, f"{builder.data_path / 'dataset_info.json'} is missing")
         raise DataError(
             f"dataset '{name}' is not prepared in {builder.data_dir}; "
             f"fix: run prepare() first and pass the tfds_data_dir it returns"
@@ -254,16 +254,16 @@ def load_split(
             batch = source.__getitems__(list(range(start, stop)))
         except RuntimeError as err:  # array_record/Riegeli raise RuntimeError for a bad file
             candidates = (
-                [path] if path is not None else [Path(f) for s in _split_names(split) for f in splits[s].filepaths]
+                [path] if path is not None else [Path(f) for s in split_names(split) for f in splits[s].filepaths]
             )
-            found = _first_unreadable(candidates)
+            found = first_unreadable(candidates)
             if found is None:  # every file reads: not damage, so not ours to rename
                 raise
-            raise _damaged(name, builder.data_dir, f"shard file {found[0]} cannot be read", found[1]) from err
+            raise damaged_error(name, builder.data_dir, f"shard file {found[0]} cannot be read", found[1]) from err
         except DecodeError as err:  # records that are not serialized tf.Examples
-            raise _damaged(name, builder.data_dir, f"{where} holds records that cannot be decoded", err) from err
+            raise damaged_error(name, builder.data_dir, f"{where} holds records that cannot be decoded", err) from err
         if any(r.get("image") is None or r.get("label") is None for r in batch):
-            raise _damaged(name, builder.data_dir, f"{where} holds records without image or label")
+            raise damaged_error(name, builder.data_dir, f"{where} holds records without image or label")
         records.extend(batch)
         start += length
     images = np.stack([np.asarray(r["image"]) for r in records])

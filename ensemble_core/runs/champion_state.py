@@ -46,7 +46,7 @@ from ensemble_core.runs.layout import CHAMPION_FILE, HISTORY_FILE, OutputDir, Ru
 NO_CHAMPION = "this run will be judged as if there were no champion"
 
 # The logger of the champion/challenger state, whichever of its modules warns.
-log = logging.getLogger("ensemble_core.runs.champion")
+log = logging.getLogger(__name__)
 
 # MARK: champion.json
 

@@ -26,7 +26,7 @@ from typing import BinaryIO
 from ensemble_core import stopping
 from ensemble_core.config import HOST_DEVICES, PipelineConfig
 from ensemble_core.data import DatasetInfo
-from ensemble_core.errors import EnsembleError, MeshError, PreemptedError
+from ensemble_core.errors import EnsembleError, MeshError, PreemptedError, resume_fix
 from ensemble_core.processutil import free_port
 from ensemble_core.runs.layout import RunDir
 from ensemble_core.runs.lock import run_lock
@@ -161,7 +161,8 @@ def train_processes(
         if summary is None:
             raise PreemptedError(
                 f"process 0 of {n} ended without a training summary ({_explaining_line(tails[0])}; log: "
-                f"{run.process_log(0)}); fix: rerun with the same run name (run_name {run.name}) to resume"
+                f"{run.process_log(0)})",
+                fix=resume_fix(run.name),
             )
         return TrainingSummary.model_validate(summary)
 
@@ -276,8 +277,8 @@ def _failure(failed: tuple[str, list[int]], procs, tails: list[str], run: RunDir
     n = len(procs)
     if why == "stop":
         return PreemptedError(
-            f"training across {n} JAX processes was stopped; the latest epoch checkpoint is kept; "
-            f"fix: rerun with the same run name (run_name {run.name}) to resume"
+            f"training across {n} JAX processes was stopped; the latest epoch checkpoint is kept",
+            fix=resume_fix(run.name),
         )
     index = next((i for i in dead if not _CONSEQUENCE.search(_explaining_line(tails[i]))), dead[0])
     code = procs[index].returncode
@@ -287,6 +288,6 @@ def _failure(failed: tuple[str, list[int]], procs, tails: list[str], run: RunDir
     cause = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
     return PreemptedError(
         f"JAX process {index} of {n} {cause} ({_explaining_line(tails[index])}; log: {run.process_log(index)}); "
-        f"the other processes were stopped; fix: rerun with the same run name (run_name {run.name}) to resume "
-        f"from the latest checkpoint"
+        f"the other processes were stopped",
+        fix=f"{resume_fix(run.name)} from the latest checkpoint",
     )

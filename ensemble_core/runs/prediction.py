@@ -16,7 +16,7 @@ import numpy as np
 from ensemble_core import data as data_lib
 from ensemble_core import diskspace
 from ensemble_core.errors import CheckpointError, DataError
-from ensemble_core.runs.champion import read_champion
+from ensemble_core.runs.champion_state import read_champion
 from ensemble_core.runs.evaluation import predict_images
 from ensemble_core.runs.layout import atomic_savez, atomic_write
 

@@ -47,16 +47,13 @@ from ensemble_core.processutil import die_with_parent
 from ensemble_core.runs.dataset import prepare
 from ensemble_core.runs.keys import split_keys
 from ensemble_core.runs.launcher import (
-    EXIT_GRACE_S,
     HEARTBEAT_TIMEOUT_S,
     INIT_TIMEOUT_S,
-    local_devices,
-    train_processes,
 )
 from ensemble_core.runs.training import train
 from ensemble_core.setup import plan
 
-__all__ = ["EXIT_GRACE_S", "HEARTBEAT_TIMEOUT_S", "INIT_TIMEOUT_S", "local_devices", "main", "train_processes"]
+__all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,12 +23,12 @@ import numpy as np
 from ensemble_core import diskspace, stopping
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
-from ensemble_core.errors import ConfigError, DivergenceError, PreemptedError
+from ensemble_core.errors import ConfigError, DivergenceError, PreemptedError, resume_fix
 from ensemble_core.mesh import host_value, replicated
 from ensemble_core.rngs import PURPOSES, keys_from_layout
 from ensemble_core.runs.checkpoint import EnsembleCheckpointer, checkpoint_meta, dataset_record, training_sessions
 from ensemble_core.runs.dataset import load
-from ensemble_core.runs.keys import MemberKeyData, group_keys, split_keys
+from ensemble_core.runs.keys import MemberKeyData, split_keys
 from ensemble_core.runs.layout import RunDir
 from ensemble_core.runs.lock import run_lock
 from ensemble_core.runs.preflight import check_against_dataset
@@ -38,7 +38,7 @@ from ensemble_core.runs.summary import images_per_s, member_records, where_train
 from ensemble_core.setup import EnsembleSetup, build, group_size
 from ensemble_core.train import DataPosition, EnsembleState, data_position, fit
 
-__all__ = ["Hooks", "MemberKeyData", "TrainingRun", "group_keys", "split_keys", "train"]
+__all__ = ["Hooks", "TrainingRun", "train"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,8 +217,8 @@ class _Checkpoints:
             self.ckpt.wait()
             raise PreemptedError(
                 f"training stopped at epoch {stop['epoch'] + 1}, step {stop['step_in_epoch']} (global step "
-                f"{int(state.step)}); a checkpoint was saved there; fix: rerun with the same run name "
-                f"(run_name {self.ctx.run_name}) to resume"
+                f"{int(state.step)}); a checkpoint was saved there",
+                fix=resume_fix(self.ctx.run_name),
             )
         self.ckpt.wait()
         return self.ckpt.latest_step()
@@ -357,9 +357,6 @@ def train(
     sig = stopping.requested()
     if sig is not None:  # e.g. a member group queued behind one that stopped
         what = "training" if group is None else f"member group {group}"
-        raise PreemptedError(
-            f"stopped by {sig.name} before {what} started; fix: rerun with the same run name "
-            f"(run_name {run_name}) to resume"
-        )
+        raise PreemptedError(f"stopped by {sig.name} before {what} started", fix=resume_fix(run_name))
     ctx = training_run(cfg, dataset, run_dir, group=group, strategy=strategy, worker=worker, own_run_dir=own_run_dir)
     return run_training(ctx, keys, Hooks(on_step=on_step, on_epoch=on_epoch, should_stop=should_stop))

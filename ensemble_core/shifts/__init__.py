@@ -35,7 +35,7 @@ after a comparison on the 1,000 ``mnist5k`` test digits (2026-11-25, scikit-imag
 matrices differed by at most 3.3e-16 (0 grey levels after rounding to uint8). Newer
 scikit-image (>= 0.19) defines ``AffineTransform(shear=c)`` as ``[[1, -tan c], [0, 1]]``;
 MNIST-C (2019) ran the older ``[[1, -sin c], [0, cos c]]``, so the shear matrices are
-built here (:func:`.transforms._affine_params`) and passed as ``matrix=``.
+built here (:func:`.transforms.affine_params`) and passed as ``matrix=``.
 """
 
 from ensemble_core.shifts._image import CHANNELS, H, W

@@ -8,10 +8,15 @@ from __future__ import annotations
 import numpy as np
 
 H = W = 28
-_CENTRE = 13.5  # MNIST-C keeps the image centre (13.5, 13.5) fixed in its affine maps.
+CENTRE = 13.5  # MNIST-C keeps the image centre (13.5, 13.5) fixed in its affine maps.
 
 
-def _check(images: np.ndarray) -> np.ndarray:
+def check_images(images: np.ndarray) -> np.ndarray:
+    """``images`` as an array, checked to be uint8 ``[N, 28, 28, 1]`` (the MNIST-C shifts' input).
+
+    Raises:
+        ValueError: another dtype or shape, naming the one given.
+    """
     images = np.asarray(images)
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != (H, W, 1):
         raise ValueError(f"expected uint8 [N, 28, 28, 1], got {images.dtype} {images.shape}")
@@ -22,7 +27,7 @@ def _check(images: np.ndarray) -> np.ndarray:
 CHANNELS = (1, 3)
 
 
-def _check_hwc(images: np.ndarray) -> np.ndarray:
+def check_hwc(images: np.ndarray) -> np.ndarray:
     """uint8 ``[N, H, W, C]`` with C in {1, 3}, returned as an array.
 
     Raises:
@@ -34,12 +39,12 @@ def _check_hwc(images: np.ndarray) -> np.ndarray:
     return images
 
 
-def _to01(images: np.ndarray) -> np.ndarray:
+def to01(images: np.ndarray) -> np.ndarray:
     """uint8 ``[N, 28, 28, 1]`` -> float64 ``[N, 28, 28]`` in [0, 1]."""
-    return _check(images)[..., 0].astype(np.float64) / 255.0
+    return check_images(images)[..., 0].astype(np.float64) / 255.0
 
 
-def _to_uint8(x01: np.ndarray) -> np.ndarray:
+def to_uint8(x01: np.ndarray) -> np.ndarray:
     """float ``[N, 28, 28]`` in [0, 1] (clipped) -> uint8 ``[N, 28, 28, 1]`` (rounded).
 
     Rounding, as the reference's ``visualize_corruptions.ipynb`` does

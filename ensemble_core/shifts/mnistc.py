@@ -18,22 +18,22 @@ from collections.abc import Callable
 import numpy as np
 from skimage import feature
 
-from ensemble_core.shifts._image import H, W, _check, _to01, _to_uint8
+from ensemble_core.shifts._image import H, W, check_images, to01, to_uint8
 from ensemble_core.shifts.transforms import (
-    _affine_params,
-    _centred,
-    _gauss,
-    _line_from_points,
-    _plasma_fractal,
-    _warp_affine,
+    affine_params,
+    centred,
+    gauss,
+    line_from_points,
+    plasma_fractal,
+    warp_affine,
 )
 
 
 def _shot_noise(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """``shot_noise``, severity 5: ``c = 3``; ``clip(Poisson(x c) / c, 0, 1)``."""
     c = 3.0
-    x = _to01(images)
-    return _to_uint8(rng.poisson(x * c) / c)
+    x = to01(images)
+    return to_uint8(rng.poisson(x * c) / c)
 
 
 def _impulse_noise(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -45,12 +45,12 @@ def _impulse_noise(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     with the same Bernoulli draws.
     """
     amount, salt_vs_pepper = 0.17, 0.5
-    x = _to01(images)
+    x = to01(images)
     flipped = rng.random(x.shape) < amount
     salted = rng.random(x.shape) < salt_vs_pepper
     x[flipped & salted] = 1.0
     x[flipped & ~salted] = 0.0
-    return _to_uint8(x)
+    return to_uint8(x)
 
 
 def _glass_blur(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -70,8 +70,8 @@ def _glass_blur(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     no), which draws the same distribution as the per-image loop.
     """
     sigma, d, iterations = 0.7, 1, 2
-    x = _to01(images)
-    x = (_gauss(x, sigma, axes=(1,)) * 255).astype(np.uint8)
+    x = to01(images)
+    x = (gauss(x, sigma, axes=(1,)) * 255).astype(np.uint8)
     n = x.shape[0]
     positions = range(H - d, d, -1)
     npos = len(positions)
@@ -87,7 +87,7 @@ def _glass_blur(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
                 here = x[:, h, w].copy()
                 x[:, h, w] = x[ar, hp, wp]
                 x[ar, hp, wp] = here
-    return _to_uint8(_gauss(x / 255.0, sigma, axes=(1,)))
+    return to_uint8(gauss(x / 255.0, sigma, axes=(1,)))
 
 
 def _motion_blur(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -103,7 +103,7 @@ def _motion_blur(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     ImageMagick rounds to the 8-bit PNG once; we round once at the end.
     """
     radius, sigma = 10, 3.0
-    x = _to01(images)
+    x = to01(images)
     n = x.shape[0]
     width = int(2 * np.ceil(radius) + 1)
     i = np.arange(width, dtype=np.float64)
@@ -120,7 +120,7 @@ def _motion_blur(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         r = np.clip(rows + dy[:, t, None, None], 0, H - 1)
         c = np.clip(cols + dx[:, t, None, None], 0, W - 1)
         out += kernel[t] * x[ar, r, c]
-    return _to_uint8(out)
+    return to_uint8(out)
 
 
 def _random_sign(rng: np.random.Generator, size) -> np.ndarray:
@@ -134,29 +134,29 @@ def _shear(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     centre (13.5, 13.5) fixed; skimage's parameterisation (<= 0.18)
     ``[[1, -sin c], [0, cos c]]``; bilinear, zeros outside.
     """
-    x = _to01(images)
+    x = to01(images)
     c = 0.4 * _random_sign(rng, x.shape[0])
-    lin = _affine_params(np.zeros_like(c), c)
-    return _to_uint8(_warp_affine(x, _centred(lin)))
+    lin = affine_params(np.zeros_like(c), c)
+    return to_uint8(warp_affine(x, centred(lin)))
 
 
 def _scale(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """``scale``, severity 3: ``(1 / 0.7, 1 / 0.7)`` as the inverse map, i.e. the digit is
     shrunk to 0.7 of its size about the centre (13.5, 13.5); bilinear, zeros outside.
     Deterministic (``rng`` unused)."""
-    x = _to01(images)
-    lin = _affine_params(np.zeros(x.shape[0]), np.zeros(x.shape[0]), scale=1 / 0.7)
-    return _to_uint8(_warp_affine(x, _centred(lin)))
+    x = to01(images)
+    lin = affine_params(np.zeros(x.shape[0]), np.zeros(x.shape[0]), scale=1 / 0.7)
+    return to_uint8(warp_affine(x, centred(lin)))
 
 
 def _mnistc_rotate(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """``rotate``, severity 2: ``0.4`` rad (about 22.9 degrees) with a random sign per image,
     about the centre (13.5, 13.5); ``warp`` with ``AffineTransform(rotation=c)`` as the
     inverse map; bilinear, zeros outside."""
-    x = _to01(images)
+    x = to01(images)
     c = 0.4 * _random_sign(rng, x.shape[0])
-    lin = _affine_params(c, np.zeros_like(c))
-    return _to_uint8(_warp_affine(x, _centred(lin)))
+    lin = affine_params(c, np.zeros_like(c))
+    return to_uint8(warp_affine(x, centred(lin)))
 
 
 def _brightness(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -167,7 +167,7 @@ def _brightness(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     has S = 0 and V = its value, so the round trip is exactly ``clip(x + 0.5, 0, 1)``,
     which is what is computed. Deterministic (``rng`` unused).
     """
-    return _to_uint8(_to01(images) + 0.5)
+    return to_uint8(to01(images) + 0.5)
 
 
 def _translate(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -177,18 +177,18 @@ def _translate(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     ``(r, c)`` = input ``(r + dy, c + dx)``, zeros where that is outside. An exact integer
     shift (not the cyclic roll of :func:`translate`).
     """
-    x = _to01(images)
+    x = to01(images)
     n = x.shape[0]
     signs = _random_sign(rng, (n, 2))
     m = np.tile(np.eye(3), (n, 1, 1))
     m[:, 0, 2] = 3 * signs[:, 0]
     m[:, 1, 2] = 3 * signs[:, 1]
-    return _to_uint8(_warp_affine(x, m))
+    return to_uint8(warp_affine(x, m))
 
 
 def _stripe(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """``stripe``: columns 0-6 and 21-27 inverted (``255 - x``). Deterministic."""
-    x = _check(images).copy()
+    x = check_images(images).copy()
     x[:, :, :7] = 255 - x[:, :, :7]
     x[:, :, 21:] = 255 - x[:, :, 21:]
     return x
@@ -207,15 +207,15 @@ def _fog(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     the output for a seed also depends on that fixed chunk size.
     """
     c0, decay = 3.0, 1.4
-    x = _to01(images)
+    x = to01(images)
     max_val = x.max(axis=(1, 2), keepdims=True)
     fogmap = np.empty_like(x)
     for s in range(0, x.shape[0], _FOG_CHUNK):
         k = min(_FOG_CHUNK, x.shape[0] - s)
-        fogmap[s : s + k] = _plasma_fractal(rng, k, wibbledecay=decay)[:, :H, :W]
+        fogmap[s : s + k] = plasma_fractal(rng, k, wibbledecay=decay)[:, :H, :W]
     with np.errstate(invalid="ignore", divide="ignore"):
         y = (x + c0 * fogmap) * max_val / (max_val + c0)
-    return _to_uint8(y)
+    return to_uint8(y)
 
 
 def _spatter(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -227,19 +227,19 @@ def _spatter(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     ``c[5]`` is unused by the reference's grayscale version.
     """
     loc, scale, s1, thr, s2 = 0.65, 0.3, 1.0, 0.65, 1.5
-    x = _to01(images)
-    liquid = _gauss(rng.normal(loc, scale, size=x.shape), s1)
+    x = to01(images)
+    liquid = gauss(rng.normal(loc, scale, size=x.shape), s1)
     liquid[liquid < thr] = 0
-    m = _gauss((liquid > thr).astype(np.float64), s2)
+    m = gauss((liquid > thr).astype(np.float64), s2)
     m[m < 0.8] = 0
-    return _to_uint8(x * (1 - m) + 63 / 255.0 * m)
+    return to_uint8(x * (1 - m) + 63 / 255.0 * m)
 
 
 def _dotted_line(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """``dotted_line``: ``line_from_points(0, r0, 27, r1)``, ``r0, r1 ~ randint(0, 27)``
     (0..26), with the 2-pixel column blocks 0-1, 4-5, ..., 24-25 blanked (and column 27,
     outside ``[floor(0), ceil(27))``); added to the image and clipped."""
-    x = _to01(images)
+    x = to01(images)
     n = x.shape[0]
     r0, r1 = rng.integers(0, 27, size=(2, n)).astype(np.float64)
     cc = np.linspace(0, 27, 28)[None, None, :]
@@ -254,7 +254,7 @@ def _dotted_line(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         if off:
             line[:, :, idx[i - 1] : idx[i]] = 0
         off = not off
-    return _to_uint8(x + line)
+    return to_uint8(x + line)
 
 
 def _zigzag_line(rng: np.random.Generator) -> np.ndarray:
@@ -280,7 +280,7 @@ def _zigzag_line(rng: np.random.Generator) -> np.ndarray:
     rs += r0
     total = np.zeros((H, W))
     for i in range(1, pts.shape[1]):
-        total += _line_from_points(cs[i - 1], rs[i - 1], cs[i], rs[i])
+        total += line_from_points(cs[i - 1], rs[i - 1], cs[i], rs[i])
     return total
 
 
@@ -293,17 +293,17 @@ def _zigzag(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     (a few 28x28 arrays each); the reference's points and formulas are kept as they are,
     including the odd last endpoint ``(d, r_i / (2 (d - max_c)))``.
     """
-    x = _to01(images)
+    x = to01(images)
     lines = np.stack([_zigzag_line(rng) for _ in range(x.shape[0])]) if x.shape[0] else np.zeros_like(x)
-    return _to_uint8(x + lines)
+    return to_uint8(x + lines)
 
 
 def _canny_edges(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """``canny_edges``: ``skimage.feature.canny(x)`` (sigma 1, thresholds 0.1 / 0.2 of a
     float image) per image, as a 0/255 image, as the reference does. Deterministic
     (``rng`` unused)."""
-    edges = [feature.canny(x, sigma=1.0, low_threshold=0.1, high_threshold=0.2) for x in _to01(images)]
-    return _to_uint8(np.stack(edges).astype(np.float64) if edges else np.zeros((0, H, W)))
+    edges = [feature.canny(x, sigma=1.0, low_threshold=0.1, high_threshold=0.2) for x in to01(images)]
+    return to_uint8(np.stack(edges).astype(np.float64) if edges else np.zeros((0, H, W)))
 
 
 CORRUPTIONS: dict[str, Callable[[np.ndarray, np.random.Generator], np.ndarray]] = {
@@ -343,4 +343,4 @@ def corrupt(images: np.ndarray, name: str, seed: int = 0) -> np.ndarray:
     if name not in CORRUPTIONS:
         raise KeyError(f"unknown corruption {name!r}; known: {', '.join(CORRUPTIONS)}")
     k = list(CORRUPTIONS).index(name)
-    return CORRUPTIONS[name](_check(images), np.random.default_rng([seed, k]))
+    return CORRUPTIONS[name](check_images(images), np.random.default_rng([seed, k]))

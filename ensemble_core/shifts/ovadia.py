@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage as ndi
 
-from ensemble_core.shifts._image import _check_hwc
+from ensemble_core.shifts._image import check_hwc
 
 ROTATION_DEGREES: tuple[int, ...] = tuple(range(0, 181, 15))
 """0, 15, ..., 180: Ovadia et al.'s grid (``DATA_OPTS_ROTATE = range(15, 181, 15)``) plus 0."""
@@ -55,7 +55,7 @@ def rotate(images: np.ndarray, degrees: float) -> np.ndarray:
     Raises:
       ValueError: images of another dtype, rank or channel count.
     """
-    images = _check_hwc(images)
+    images = check_hwc(images)
     if degrees == 0:
         return images.copy()
     h, w = images.shape[1:3]
@@ -84,4 +84,4 @@ def translate(images: np.ndarray, pixels: int) -> np.ndarray:
     Raises:
       ValueError: images of another dtype, rank or channel count.
     """
-    return np.roll(_check_hwc(images), int(pixels), axis=-2)
+    return np.roll(check_hwc(images), int(pixels), axis=-2)

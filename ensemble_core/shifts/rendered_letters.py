@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from scipy import ndimage as ndi
 
-from ensemble_core.shifts._image import _CENTRE, H, W
+from ensemble_core.shifts._image import CENTRE, H, W
 
 LETTERS = "ABCDEFGHIJ"
 _SUPERSAMPLE = 4
@@ -126,7 +126,7 @@ def letters(num_per_letter: int, seed: int = 0) -> np.ndarray:
     chunk = 2048
     for s in range(0, m, chunk):
         e = min(m, s + chunk)
-        o = np.stack([rr, cc])[None] - (_CENTRE + shift[s:e])[:, :, None, None]  # [k, 2, 28, 28]
+        o = np.stack([rr, cc])[None] - (CENTRE + shift[s:e])[:, :, None, None]  # [k, 2, 28, 28]
         src = np.einsum("kij,kjhw->kihw", a_inv[s:e], o) + com[tid[s:e]][:, :, None, None]
         idx = np.broadcast_to(tid[s:e, None, None].astype(np.float64), (e - s, H, W))
         vals = ndi.map_coordinates(flat, np.stack([idx, src[:, 0], src[:, 1]]), order=1, mode="constant", cval=0.0)

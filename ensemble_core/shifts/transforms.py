@@ -8,10 +8,10 @@ import numpy as np
 from scipy import ndimage as ndi
 from skimage import transform
 
-from ensemble_core.shifts._image import _CENTRE, H, W
+from ensemble_core.shifts._image import CENTRE, H, W
 
 
-def _gauss(x: np.ndarray, sigma: float, mode: str = "nearest", axes: tuple[int, ...] = (1, 2)) -> np.ndarray:
+def gauss(x: np.ndarray, sigma: float, mode: str = "nearest", axes: tuple[int, ...] = (1, 2)) -> np.ndarray:
     """skimage ``filters.gaussian`` (truncate 4.0) per image of a ``[N, 28, 28]`` batch.
 
     ``axes`` are the batch axes blurred; the batch axis 0 never is.
@@ -22,7 +22,7 @@ def _gauss(x: np.ndarray, sigma: float, mode: str = "nearest", axes: tuple[int, 
     return ndi.gaussian_filter(x, sig, mode=mode, truncate=4.0)
 
 
-def _warp_affine(x: np.ndarray, mats: np.ndarray) -> np.ndarray:
+def warp_affine(x: np.ndarray, mats: np.ndarray) -> np.ndarray:
     """skimage ``transform.warp(x_i, AffineTransform(matrix=m_i), order=1)`` per image, as
     the reference warps (bilinear, zeros outside: ``mode='constant', cval=0``).
 
@@ -39,7 +39,7 @@ def _warp_affine(x: np.ndarray, mats: np.ndarray) -> np.ndarray:
     return np.stack(warped) if warped else np.zeros_like(x, dtype=np.float64)
 
 
-def _centred(lin: np.ndarray) -> np.ndarray:
+def centred(lin: np.ndarray) -> np.ndarray:
     """The reference's trick: add the translation that keeps (13.5, 13.5) fixed.
 
     ``lin`` ``[N, 2, 2]`` -> ``[N, 3, 3]`` with ``a3 = 13.5 (1 - a1 - a2)``,
@@ -48,13 +48,13 @@ def _centred(lin: np.ndarray) -> np.ndarray:
     n = lin.shape[0]
     m = np.zeros((n, 3, 3))
     m[:, :2, :2] = lin
-    m[:, 0, 2] = _CENTRE * (1 - lin[:, 0, 0] - lin[:, 0, 1])
-    m[:, 1, 2] = _CENTRE * (1 - lin[:, 1, 0] - lin[:, 1, 1])
+    m[:, 0, 2] = CENTRE * (1 - lin[:, 0, 0] - lin[:, 0, 1])
+    m[:, 1, 2] = CENTRE * (1 - lin[:, 1, 0] - lin[:, 1, 1])
     m[:, 2, 2] = 1.0
     return m
 
 
-def _affine_params(rotation: np.ndarray, shear: np.ndarray, scale: float = 1.0) -> np.ndarray:
+def affine_params(rotation: np.ndarray, shear: np.ndarray, scale: float = 1.0) -> np.ndarray:
     """skimage (<= 0.18) ``AffineTransform(scale, rotation, shear).params[:2, :2]``:
     ``[[sx cos(rot), -sy sin(rot + shear)], [sx sin(rot), sy cos(rot + shear)]]``."""
     lin = np.empty((rotation.shape[0], 2, 2))
@@ -65,7 +65,7 @@ def _affine_params(rotation: np.ndarray, shear: np.ndarray, scale: float = 1.0) 
     return lin
 
 
-def _line_from_points(c0: float, r0: float, c1: float, r1: float) -> np.ndarray:
+def line_from_points(c0: float, r0: float, c1: float, r1: float) -> np.ndarray:
     """The reference's ``line_from_points``: float64 ``[28, 28]`` in [0, 1].
 
     Intensity ``log(1 - d / 2.3) + 1`` clipped to [0, 1] at vertical distance ``d`` from the
@@ -85,7 +85,7 @@ def _line_from_points(c0: float, r0: float, c1: float, r1: float) -> np.ndarray:
     return np.clip(corruption, 0, 1)
 
 
-def _plasma_fractal(rng: np.random.Generator, n: int, mapsize: int = 256, wibbledecay: float = 3.0) -> np.ndarray:
+def plasma_fractal(rng: np.random.Generator, n: int, mapsize: int = 256, wibbledecay: float = 3.0) -> np.ndarray:
     """The reference's ``plasma_fractal`` (diamond-square), for ``n`` maps at once.
 
     Returns float64 ``[n, mapsize, mapsize]``, each map min-max normalised to [0, 1].
