@@ -27,7 +27,7 @@ run: setup
 # (each fault class by one real instance at a moment the test controls); what .ci/run
 # calls. Budget: 15 minutes on 2 cores with one held busy (measured: docs/development.md).
 test: setup
-	$(PY) -m pytest -q -n 6 --dist loadfile --no-loadscope-reorder --durations=15 -m "not soak" tests
+	$(PY) -m pytest -q -n 4 --dist loadfile --no-loadscope-reorder --durations=15 -m "not soak" tests
 
 # The edit loop (budget 90 s on 2 cores): every test not marked slow (over 5 s on 2 busy cores, a real Prefect stack,
 # the flow under Prefect, CLIs in subprocesses, kill/resume of trainings) or soak.
