@@ -2,15 +2,9 @@
 
 import os
 
-# LLVM at -O1 instead of XLA:CPU's default -O3: the tests' small programs are mostly
-# compiling, and -O1 compiles them with about 40% less CPU (measured on test_train.py,
-# test_stateful_members.py and test_recorded_predictions.py together: 205 against 331 CPU s).
-# Every comparison with a reference holds at both levels (those three modules pass at
-# either); -O0 would not (unfused multiply-adds put test_train.py's oracle 2e-5 apart).
-# The default run and the benchmarks compile at the default level.
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=1"
-).strip()
+from tests.xla_flags import xla_flags  # 8 devices, LLVM at -O1 (why: tests/xla_flags.py)
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(8)).strip()
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 

@@ -23,7 +23,9 @@ NLL (to be compared with the uninterrupted run's, printed first).
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from tests.xla_flags import xla_flags  # no JAX import
+
+os.environ.setdefault("XLA_FLAGS", xla_flags(8))
 
 import dataclasses
 import json

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from tests.prefect_api import cli_env
+from tests.xla_flags import xla_flags
 
 pytestmark = pytest.mark.slow  # the command line in subprocesses on a real tmpfs
 
@@ -211,7 +212,7 @@ _RACE = textwrap.dedent(
 def test_a_disk_filling_up_during_a_save_is_one_error_without_tracebacks(tmpfs):
     _fill(tmpfs, 512 * KIB)  # 20 arrays of 256 KiB, random (zstd cannot shrink them)
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"  # 8 shards per array: many pending writes
+    env["XLA_FLAGS"] = xla_flags(8)  # 8 shards per array: many pending writes
     done = subprocess.run(
         [sys.executable, "-c", _RACE, str(tmpfs / "ckpt")], cwd=ROOT, env=env, capture_output=True, text=True
     )

@@ -20,6 +20,7 @@ import pytest
 
 from tests import netns
 from tests.tlscerts import CertificateAuthority
+from tests.xla_flags import xla_flags
 
 pytestmark = [
     pytest.mark.slow,  # servers and workers on simulated hosts
@@ -188,7 +189,7 @@ def _start_worker(hosts: netns.Cluster, name: str, ca: CertificateAuthority, sch
         "PREFECT_API_URL": api,
         "PREFECT_API_AUTH_STRING": AUTH,
         "PYTHONPATH": str(ROOT),
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        "XLA_FLAGS": xla_flags(8),
         **DASK_ENV,
     }
     address = hosts.hosts[name].address
@@ -319,7 +320,7 @@ def _start_processes(hosts: netns.Cluster, run: Path, sets: list[str], logs: Pat
     for rank, name in enumerate(("node1", "node2")):
         env = {
             **os.environ,
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=4",  # 2 x 4 = the 8 devices of one process
+            "XLA_FLAGS": xla_flags(4),  # 2 x 4 = the 8 devices of one process
             "JAX_COORDINATOR_ADDRESS": f"{first}:7123",
             "SLURM_JOB_ID": "4242",
             "SLURM_STEP_NODELIST": f"{first},{second}",

@@ -19,6 +19,7 @@ from ensemble_core.config import load_config
 from ensemble_core.errors import ConfigError
 from ensemble_core.runs.launcher import EXIT_GRACE_S, HEARTBEAT_TIMEOUT_S
 from tests.ensembles import predictions, tiny_config
+from tests.xla_flags import xla_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ("ensemble.size=4", "data.validation_fraction=0.2", "data.max_train_examples=320", "train.epochs=2")
@@ -104,7 +105,7 @@ def test_a_killed_jax_process_stops_the_run_in_bounded_time_and_the_rerun_resume
     Why not shorter (about a minute under load): two JAX processes start and train to a
     checkpoint, the survivor waits out the coordination service's heartbeat timeout, and
     the rerun starts both again."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(8)}
     overrides = ("distributed.num_processes=2", "train.epochs=4", "data.max_train_examples=640", "mesh.data=8")
     cmd = _run_cmd(tfds_dir, tmp_path / "runs", *overrides)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -162,7 +163,7 @@ def _left_behind(pid: int, tmp: Path) -> list[str]:
 def test_the_default_cnn_trains_across_two_jax_processes(tfds_dir, tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "TMPDIR": str(tmp)}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(8), "TMPDIR": str(tmp)}
     cmd = [sys.executable, "-c", _DEFAULT, tfds_dir, str(tmp_path / "runs"), "cnn", *SHORT]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate(timeout=600)
@@ -187,7 +188,7 @@ def test_an_exception_in_one_jax_process_is_quoted_at_once_with_its_log(tfds_dir
     stack frame. Now it exits at once and the one-line error quotes its exception."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "TMPDIR": str(tmp)}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(8), "TMPDIR": str(tmp)}
     overrides = ("distributed.num_processes=2", "train.epochs=50", "mesh.data=8")
     proc = subprocess.Popen(
         _run_cmd(tfds_dir, tmp_path / "runs", *overrides),

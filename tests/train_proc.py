@@ -9,7 +9,9 @@ stderr and exits as the CLI does (2, or 75 when preempted).
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from tests.xla_flags import xla_flags  # no JAX import
+
+os.environ.setdefault("XLA_FLAGS", xla_flags(8))
 
 import functools
 import json
