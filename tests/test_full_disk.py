@@ -24,7 +24,6 @@ import numpy as np
 import pytest
 
 from tests.prefect_api import cli_env
-from tests.xla_flags import xla_flags
 
 pytestmark = pytest.mark.slow  # the command line in subprocesses on a real tmpfs
 
@@ -212,7 +211,9 @@ _RACE = textwrap.dedent(
 def test_a_disk_filling_up_during_a_save_is_one_error_without_tracebacks(tmpfs):
     _fill(tmpfs, 512 * KIB)  # 20 arrays of 256 KiB, random (zstd cannot shrink them)
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["XLA_FLAGS"] = xla_flags(8)  # 8 shards per array: many pending writes
+    # 8 shards per array: many pending writes. XLA's default -O3, not the tests' -O1: this race
+    # was measured and tuned at -O3, and one fresh-clone run under load at -O1 failed it once.
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     done = subprocess.run(
         [sys.executable, "-c", _RACE, str(tmpfs / "ckpt")], cwd=ROOT, env=env, capture_output=True, text=True
     )

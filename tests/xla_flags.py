@@ -6,7 +6,8 @@ tests' small programs are mostly compiling, and -O1 compiles them with about 40%
 (measured on test_train.py, test_stateful_members.py and test_recorded_predictions.py
 together: 205 against 331 CPU s). Every comparison with a reference holds at both levels;
 -O0 would not (unfused multiply-adds put test_train.py's oracle 2e-5 apart). The default
-run and the benchmarks compile at the default level.
+run, the benchmarks and the full-disk save race of tests/test_full_disk.py compile at the
+default level.
 """
 
 from __future__ import annotations
