@@ -21,7 +21,7 @@ from ensemble_core.errors import DivergenceError, RunLockedError
 from ensemble_core.runs.lock import run_lock
 from ensemble_core.train import unstacked
 from tests.ensembles import predictions, small_setup, tiny_config, train_small
-from tests.xla_flags import COMPILE
+from tests.xla_flags import xla_flags
 
 pytestmark = pytest.mark.slow  # training processes killed and resumed
 
@@ -245,7 +245,7 @@ def test_stock_orbax_restores_on_one_device(tmp_path, tfds_dir, reference):
     """No project code: CheckpointManager + StandardRestore, saved on 8 devices, 1 here."""
     script = f"""
 import os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1 {COMPILE}"
+os.environ["XLA_FLAGS"] = "{xla_flags(1)}"
 import json, jax, numpy as np, orbax.checkpoint as ocp
 registry = ocp.DefaultCheckpointHandlerRegistry()
 for item, handler, save, restore in (
