@@ -1,7 +1,7 @@
 """The test suite's own figures: ``.ci/run`` on a fresh clone, timed, with one core held busy.
 
     python -m benchmarks.suite [--runs 3] [--no-busy-core] [--fast] [--append]
-                               [--out benchmarks/results/suite-cpu-2core.json]
+                               [--out benchmarks/results/suite-cpu-2core.json] [--logs DIR]
 
 Each run clones the committed ``HEAD`` of this repository into a new temporary directory
 (as CI does), starts ``python3 -c "while True: pass"`` (unless ``--no-busy-core``) and
@@ -11,10 +11,13 @@ and CPU seconds (``tests/conftest.py``). ``--fast`` also times ``make test-fast`
 last clone, under the same load. Writes (``--out``): ``date``, ``machine``, ``commit``,
 and per run the install-and-suite seconds, the suite's seconds as pytest printed them,
 the number of tests by outcome, the CPU seconds of all tests, the 15 slowest tests
-(wall seconds, setup and teardown included) and each module's wall and CPU seconds; ``budget_s`` is the suite's budget
+(wall seconds, setup and teardown included), each module's wall and CPU seconds, and
+per pytest-xdist worker when it finished and the modules it ran; ``budget_s`` is the suite's budget
 (15 minutes, issue 37), and ``within_budget`` says whether every run met it. ``--append``
 adds the runs to those already in ``--out`` when that file was written for the same commit
-(runs in a row measured in separate sittings); otherwise it starts the file anew.
+(runs in a row measured in separate sittings); otherwise it starts the file anew. ``--logs
+DIR`` keeps each run's ``.ci/run`` output, ``make test-fast`` output and per-test report in
+``DIR/run-<i>/`` (the clone itself is removed): where a failure's traceback is read.
 
 The README and docs/development.md take their suite figures from this file (checked by
 ``make docs-check``).
@@ -26,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -74,6 +78,22 @@ def _by_module(records: list[dict]) -> dict[str, dict[str, float]]:
     return {k: {key: round(v[key], 1) if key != "tests" else v[key] for key in v} for k, v in ordered}
 
 
+def _timeline(records: list[dict]) -> dict[str, dict]:
+    """Per pytest-xdist worker: when it finished its last test (seconds after the suite's
+    first test started) and the modules it ran, in order: where the suite's tail comes from."""
+    if not records or "start" not in records[0]:
+        return {}
+    t0 = min(r["start"] for r in records)
+    workers: dict[str, dict] = {}
+    for r in sorted(records, key=lambda r: r["start"]):
+        w = workers.setdefault(r["worker"], {"ends_s": 0.0, "modules": []})
+        w["ends_s"] = round(max(w["ends_s"], r["start"] + r["wall_s"] - t0), 1)
+        module = r["test"].split("::")[0].removeprefix("tests/")
+        if not w["modules"] or w["modules"][-1] != module:
+            w["modules"].append(module)
+    return dict(sorted(workers.items()))
+
+
 def one_run(work: Path, busy_core: bool, fast: bool) -> dict:
     """Clone, run ``.ci/run`` (and ``make test-fast`` with ``fast``), return its figures."""
     clone = work / "clone"
@@ -100,6 +120,7 @@ def one_run(work: Path, busy_core: bool, fast: bool) -> dict:
             ],
             "failed": [r["test"] for r in records if r.get("outcome") == "failed"],
             "modules": _by_module(records),
+            "workers": _timeline(records),
         }
         if fast:
             frc, fast_s, ftext = _timed(["make", "test-fast"], clone, env, work / "fast.log")
@@ -117,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-busy-core", action="store_true", help="do not hold a core busy")
     parser.add_argument("--fast", action="store_true", help="also time make test-fast in the last clone")
     parser.add_argument("--append", action="store_true", help="add to --out's runs of the same commit")
+    parser.add_argument("--logs", help="keep each run's logs and report under this folder")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "suite-cpu-2core.json"))
     args = parser.parse_args(argv)
     result = {
@@ -136,7 +158,15 @@ def main(argv: list[str] | None = None) -> int:
         result["command"] = f"{earlier['command']}; {result['command']}"
     for i in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="ensemble-suite-") as work:
-            row = one_run(Path(work), not args.no_busy_core, args.fast and i == args.runs - 1)
+            try:
+                row = one_run(Path(work), not args.no_busy_core, args.fast and i == args.runs - 1)
+            finally:
+                if args.logs:
+                    keep = Path(args.logs) / f"run-{len(result['runs']) + 1}"
+                    keep.mkdir(parents=True, exist_ok=True)
+                    for name in ("ci.log", "fast.log", "suite-report.json"):
+                        if (Path(work) / name).exists():
+                            shutil.copy(Path(work) / name, keep / name)
         result["runs"].append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "slowest"}), flush=True)
     runs = result["runs"]

@@ -1,20 +1,37 @@
 """matplotlib with the non-interactive Agg backend, the one way plots are saved, and the
-one way grids of example images are drawn."""
+one way grids of example images are drawn.
+
+matplotlib is imported on the first :func:`subplots`, not with this module: a command
+that draws nothing (a refused or stopped run, a worker, ``--help``) does not pay its
+import (about 0.5 CPU s per process)."""
 
 from __future__ import annotations
 
+import functools
 import io
 from pathlib import Path
 
-import matplotlib
 import numpy as np
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 
 from ensemble_core.atomic import atomic_write_bytes
 
-__all__ = ["image_grid", "plt", "save"]
+__all__ = ["image_grid", "save", "subplots"]
+
+
+@functools.cache
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot
+
+
+def subplots(*args, **kwargs):
+    """``matplotlib.pyplot.subplots`` on the Agg backend (imported on first use): returns
+    ``(figure, axes)``; pass the figure to :func:`save`, which closes it."""
+    return _pyplot().subplots(*args, **kwargs)
 
 
 def save(fig, path: Path) -> Path:
@@ -30,7 +47,7 @@ def save(fig, path: Path) -> Path:
         png = io.BytesIO()
         fig.savefig(png, dpi=100, format="png")
     finally:
-        plt.close(fig)
+        _pyplot().close(fig)
     atomic_write_bytes(path, png.getvalue())
     return path
 
@@ -60,7 +77,7 @@ def image_grid(images: np.ndarray, row_labels: list[str] | None = None, title: s
         for c in range(cols):
             tiled[r * (h + pad) : r * (h + pad) + h, c * (w + pad) : c * (w + pad) + w] = images[r, c]
     label_width = 0.08 * max((len(label) for label in row_labels), default=0) if row_labels is not None else 0.0
-    fig, ax = plt.subplots(figsize=(cols * 0.9 + label_width + 0.2, rows * 0.9 + 0.4))
+    fig, ax = subplots(figsize=(cols * 0.9 + label_width + 0.2, rows * 0.9 + 0.4))
     if ch == 1:
         ax.imshow(tiled[..., 0], cmap="gray", vmin=0, vmax=255, interpolation="nearest")
     else:

@@ -2,7 +2,9 @@
 
 With ``ENSEMBLE_SUITE_REPORT=<path>.json`` in the environment, every test's wall time and
 CPU seconds (this process and the child processes it reaped: setup and teardown
-included), its outcome and its ``slow``/``soak`` markers are recorded; each pytest-xdist
+included), its start (Unix time) and pytest-xdist worker, its outcome and its
+``slow``/``soak`` markers are recorded (the starts and workers give the suite's timeline:
+which worker ran what when); each pytest-xdist
 worker writes its records beside the report and the controlling process merges them
 into ``<path>.json``. ``benchmarks/suite.py`` (``make test``'s figures) and
 ``benchmarks/soak_suite.py`` (``make soak``'s) read it. Without the variable nothing is
@@ -32,11 +34,13 @@ def pytest_runtest_protocol(item, nextitem):
     if not os.environ.get("ENSEMBLE_SUITE_REPORT"):
         yield
         return
-    wall, cpu = time.monotonic(), _cpu_s()
+    start, wall, cpu = time.time(), time.monotonic(), _cpu_s()
     yield
     _RECORDS.append(
         {
             "test": item.nodeid,
+            "start": round(start, 3),
+            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
             "wall_s": round(time.monotonic() - wall, 3),
             "cpu_s": round(_cpu_s() - cpu, 3),
             "markers": sorted({m.name for m in item.iter_markers()} & {"slow", "soak"}),

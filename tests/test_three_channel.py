@@ -254,7 +254,9 @@ def test_translation_evaluator_and_its_plots_on_rgb(rgb, tmp_path):
 def test_rgb_examples_are_drawn_in_colour(rgb):
     """The examples grid tiles the images in one imshow: RGB stays RGB, one channel is grey,
     and each tile is the image itself (against slicing the tiled array back)."""
-    from ensemble_core.plotting import image_grid, plt
+    import matplotlib.pyplot as plt
+
+    from ensemble_core.plotting import image_grid
 
     images = np.stack([rgb[:3], rgb[3:6]])  # [2, 3, 32, 32, 3]
     fig = image_grid(images, ["a", "b"], "t")

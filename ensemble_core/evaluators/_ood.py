@@ -18,7 +18,7 @@ import numpy as np
 
 from ensemble_core import metrics as metrics_lib
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput, skipped
-from ensemble_core.plotting import image_grid, plt, save
+from ensemble_core.plotting import image_grid, save, subplots
 
 CONFIDENT = 0.9
 FIGURES = ("auroc", "aupr", "fpr_at_95_tpr")
@@ -91,7 +91,7 @@ def plot_ood(metrics: dict, arrays: dict, plots_dir: Path, name: str) -> dict[st
     member (Lakshminarayanan et al. 2017, Fig. 5); ``<name>_roc.png``: ROC curves of the
     ensemble's three scores and the first member's entropy."""
     probs, is_ood = arrays["member_probs"][arrays["healthy"]], arrays["is_ood"]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    fig, axes = subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, (who, p) in zip(axes, (("ensemble", probs), ("one member", probs[:1])), strict=True):
         h = metrics_lib.predictive_entropy(p)
         bins = np.linspace(0, np.log(probs.shape[-1]), 30)
@@ -100,7 +100,7 @@ def plot_ood(metrics: dict, arrays: dict, plots_dir: Path, name: str) -> dict[st
         ax.set(xlabel="predictive entropy (nats)", title=f"{who}")
         ax.legend(fontsize=8)
     paths = {f"{name}_entropy": save(fig, plots_dir / f"{name}_entropy.png")}
-    fig, ax = plt.subplots(figsize=(5, 5))
+    fig, ax = subplots(figsize=(5, 5))
     curves = {f"ensemble {k}": v for k, v in metrics_lib.ood_scores(probs).items()}
     curves["one member entropy"] = metrics_lib.ood_scores(probs[:1])["entropy"]
     for label, score in curves.items():

@@ -15,7 +15,7 @@ from ensemble_core import metrics as metrics_lib
 from ensemble_core import stopping
 from ensemble_core.calibration import apply_temperature
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput
-from ensemble_core.plotting import image_grid, plt, save
+from ensemble_core.plotting import image_grid, save, subplots
 
 FIGURES = ("accuracy", "nll", "brier", "ece")
 WHO = ("ensemble", "member_mean", "best_member")
@@ -115,7 +115,7 @@ def plot_levels(metrics: dict, plots_dir: Path, name: str, xlabel: str, ticks: S
     mean member and the best member."""
     rows = metrics["levels"]
     xs = np.arange(len(rows)) if ticks is not None else [r["level"] for r in rows]
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+    fig, axes = subplots(1, 4, figsize=(16, 3.6))
     styles = {"ensemble": ("tab:red", "-"), "member_mean": ("tab:gray", "--"), "best_member": ("tab:blue", ":")}
     for ax, figure in zip(axes, FIGURES, strict=True):
         for who, (color, style) in styles.items():

@@ -20,7 +20,7 @@ from ensemble_core import metrics as metrics_lib
 from ensemble_core import shifts
 from ensemble_core.config import PipelineConfig
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput, _shift
-from ensemble_core.plotting import plt, save
+from ensemble_core.plotting import save, subplots
 
 SELECTIVE_DEGREES = 60.0
 TAUS = (0.0, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
@@ -80,7 +80,7 @@ def plot(
     at = arrays["level"] == np.float32(degrees)
     probs, labels = arrays["member_probs"][arrays["healthy"]][:, at], arrays["labels"][at]
     best = next(r["best_member_index"] for r in metrics["levels"] if r["level"] == degrees)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = subplots(1, 2, figsize=(10, 4))
     for who, rows in metrics[_selective_key(degrees)].items():
         ok = [r for r in rows if r["accuracy"] is not None]
         axes[0].plot([r["tau"] for r in ok], [r["accuracy"] for r in ok], "o-", label=who.replace("_", " "))

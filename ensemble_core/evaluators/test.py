@@ -16,7 +16,7 @@ from ensemble_core import metrics as metrics_lib
 from ensemble_core.calibration import apply_temperature
 from ensemble_core.config import PipelineConfig
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput
-from ensemble_core.plotting import plt, save
+from ensemble_core.plotting import save, subplots
 
 
 def evaluate(ctx: EvalContext) -> EvaluatorOutput:
@@ -49,7 +49,7 @@ def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig, n
     paths = {}
 
     best = int(np.argmin([m["nll"] for m in members]))
-    fig, ax = plt.subplots(figsize=(5, 5))
+    fig, ax = subplots(figsize=(5, 5))
     ax.plot([0, 1], [0, 1], "k:", label="perfect calibration")
     for name, probs in (
         (f"ensemble (ECE {ensemble['ece']:.3f})", metrics_lib.ensemble_probs(member_probs)),
@@ -63,7 +63,7 @@ def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig, n
     ax.legend(loc="upper left", fontsize=8)
     paths["reliability"] = save(fig, plots_dir / f"{prefix}reliability.png")
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = subplots(1, 2, figsize=(10, 4))
     e = len(members)
     for ax, key, label in ((axes[0], "accuracy", "test accuracy"), (axes[1], "nll", "test NLL (nats)")):
         ax.bar(range(e), [m[key] for m in members], color="tab:blue", label="members")

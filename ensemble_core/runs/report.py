@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ensemble_core import diskspace, evaluators
-from ensemble_core.plotting import plt, save
+from ensemble_core.plotting import save, subplots
 from ensemble_core.runs.layout import RunDir, atomic_write_json, atomic_write_text
 from ensemble_core.runs.report_data import drift_lines, snapshot_lines
 from ensemble_core.runs.report_stratify import stratification_lines, stratification_report
@@ -333,7 +333,7 @@ def plot_training_curves(report: dict, plots_dir: str | Path) -> Path:
     panels = [("train_loss", "train loss (nats)"), ("train_accuracy", "train accuracy")]
     if validated:
         panels.append(("validation_nll", "validation NLL (nats)"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    fig, axes = subplots(1, len(panels), figsize=(5 * len(panels), 4))
     epochs = [r["epoch"] for r in hist]
     members = report["config"]["ensemble"]["size"]
     for ax, (key, label) in zip(axes, panels, strict=True):
