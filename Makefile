@@ -47,7 +47,7 @@ docs-check: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m mypy ensemble_core flows tasks
+	$(PY) -m mypy ensemble_core flows tasks benchmarks
 
 # Throughput against the per-member loop (docs/benchmarks.md); options in ARGS, e.g.
 # make bench ARGS="--models cnn --sizes 8". Writes benchmarks/results/latest.json and .png.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import shutil
 import signal
@@ -19,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -45,6 +47,15 @@ class Case:
     stream: str = "err"  # where the one `error:` line must be ("out" for prefect deployment run)
 
 
+class CaseProcess(subprocess.Popen):
+    """A command a case started: its output files (stdout, stderr), argv and start time
+    (``time.monotonic()`` seconds)."""
+
+    files: tuple[IO[str], IO[str]]
+    argv: list[str]
+    t0: float
+
+
 @dataclass
 class Ctx:
     """What one case sees: its directory, the shared data dir and base run, and every
@@ -57,51 +68,52 @@ class Ctx:
     procs: list[Proc] = field(default_factory=list)
     mounts: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    rng: random.Random = field(default_factory=random.Random)  # the case's random moments
+    stack_env: dict[str, str] | None = None  # the private make-serve stack's, for the cases that use it
+    live: list[CaseProcess] = field(default_factory=list)  # started and not yet finished
 
     def cli(self, args: list[str], timeout: float = 240, env: dict | None = None, cwd: Path = ROOT) -> Proc:
         """Run ``python args`` to the end (killed at ``timeout``: rc None)."""
         return self.finish(self.start(args, env=env, cwd=cwd), timeout)
 
-    def start(self, args: list[str], env: dict | None = None, cwd: Path = ROOT) -> subprocess.Popen:
+    def start(self, args: list[str], env: dict | None = None, cwd: Path = ROOT) -> CaseProcess:
         """Start ``python args`` in its own process group, its output to files of the case."""
-        n = self.__dict__["_count"] = self.__dict__.get("_count", -1) + 1
+        n = len(self.procs) + len(self.live)
         out, err = (open(self.dir / f"cmd{n}.{s}", "w+") for s in ("out", "err"))  # noqa: SIM115
         argv = [PY, *args] if not args[0].startswith(("/", "scripts/")) else list(args)
-        p = subprocess.Popen(
-            argv, cwd=cwd, env={**self.env, **(env or {})}, stdout=out, stderr=err, start_new_session=True
-        )
-        p.files, p.argv, p.t0 = (out, err), argv, time.monotonic()  # type: ignore[attr-defined]
-        self.__dict__.setdefault("_live", []).append(p)
+        p = CaseProcess(argv, cwd=cwd, env={**self.env, **(env or {})}, stdout=out, stderr=err, start_new_session=True)
+        p.files, p.argv, p.t0 = (out, err), argv, time.monotonic()
+        self.live.append(p)
         return p
 
-    def finish(self, p: subprocess.Popen, timeout: float) -> Proc:
+    def finish(self, p: CaseProcess, timeout: float) -> Proc:
         """Wait for ``p`` (the whole group killed at ``timeout``); its :class:`Proc`."""
         try:
-            rc: int | None = p.wait(timeout=max(1.0, timeout - (time.monotonic() - p.t0)))  # type: ignore[attr-defined]
+            rc: int | None = p.wait(timeout=max(1.0, timeout - (time.monotonic() - p.t0)))
         except subprocess.TimeoutExpired:
             rc = None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)  # whatever it left (its temporary server dies with it)
         p.wait()
-        out, err = (Path(f.name).read_text(errors="replace") for f in p.files)  # type: ignore[attr-defined]
-        for f in p.files:  # type: ignore[attr-defined]
+        out, err = (Path(f.name).read_text(errors="replace") for f in p.files)
+        for f in p.files:
             f.close()
-        self._live.remove(p)
-        proc = Proc(rc, out, err, p.argv, round(time.monotonic() - p.t0, 1))  # type: ignore[attr-defined]
+        self.live.remove(p)
+        proc = Proc(rc, out, err, p.argv, round(time.monotonic() - p.t0, 1))
         self.procs.append(proc)
         return proc
 
-    def wait_output(self, p: subprocess.Popen, pattern: str, timeout: float = 180) -> bool:
+    def wait_output(self, p: CaseProcess, pattern: str, timeout: float = 180) -> bool:
         """Until ``pattern`` appears in ``p``'s stdout or stderr (False: it ended or timed out)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and p.poll() is None:
-            text = "".join(Path(f.name).read_text(errors="replace") for f in p.files)  # type: ignore[attr-defined]
+            text = "".join(Path(f.name).read_text(errors="replace") for f in p.files)
             if re.search(pattern, text):
                 return True
             time.sleep(0.2)
         return False
 
-    def wait_path(self, p: subprocess.Popen, glob: str, root: Path, timeout: float = 180) -> bool:
+    def wait_path(self, p: CaseProcess, glob: str, root: Path, timeout: float = 180) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and p.poll() is None:
             if any(p.name.isdigit() for p in root.glob(glob)):  # a committed checkpoint step
@@ -137,7 +149,7 @@ class Ctx:
         return path
 
     def cleanup(self) -> None:
-        for p in list(getattr(self, "_live", [])):
+        for p in list(self.live):
             self.finish(p, 0)
         for m in reversed(self.mounts):
             subprocess.run(["umount", "-l", str(m)], check=False)

@@ -109,7 +109,7 @@ def _damaged_data_file(label: str, pattern: str, how: str) -> None:
         targets = sorted(data.glob(pattern))
         for t in targets:
             garbage(t, how)
-        sets = ("--set", f"data.data_dir={data}")
+        sets: tuple[str, ...] = ("--set", f"data.data_dir={data}")
         if label == "derived-cache":  # build the cache first (a run with the rotation evaluator)
             sets += ("--set", "eval.evaluators=[test,rotation]")
             ctx.train(*sets, out=ctx.dir / "runs", run="r0", timeout=300)

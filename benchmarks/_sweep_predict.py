@@ -204,10 +204,11 @@ DEPLOY = {
 def _deploy(name: str, change, run_name: str | None, what: str) -> None:
     @case(D, name, 1, f"-p config: {what} (rc 1: prefect's failed flow run)", stream="out")
     def run(ctx: Ctx):
-        from benchmarks import _stack
+        from tests import prefect_stack
 
-        env = ctx.__dict__["stack_env"]
-        params = _stack.small_params(ctx.dir, out="runs")
+        env = ctx.stack_env
+        assert env is not None, "the sweep starts the stack for this case (_maybe_stack)"
+        params = prefect_stack.small_params(ctx.dir, out="runs")
         params["config"]["data"]["data_dir"] = str(ctx.data)
         if isinstance(change, dict):
             for section, values in change.items():

@@ -39,6 +39,7 @@ Writes JSON (``--out``) and a PNG plot of throughput against E, and prints a tab
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -47,7 +48,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 from benchmarks._provenance import stamp
 
@@ -141,10 +144,8 @@ def _worker(args: argparse.Namespace) -> dict:
     if patches:
         from benchmarks.conv_patches import conv_as_patches
 
-        intercept = conv_as_patches  # every trace of the step and of predict runs inside it
+        intercept: Callable[[], contextlib.AbstractContextManager[Any]] = conv_as_patches  # every trace inside it
     else:
-        import contextlib
-
         intercept = contextlib.nullcontext
     model, tx = built.model, built.optimizer
     keys = built.member_keys()
@@ -172,7 +173,7 @@ def _worker(args: argparse.Namespace) -> dict:
         )
         t0 = time.perf_counter()
         with intercept():
-            compiled = step.lower(state, x, y, member_keys, idx[0]).compile()
+            compiled = cast(Any, step).lower(state, x, y, member_keys, idx[0]).compile()
         out["compile_seconds"] = time.perf_counter() - t0
         state, m = compiled(state, x, y, member_keys, idx[0])  # warm-up
         jax.block_until_ready(m)
@@ -220,7 +221,9 @@ def _worker(args: argparse.Namespace) -> dict:
         # ensemble gains over a loop compiled as the project compiles
         step_same_options = jax.jit(single_step, compiler_options=train_compiler_options(jax.default_backend()))
         apply = jax.jit(
-            lambda p, ms, xb: jax.nn.softmax(model.apply({"params": p, **ms}, data_lib.to_float(xb), train=False))
+            lambda p, ms, xb: jax.nn.softmax(
+                cast(jax.Array, model.apply({"params": p, **ms}, data_lib.to_float(xb), train=False))
+            )
         )
         variables = [model.init(keys["init"][m], jnp.zeros((1, *IMAGE_SHAPE)), train=False) for m in range(e)]
         members = [v["params"] for v in variables]
@@ -234,7 +237,7 @@ def _worker(args: argparse.Namespace) -> dict:
         out["compile_seconds"] = time.perf_counter() - t0
         out["train_flops_per_image"] = _flops(compiled_step) / BATCH
 
-        def train_chunk(fn=step, steps_range=range(1, steps + 1)):
+        def loop_chunk(fn=step, steps_range=range(1, steps + 1)):
             for m in range(e):
                 for s in steps_range:
                     members[m], mstate[m], opt[m] = fn(
@@ -242,11 +245,11 @@ def _worker(args: argparse.Namespace) -> dict:
                     )
             jax.block_until_ready(members)
 
-        train_chunk(step, range(1))  # warm-up: one step per member (as the project's warm-up step)
-        out["train_seconds"] = _best_of(repeats, train_chunk)
+        loop_chunk(step, range(1))  # warm-up: one step per member (as the project's warm-up step)
+        out["train_seconds"] = _best_of(repeats, loop_chunk)
         if not args.skip_same_options:
-            train_chunk(step_same_options, range(1))  # compile and warm up
-            out["train_seconds_same_options"] = _best_of(repeats, lambda: train_chunk(step_same_options))
+            loop_chunk(step_same_options, range(1))  # compile and warm up
+            out["train_seconds_same_options"] = _best_of(repeats, lambda: loop_chunk(step_same_options))
             out["train_member_images_per_s_same_options"] = e * steps * BATCH / out["train_seconds_same_options"]
         tx_dev = jnp.asarray(test_x)
 

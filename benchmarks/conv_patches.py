@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import cast
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -139,21 +141,24 @@ def conv_patches_call(module: nn.Conv, inputs, mask=None, *, method: str = "slic
     the ``[kh * kw * C, O]`` kernel matrix: the same parameters (created by ``module.param``
     exactly as ``nn.Conv`` creates them) and the same result within float32 rounding."""
     del mask  # supported() only lets mask=None through
-    kernel_size = tuple(module.kernel_size)
-    strides = _pair(module.strides, 1)
-    input_dilation = _pair(module.input_dilation, 1)
-    kernel_dilation = _pair(module.kernel_dilation, 1)
+    # supported() let only what these resolve through: none of them is None here.
+    kernel_size = tuple(cast(Sequence[int], module.kernel_size))
+    strides = cast(tuple[int, ...], _pair(module.strides, 1))
+    input_dilation = cast(tuple[int, ...], _pair(module.input_dilation, 1))
+    kernel_dilation = cast(tuple[int, ...], _pair(module.kernel_dilation, 1))
     in_features = inputs.shape[-1]
     kernel = module.param(
         "kernel", module.kernel_init, (*kernel_size, in_features, module.features), module.param_dtype
     )
     bias = module.param("bias", module.bias_init, (module.features,), module.param_dtype) if module.use_bias else None
     inputs, kernel, bias = module.promote_dtype(inputs, kernel, bias, dtype=module.dtype)
-    padding = _padding(module.padding)
-    if isinstance(padding, str):  # as lax.conv_general_dilated resolves it
+    resolved = _padding(module.padding)
+    if isinstance(resolved, str):  # as lax.conv_general_dilated resolves it
         dilated_in = [(n - 1) * d + 1 for n, d in zip(inputs.shape[1:3], input_dilation, strict=True)]
         window = [(k - 1) * d + 1 for k, d in zip(kernel_size, kernel_dilation, strict=True)]
-        padding = lax.padtype_to_pads(dilated_in, window, strides, padding)
+        padding: Sequence[tuple[int, int]] = lax.padtype_to_pads(dilated_in, window, strides, resolved)
+    else:
+        padding = cast(tuple[tuple[int, int], ...], resolved)
     if method == "lax":  # features ordered (channel, kernel row, kernel column)
         patches = lax.conv_general_dilated_patches(
             inputs,
@@ -163,12 +168,12 @@ def conv_patches_call(module: nn.Conv, inputs, mask=None, *, method: str = "slic
             lhs_dilation=input_dilation,
             rhs_dilation=kernel_dilation,
             dimension_numbers=("NHWC", "HWIO", "NHWC"),
-            precision=module.precision,
+            precision=cast(lax.Precision | None, module.precision),
         )
-        matrix = jnp.transpose(kernel, (2, 0, 1, 3)).reshape(-1, module.features)
+        matrix = jnp.transpose(cast(jax.Array, kernel), (2, 0, 1, 3)).reshape(-1, module.features)
     else:
         patches = _patches(inputs, kernel_size, strides, padding, input_dilation, kernel_dilation)
-        matrix = kernel.reshape(-1, module.features)
+        matrix = cast(jax.Array, kernel).reshape(-1, module.features)
     y = jnp.einsum("bhwk,ko->bhwo", patches, matrix, precision=module.precision)
     if bias is not None:
         y = y + bias

@@ -46,6 +46,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -188,7 +189,8 @@ def evaluate(data, expr: str):
         pos = m.end()
     if len(tokens) == 1:
         return resolve(data, tokens[0])
-    names, source = {}, []
+    names: dict[str, Any] = {}
+    source: list[str] = []
     for tok in tokens:
         if (len(tok) == 1 and tok in "()+-*/") or re.fullmatch(r"\d+(\.\d*)?([eE]-?\d+)?", tok):
             source.append(tok)

@@ -23,6 +23,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks._provenance import stamp
 from flows import _env  # noqa: F401  (applies the XLA/JAX environment on import)
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         "eval.evaluators=[test]",
         "nightly.when_unchanged=skip",
     ]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for label, night, extra in (
         ("1: 1,000 digits", 1, []),
         ("2: 3,000 digits", 2, []),
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         start = time.perf_counter()
         result = runs.run(cfg, out, f"night{len(rows) + 1}")
         seconds = time.perf_counter() - start
-        row = {"night": label, "seconds": round(seconds, 1), "skipped": result.skipped is not None}
+        row: dict[str, Any] = {"night": label, "seconds": round(seconds, 1), "skipped": result.skipped is not None}
         if result.skipped is not None:
             row["reason"] = result.skipped.reason
         else:

@@ -3,7 +3,7 @@ died is marked Crashed, and whether it is always re-run and resumed from its che
 
     python -m benchmarks.recovery [--tries 10] [--scenarios lost-machine,stack-restart]
 
-Starts its own stack (:mod:`benchmarks._stack`: server on PostgreSQL, work pool,
+Starts its own stack (:mod:`tests.prefect_stack`: server on PostgreSQL, work pool,
 deployments, retry automation, reconciler with a 50 s heartbeat timeout, worker) and a
 second process that keeps one CPU core busy throughout. Each try submits a run (4 MLPs of
 512x512, 2,048 digits, 12 epochs of about 1 s), waits for its first checkpoint and
@@ -33,8 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import _stack
 from benchmarks._provenance import stamp
+from tests import prefect_stack
 
 SCENARIOS = ("lost-machine", "stack-restart")
 FINAL_WAIT_S = 600
@@ -45,12 +45,12 @@ def _kill(env: dict[str, str], scenario: str, run_id: str) -> float:
     serve_dir = Path(env["ENSEMBLE_SERVE_DIR"])
     killed = time.time()
     if scenario == "lost-machine":
-        (engine,) = _stack.engine_pids(env, run_id)
-        _stack.kill_group(serve_dir / "worker.pid")
+        (engine,) = prefect_stack.engine_pids(env, run_id)
+        prefect_stack.kill_group(serve_dir / "worker.pid")
         os.kill(engine, signal.SIGKILL)
     else:
-        _stack.kill_stack(env)
-    _stack.serve(env)
+        prefect_stack.kill_stack(env)
+    prefect_stack.serve(env)
     return killed
 
 
@@ -60,19 +60,19 @@ def _epoch_s(timestamp: str) -> float:
 
 def one_try(env: dict[str, str], tmp: Path, scenario: str, i: int) -> dict:
     out = f"{scenario}-{i}"
-    run_id = _stack.start_long_run(env, tmp, out)
+    run_id = prefect_stack.start_long_run(env, tmp, out)
     killed = _kill(env, scenario, run_id)
 
     def final():
-        fr = _stack.api(env, "GET", f"/flow_runs/{run_id}")
+        fr = prefect_stack.api(env, "GET", f"/flow_runs/{run_id}")
         return fr if fr["state_type"] in {"COMPLETED", "FAILED", "CANCELLED"} else None
 
     row: dict = {"scenario": scenario, "try": i}
     try:
-        fr = _stack.wait_until(final, FINAL_WAIT_S, f"flow run {run_id} to end")
+        fr = prefect_stack.wait_until(final, FINAL_WAIT_S, f"flow run {run_id} to end")
     except AssertionError:
-        fr = _stack.api(env, "GET", f"/flow_runs/{run_id}")
-    states = _stack.api(env, "GET", f"/flow_run_states/?flow_run_id={run_id}")
+        fr = prefect_stack.api(env, "GET", f"/flow_runs/{run_id}")
+    states = prefect_stack.api(env, "GET", f"/flow_run_states/?flow_run_id={run_id}")
     after_kill = [s for s in states if _epoch_s(s["timestamp"]) >= killed]
     crashed = next((s for s in after_kill if s["type"] == "CRASHED"), None)
     rerun = next((s for s in after_kill if s["type"] == "RUNNING"), None)
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.recovery", description=__doc__.split("\n")[0])
     parser.add_argument("--tries", type=int, default=10)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
-    parser.add_argument("--out", default=str(_stack.ROOT / "benchmarks" / "results" / "recovery-cpu-2core.json"))
+    parser.add_argument("--out", default=str(prefect_stack.ROOT / "benchmarks" / "results" / "recovery-cpu-2core.json"))
     args = parser.parse_args(argv)
     scenarios = args.scenarios.split(",")
     unknown = sorted(set(scenarios) - set(SCENARIOS))
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     rows: list[dict] = []
     try:
-        with _stack.stack(tmp) as env:
+        with prefect_stack.stack(tmp) as env:
             for scenario in scenarios:
                 for i in range(1, args.tries + 1):
                     rows.append(one_try(env, tmp, scenario, i))
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         **stamp(),
         "command": f"python -m benchmarks.recovery --tries {args.tries} --scenarios {args.scenarios}",
-        "zombie_after_s": _stack.ZOMBIE_AFTER_S,
+        "zombie_after_s": prefect_stack.ZOMBIE_AFTER_S,
         "heartbeat_s": 30,
         "load": "one core of two held busy by `python -c 'while True: pass'`",
         "summary": {s: _summary([r for r in rows if r["scenario"] == s]) for s in scenarios},

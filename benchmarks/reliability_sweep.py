@@ -8,7 +8,7 @@ the tiny config and a dataset prepared once: the training CLI (``--config``, ``-
 ``--run-name``, ``--output-dir``, damaged state files, SIGTERM/SIGINT/SIGKILL at random
 moments then a rerun), member groups (local and Dask), JAX processes, ``python -m
 ensemble_core.runs.processes``, the prediction CLI, and ``prefect deployment run``
-against a private ``make serve`` stack (``benchmarks/_stack.py``). A case is ``clean``
+against a private ``make serve`` stack (``tests/prefect_stack.py``). A case is ``clean``
 only if: its exit code is the expected one (0 done, 2 refused or failed, 75 stopped;
 1 for ``prefect deployment run`` of a failed flow run), a failure printed exactly one
 line starting ``error: `` that holds ``fix:``, no command of the case printed
@@ -67,7 +67,7 @@ def run_case(c: Case, tmp: Path, data: Path, base: Path, extra: dict) -> dict:
     d = tmp / "cases" / f"{c.entry.split()[0]}-{c.name}"
     d.mkdir(parents=True)
     ctx = Ctx(d, data, base, {**base_env(tmp), "PREFECT_HOME": str(tmp / f"prefect-home-{slot}")})
-    ctx.__dict__.update(extra, rng=random.Random(f"{c.entry}/{c.name}"))
+    ctx.rng, ctx.stack_env = random.Random(f"{c.entry}/{c.name}"), extra.get("stack_env")
     started = time.monotonic()
     try:
         proc, ok, note = c.fn(ctx)
@@ -112,7 +112,7 @@ def table(rows: list[dict]) -> str:
 
 def summary(rows: list[dict]) -> str:
     clean = sum(r["verdict"] == "clean" for r in rows)
-    per = {}
+    per: dict[str, list[int]] = {}
     for r in rows:
         per.setdefault(r["entry"], [0, 0])
         per[r["entry"]][0] += 1
@@ -182,9 +182,9 @@ class _maybe_stack:  # noqa: N801  (a context manager)
 
     def __enter__(self):
         if self.needed:
-            from benchmarks import _stack
+            from tests import prefect_stack
 
-            self.cm = _stack.stack(self.tmp / "stack")
+            self.cm = prefect_stack.stack(self.tmp / "stack")
             (self.tmp / "stack").mkdir()
             self.extra["stack_env"] = self.cm.__enter__()
         return self

@@ -3,7 +3,7 @@ under CPU contention, then count what reached the server and what was left behin
 
     python -m benchmarks.soak [--runs 10] [--out benchmarks/results/soak-cpu-2core.json]
 
-Starts its own stack (:mod:`benchmarks._stack`: server on PostgreSQL, work pool,
+Starts its own stack (:mod:`tests.prefect_stack`: server on PostgreSQL, work pool,
 deployments, automation, reconciler, worker) on a free port with a fresh PREFECT_HOME,
 and a second process that keeps one CPU core busy for the whole soak. Each run is
 ``scripts/deployment-run.sh train-ensemble/adhoc --watch`` with a small config (4 MLP
@@ -29,11 +29,11 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks import _stack
 from benchmarks._provenance import stamp
+from tests import prefect_stack
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = _stack.TASK_NAMES
+STAGES = prefect_stack.TASK_NAMES
 
 
 def _group_rss_mib(pgid: int) -> float:
@@ -78,12 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="ensemble-soak-"))
-    params = _stack.small_params(tmp)
+    params = prefect_stack.small_params(tmp)
     del params["config"]["eval"]  # every evaluator of the default config, as a nightly run
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     rows = []
     try:
-        with _stack.stack(tmp) as env:
+        with prefect_stack.stack(tmp) as env:
             api = env["PREFECT_API_URL"]
             _wait_for_worker(api)
             worker_pgid = int((tmp / "serve" / "worker.pid").read_text())
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 last_alive = None
                 give_up = None  # 120 s after --watch returned, stop waiting for the process to exit
                 while True:
-                    alive = set(_stack.engine_pids(env))
+                    alive = set(prefect_stack.engine_pids(env))
                     seen |= alive
                     if alive:
                         last_alive = dt.datetime.now(dt.UTC)
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                         "log_lines": len(logs.json()),
                         # the flow-run process was last seen alive this long after the final state
                         "process_exit_after_final_s": exit_after_final(fr, last_alive),
-                        "engines_left": len(_stack.engine_pids(env)),
+                        "engines_left": len(prefect_stack.engine_pids(env)),
                     }
                 )
                 print(json.dumps(rows[-1]), flush=True)

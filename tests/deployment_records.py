@@ -4,7 +4,7 @@ through the Prefect API; shared by the deployment test modules."""
 import time
 from pathlib import Path
 
-from benchmarks._stack import TASK_NAMES, api, wait_until
+from tests.prefect_stack import TASK_NAMES, api, wait_until
 
 TASKS = TASK_NAMES
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}

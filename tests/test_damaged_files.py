@@ -94,10 +94,10 @@ def test_the_rotation_evaluator_rebuilds_a_wrong_cache(tmp_path, tfds_dir):
     cfg = tiny_config(tfds_dir, "eval.evaluators=[test,rotation]")
     first = runs.run(cfg, tmp_path, "r")
     dataset = data.prepare(cfg.data.name, cfg.data.data_dir)
-    from ensemble_core.evaluators import _shift, rotation
+    from ensemble_core.evaluators import rotation, shift_base
 
     degrees = "_".join(f"{x:g}" for x in rotation.Options().degrees)
-    cache = derived_dir(dataset) / f"rotation-v{_shift.CACHE_VERSION}-n100-{degrees}.npz"  # this run's cache
+    cache = derived_dir(dataset) / f"rotation-v{shift_base.CACHE_VERSION}-n100-{degrees}.npz"  # this run's cache
     with np.load(cache) as f:
         images = f["images"]
     np.savez(cache, images=images[:7])

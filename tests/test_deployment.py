@@ -16,7 +16,9 @@ import time
 
 import pytest
 
-from benchmarks._stack import (
+from ensemble_core.processutil import free_port
+from tests.deployment_records import assert_complete_records, events, flow_run, run_name, task_runs, wait_final
+from tests.prefect_stack import (
     ROOT,
     api,
     deployment_run,
@@ -25,15 +27,13 @@ from benchmarks._stack import (
     small_params,
     wait_until,
 )
-from ensemble_core.processutil import free_port
-from tests.deployment_records import assert_complete_records, events, flow_run, run_name, task_runs, wait_final
 
 pytestmark = pytest.mark.slow  # a real Prefect stack: server, worker, scheduler
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from benchmarks._stack import stack
+    from tests.prefect_stack import stack
 
     tmp = tmp_path_factory.mktemp("stack")
     probe = {

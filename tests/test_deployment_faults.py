@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks._stack import (
+from tests.deployment_records import assert_complete_records, wait_final
+from tests.prefect_stack import (
     ZOMBIE_AFTER_S,
     api,
     engine_pids,
@@ -25,7 +26,6 @@ from benchmarks._stack import (
     state_names,
     wait_until,
 )
-from tests.deployment_records import assert_complete_records, wait_final
 
 pytestmark = pytest.mark.slow  # a real Prefect stack: server, worker, reconciler
 
@@ -34,7 +34,7 @@ CRASH_WAIT_S = ZOMBIE_AFTER_S + 150  # how long a zombie may wait to be marked c
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from benchmarks._stack import stack
+    from tests.prefect_stack import stack
 
     tmp = tmp_path_factory.mktemp("faults")
     with stack(tmp) as env:

@@ -15,7 +15,7 @@ import tensorflow_datasets as tfds
 from ensemble_core import data, runs, shifts
 from ensemble_core.config import PipelineConfig, load_config
 from ensemble_core.errors import DataError
-from ensemble_core.evaluators import EvalContext, _ood, corruptions, fashion_mnist, letters, translation
+from ensemble_core.evaluators import EvalContext, corruptions, fashion_mnist, letters, ood_base, translation
 from tests._cifar_mock import NUM_TEST, NUM_TRAIN, cifar10_tfds  # noqa: F401  (a fixture)
 
 # MARK: CIFAR-10 through data.prepare / data.load_split
@@ -234,7 +234,7 @@ def test_mnist_only_evaluators_are_skipped_with_one_line(rgb):
         "fashion_mnist": "Fashion-MNIST images are 28x28x1, the model takes (32, 32, 3)",
     }
     # The shared OOD helper refuses OOD images of another shape the same way.
-    out = _ood.evaluate_ood(ctx, np.zeros((4, 28, 28, 1), np.uint8), "digits")
+    out = ood_base.evaluate_ood(ctx, np.zeros((4, 28, 28, 1), np.uint8), "digits")
     assert out.skipped == "the OOD images (digits) are (28, 28, 1), the model takes (32, 32, 3)"
     assert out.arrays == {}
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ensemble_core import shifts
 from ensemble_core.config import PipelineConfig
-from ensemble_core.evaluators import EvalContext, EvaluatorOutput, _shift, skipped
+from ensemble_core.evaluators import EvalContext, EvaluatorOutput, shift_base, skipped
 
 NAMES = tuple(shifts.CORRUPTIONS)
 
@@ -53,7 +53,7 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     key = (
         "corruptions" if names == NAMES else "corruptions-" + hashlib.sha256(",".join(names).encode()).hexdigest()[:12]
     )
-    out = _shift.evaluate_shift(
+    out = shift_base.evaluate_shift(
         ctx,
         key,
         "MNIST-C corruption (published severity)",
@@ -71,16 +71,16 @@ def plot(
     """``<name>.png``: the figures for each corruption; ``<name>_examples.png``."""
     ticks = [r["name"] for r in metrics["levels"]]
     return {
-        name: _shift.plot_levels(metrics, plots_dir, name, "corruption", ticks=ticks),
-        f"{name}_examples": _shift.plot_examples(metrics, arrays, plots_dir, name),
+        name: shift_base.plot_levels(metrics, plots_dir, name, "corruption", ticks=ticks),
+        f"{name}_examples": shift_base.plot_examples(metrics, arrays, plots_dir, name),
     }
 
 
 def markdown(metrics: dict) -> list[str]:
     """The table of corruptions."""
-    return _shift.markdown(metrics, "MNIST-C corruptions", "one published severity each")
+    return shift_base.markdown(metrics, "MNIST-C corruptions", "one published severity each")
 
 
 def table(metrics: dict) -> list[dict]:
-    """The Prefect table artifact's rows (:func:`ensemble_core.evaluators._shift.table`)."""
-    return _shift.table(metrics)
+    """The Prefect table artifact's rows (:func:`ensemble_core.evaluators.shift_base.table`)."""
+    return shift_base.table(metrics)

@@ -15,13 +15,13 @@ from pathlib import Path
 
 from ensemble_core import data as data_lib
 from ensemble_core.config import PipelineConfig
-from ensemble_core.evaluators import EvalContext, EvaluatorOutput, _ood, skipped
+from ensemble_core.evaluators import EvalContext, EvaluatorOutput, ood_base, skipped
 
 NAME = "fashion_mnist"
 
 
 def evaluate(ctx: EvalContext) -> EvaluatorOutput:
-    """The test split vs Fashion-MNIST's test split; see :mod:`ensemble_core.evaluators._ood`."""
+    """The test split vs Fashion-MNIST's test split; see :mod:`ensemble_core.evaluators.ood_base`."""
     if ctx.config.data.name == NAME:
         return skipped("the ensemble is trained on Fashion-MNIST: it is not out-of-distribution here")
     if tuple(ctx.dataset.image_shape) != (28, 28, 1):
@@ -32,19 +32,19 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     n = len(ctx.load("test")[0])
     info = data_lib.prepare(NAME, ctx.config.data.data_dir)  # its own snapshot, beside the run's dataset's
     images, _ = data_lib.load_split(NAME, "test", info.tfds_data_dir, n)
-    return _ood.evaluate_ood(ctx, images, "Fashion-MNIST test split (dataset-fashion-mnist)")
+    return ood_base.evaluate_ood(ctx, images, "Fashion-MNIST test split (dataset-fashion-mnist)")
 
 
 def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig, name: str = NAME) -> dict[str, Path]:
-    """Entropy histograms and ROC curves (:func:`ensemble_core.evaluators._ood.plot_ood`)."""
-    return _ood.plot_ood(metrics, arrays, plots_dir, name)
+    """Entropy histograms and ROC curves (:func:`ensemble_core.evaluators.ood_base.plot_ood`)."""
+    return ood_base.plot_ood(metrics, arrays, plots_dir, name)
 
 
 def markdown(metrics: dict) -> list[str]:
     """The detection table."""
-    return _ood.markdown(metrics, "OOD: Fashion-MNIST")
+    return ood_base.markdown(metrics, "OOD: Fashion-MNIST")
 
 
 def table(metrics: dict) -> list[dict]:
-    """The Prefect table artifact's rows (:func:`ensemble_core.evaluators._ood.table`)."""
-    return _ood.table(metrics)
+    """The Prefect table artifact's rows (:func:`ensemble_core.evaluators.ood_base.table`)."""
+    return ood_base.table(metrics)

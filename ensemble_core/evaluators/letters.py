@@ -13,14 +13,14 @@ from pathlib import Path
 
 from ensemble_core import shifts
 from ensemble_core.config import PipelineConfig
-from ensemble_core.evaluators import EvalContext, EvaluatorOutput, _ood, skipped
+from ensemble_core.evaluators import EvalContext, EvaluatorOutput, ood_base, skipped
 
 SEED = 0
 CACHE_VERSION = 1
 
 
 def evaluate(ctx: EvalContext) -> EvaluatorOutput:
-    """The test split vs rendered letters; see :mod:`ensemble_core.evaluators._ood`."""
+    """The test split vs rendered letters; see :mod:`ensemble_core.evaluators.ood_base`."""
     if tuple(ctx.dataset.image_shape) != (28, 28, 1):
         return skipped(f"the letters are rendered at 28x28x1, not {tuple(ctx.dataset.image_shape)}")
     n = len(ctx.load("test")[0])
@@ -28,21 +28,21 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     key = f"letters-v{CACHE_VERSION}-{per_letter}-seed{SEED}"
     shape = {"images": (10 * per_letter, 28, 28, 1)}
     images = ctx.cached(key, lambda: {"images": shifts.letters(per_letter, SEED)}, shape)["images"][:n]
-    return _ood.evaluate_ood(ctx, images, "letters A-J rendered from DejaVu fonts, seeded affine jitter")
+    return ood_base.evaluate_ood(ctx, images, "letters A-J rendered from DejaVu fonts, seeded affine jitter")
 
 
 def plot(
     metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig, name: str = "letters"
 ) -> dict[str, Path]:
-    """Entropy histograms and ROC curves (:func:`ensemble_core.evaluators._ood.plot_ood`)."""
-    return _ood.plot_ood(metrics, arrays, plots_dir, name)
+    """Entropy histograms and ROC curves (:func:`ensemble_core.evaluators.ood_base.plot_ood`)."""
+    return ood_base.plot_ood(metrics, arrays, plots_dir, name)
 
 
 def markdown(metrics: dict) -> list[str]:
     """The detection table."""
-    return _ood.markdown(metrics, "OOD: letters")
+    return ood_base.markdown(metrics, "OOD: letters")
 
 
 def table(metrics: dict) -> list[dict]:
-    """The Prefect table artifact's rows (:func:`ensemble_core.evaluators._ood.table`)."""
-    return _ood.table(metrics)
+    """The Prefect table artifact's rows (:func:`ensemble_core.evaluators.ood_base.table`)."""
+    return ood_base.table(metrics)

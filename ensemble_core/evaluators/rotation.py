@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ensemble_core import metrics as metrics_lib
 from ensemble_core import shifts
 from ensemble_core.config import PipelineConfig
-from ensemble_core.evaluators import EvalContext, EvaluatorOutput, _shift
+from ensemble_core.evaluators import EvalContext, EvaluatorOutput, shift_base
 from ensemble_core.plotting import save, subplots
 
 SELECTIVE_DEGREES = 60.0
@@ -56,7 +56,7 @@ def _selective_key(degrees: float) -> str:
 def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     """Every member on the rotated test split; see the module docstring."""
     opts = ctx.options or Options()
-    out = _shift.evaluate_shift(ctx, "rotation", "degrees", opts.degrees, shifts.rotate)
+    out = shift_base.evaluate_shift(ctx, "rotation", "degrees", opts.degrees, shifts.rotate)
     at = out.arrays["level"] == np.float32(opts.selective_degrees)
     probs, labels = out.arrays["member_probs"][:, at], out.arrays["labels"][at]
     healthy = ctx.healthy
@@ -74,8 +74,8 @@ def plot(
 ) -> dict[str, Path]:
     """``<name>.png`` (figures vs angle) and ``<name>_selective.png`` (accuracy vs
     confidence threshold and risk-coverage at the selective angle)."""
-    paths = {name: _shift.plot_levels(metrics, plots_dir, name, "rotation (degrees)")}
-    paths[f"{name}_examples"] = _shift.plot_examples(metrics, arrays, plots_dir, name)
+    paths = {name: shift_base.plot_levels(metrics, plots_dir, name, "rotation (degrees)")}
+    paths[f"{name}_examples"] = shift_base.plot_examples(metrics, arrays, plots_dir, name)
     degrees = metrics.get("selective_degrees", SELECTIVE_DEGREES)
     at = arrays["level"] == np.float32(degrees)
     probs, labels = arrays["member_probs"][arrays["healthy"]][:, at], arrays["labels"][at]
@@ -99,7 +99,7 @@ def plot(
 
 def markdown(metrics: dict) -> list[str]:
     """The rotation table and the selective-prediction line at the selective angle."""
-    lines = _shift.markdown(metrics, "Rotation", "degrees")
+    lines = shift_base.markdown(metrics, "Rotation", "degrees")
     degrees = metrics.get("selective_degrees", SELECTIVE_DEGREES)
     sel = {r["tau"]: r for r in metrics[_selective_key(degrees)]["ensemble"]}
     r = sel[0.9]
@@ -112,5 +112,5 @@ def markdown(metrics: dict) -> list[str]:
 
 
 def table(metrics: dict) -> list[dict]:
-    """The Prefect table artifact's rows (:func:`ensemble_core.evaluators._shift.table`)."""
-    return _shift.table(metrics)
+    """The Prefect table artifact's rows (:func:`ensemble_core.evaluators.shift_base.table`)."""
+    return shift_base.table(metrics)

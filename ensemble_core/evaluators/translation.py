@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ensemble_core import shifts
 from ensemble_core.config import PipelineConfig
-from ensemble_core.evaluators import EvalContext, EvaluatorOutput, _shift
+from ensemble_core.evaluators import EvalContext, EvaluatorOutput, shift_base
 
 
 class Options(BaseModel):
@@ -41,7 +41,7 @@ class Options(BaseModel):
 def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     """Every member on the translated test split; see the module docstring."""
     opts = ctx.options or Options()
-    return _shift.evaluate_shift(ctx, "translation", "pixels", opts.pixels, shifts.translate)
+    return shift_base.evaluate_shift(ctx, "translation", "pixels", opts.pixels, shifts.translate)
 
 
 def plot(
@@ -49,16 +49,16 @@ def plot(
 ) -> dict[str, Path]:
     """``<name>.png``: the figures against the shift in pixels; ``<name>_examples.png``."""
     return {
-        name: _shift.plot_levels(metrics, plots_dir, name, "translation (pixels)"),
-        f"{name}_examples": _shift.plot_examples(metrics, arrays, plots_dir, name),
+        name: shift_base.plot_levels(metrics, plots_dir, name, "translation (pixels)"),
+        f"{name}_examples": shift_base.plot_examples(metrics, arrays, plots_dir, name),
     }
 
 
 def markdown(metrics: dict) -> list[str]:
     """The translation table."""
-    return _shift.markdown(metrics, "Translation", "pixels")
+    return shift_base.markdown(metrics, "Translation", "pixels")
 
 
 def table(metrics: dict) -> list[dict]:
-    """The Prefect table artifact's rows (:func:`ensemble_core.evaluators._shift.table`)."""
-    return _shift.table(metrics)
+    """The Prefect table artifact's rows (:func:`ensemble_core.evaluators.shift_base.table`)."""
+    return shift_base.table(metrics)

@@ -38,7 +38,7 @@ MNIST-C (2019) ran the older ``[[1, -sin c], [0, cos c]]``, so the shear matrice
 built here (:func:`.transforms.affine_params`) and passed as ``matrix=``.
 """
 
-from ensemble_core.shifts._image import CHANNELS, H, W
+from ensemble_core.shifts.layout import CHANNELS, H, W
 from ensemble_core.shifts.mnistc import CORRUPTIONS, corrupt
 from ensemble_core.shifts.ovadia import ROTATION_DEGREES, TRANSLATION_PIXELS, rotate, translate
 from ensemble_core.shifts.rendered_letters import LETTERS, letter_fonts, letters

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 from skimage import feature
 
-from ensemble_core.shifts._image import H, W, check_images, to01, to_uint8
+from ensemble_core.shifts.layout import H, W, check_images, to01, to_uint8
 from ensemble_core.shifts.transforms import (
     affine_params,
     centred,

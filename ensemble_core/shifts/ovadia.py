@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage as ndi
 
-from ensemble_core.shifts._image import check_hwc
+from ensemble_core.shifts.layout import check_hwc
 
 ROTATION_DEGREES: tuple[int, ...] = tuple(range(0, 181, 15))
 """0, 15, ..., 180: Ovadia et al.'s grid (``DATA_OPTS_ROTATE = range(15, 181, 15)``) plus 0."""

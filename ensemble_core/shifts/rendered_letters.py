@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from scipy import ndimage as ndi
 
-from ensemble_core.shifts._image import CENTRE, H, W
+from ensemble_core.shifts.layout import CENTRE, H, W
 
 LETTERS = "ABCDEFGHIJ"
 _SUPERSAMPLE = 4

@@ -8,7 +8,7 @@ import numpy as np
 from scipy import ndimage as ndi
 from skimage import transform
 
-from ensemble_core.shifts._image import CENTRE, H, W
+from ensemble_core.shifts.layout import CENTRE, H, W
 
 
 def gauss(x: np.ndarray, sigma: float, mode: str = "nearest", axes: tuple[int, ...] = (1, 2)) -> np.ndarray:
