@@ -10,7 +10,9 @@ test``), with ``ENSEMBLE_SUITE_REPORT`` set so that the suite records each test'
 and CPU seconds (``tests/conftest.py``). ``--fast`` also times ``make test-fast`` in the
 last clone, under the same load. Writes (``--out``): ``date``, ``machine``, ``commit``,
 and per run the install-and-suite seconds, the suite's seconds as pytest printed them,
-the number of tests by outcome, the CPU seconds of all tests, the 15 slowest tests
+the number of tests by outcome, the CPU seconds of all tests (their processes and the
+children they reaped), the machine's CPU seconds during ``.ci/run`` and the busy core's
+part of them (what is left is the suite's, its servers and daemons included), the 15 slowest tests
 (wall seconds, setup and teardown included), each module's wall and CPU seconds, and
 per pytest-xdist worker when it finished and the modules it ran; ``budget_s`` is the suite's budget
 (15 minutes, issue 37), and ``within_budget`` says whether every run met it. ``--append``
@@ -94,6 +96,20 @@ def _timeline(records: list[dict]) -> dict[str, dict]:
     return dict(sorted(workers.items()))
 
 
+def _machine_busy_s() -> float:
+    """CPU seconds all processes of this machine have used since boot (``/proc/stat``: user,
+    nice, system, irq, softirq, steal; idle and iowait left out)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def one_run(work: Path, busy_core: bool, fast: bool) -> dict:
     """Clone, run ``.ci/run`` (and ``make test-fast`` with ``fast``), return its figures."""
     clone = work / "clone"
@@ -104,7 +120,10 @@ def one_run(work: Path, busy_core: bool, fast: bool) -> dict:
     env["JAX_COMPILATION_CACHE_DIR"] = str(work / "jax-cache")  # cold, as on a fresh machine
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy_core else None
     try:
+        busy_before = _machine_busy_s()
         rc, total_s, text = _timed([".ci/run"], clone, env, work / "ci.log")
+        machine_cpu_s = _machine_busy_s() - busy_before
+        burner_cpu_s = _process_cpu_s(burner.pid) if burner is not None else 0.0
         counts, suite_s = _counts(text)
         records = _records(report)
         row = {
@@ -114,6 +133,10 @@ def one_run(work: Path, busy_core: bool, fast: bool) -> dict:
             "tests": sum(counts.get(k, 0) for k in ("passed", "failed", "skipped", "error", "errors")),
             "outcomes": counts,
             "cpu_s": round(sum(r["cpu_s"] for r in records), 1),
+            # The whole machine while .ci/run ran (install included), and the busy core's
+            # share of it: what the suite had is the rest (its servers and daemons too).
+            "machine_cpu_s": round(machine_cpu_s, 1),
+            "busy_core_cpu_s": round(burner_cpu_s, 1),
             "slowest": [
                 {"test": r["test"], "wall_s": r["wall_s"], "cpu_s": r["cpu_s"]}
                 for r in sorted(records, key=lambda r: -r["wall_s"])[:15]
