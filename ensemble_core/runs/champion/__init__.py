@@ -1,0 +1,1 @@
+"""The champion's life: promotion, retraining signals and retention of old runs."""

@@ -1,0 +1,1 @@
+"""The evaluation stage: every configured evaluator on a run's ensemble."""

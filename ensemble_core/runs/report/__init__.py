@@ -1,0 +1,1 @@
+"""A run's report: ``report.json``, ``report.md`` and the training curves."""
