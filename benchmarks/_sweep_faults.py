@@ -261,7 +261,7 @@ def _proc_case(name: str, args: list[str], what: str) -> None:
     def run(ctx: Ctx):
         argv = [
             "-m",
-            "ensemble_core.runs.processes",
+            "ensemble_core.runs.training.processes",
             str(ctx.dir / "run"),
             "--config",
             str(ctx.base.parent / "tiny.yaml"),

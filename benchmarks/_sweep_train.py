@@ -162,7 +162,7 @@ def out_fills(ctx: Ctx):
 @case(T, "run-dir-locked", 2, "the run directory's lock held by another live process")
 def locked(ctx: Ctx):
     out = ctx.copy_base()
-    code = "import sys,time; from ensemble_core.runs.lock import run_lock\nwith run_lock(sys.argv[1]):\n"
+    code = "import sys,time; from ensemble_core.runs.storage.lock import run_lock\nwith run_lock(sys.argv[1]):\n"
     code += "    print('held', flush=True); time.sleep(600)\n"
     holder = ctx.start(["-c", code, str(out / "base")])
     ctx.wait_output(holder, "held", 120)

@@ -139,8 +139,9 @@ def selection_variants(cfg, run_dir: Path, search_pool: bool = False) -> dict:
 
     from ensemble_core import metrics, runs
     from ensemble_core.runs.dataset import load
-    from ensemble_core.runs.evaluation import all_members, restore
-    from ensemble_core.runs.pool import final_pool, select_members
+    from ensemble_core.runs.ensemble.load import all_members, restore
+    from ensemble_core.runs.ensemble.pool import final_pool
+    from ensemble_core.selection import select_members
 
     dataset = runs.prepare(cfg.data)
     run = runs.RunDir(run_dir)

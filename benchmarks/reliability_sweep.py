@@ -7,7 +7,7 @@ Each case (``benchmarks/_sweep_*.py``) runs real commands in a directory of its 
 the tiny config and a dataset prepared once: the training CLI (``--config``, ``--set``,
 ``--run-name``, ``--output-dir``, damaged state files, SIGTERM/SIGINT/SIGKILL at random
 moments then a rerun), member groups (local and Dask), JAX processes, ``python -m
-ensemble_core.runs.processes``, the prediction CLI, and ``prefect deployment run``
+ensemble_core.runs.training.processes``, the prediction CLI, and ``prefect deployment run``
 against a private ``make serve`` stack (``tests/prefect_stack.py``). A case is ``clean``
 only if: its exit code is the expected one (0 done, 2 refused or failed, 75 stopped;
 1 for ``prefect deployment run`` of a failed flow run), a failure printed exactly one

@@ -1,6 +1,6 @@
 """Atomic file writes: a synced temporary file in the same directory, then ``os.replace``,
 so a reader sees the old file or the new one, never a half-written one, whatever kills
-the writer. The one implementation for the run layer (:mod:`ensemble_core.runs.layout`
+the writer. The one implementation for the run layer (:mod:`ensemble_core.runs.storage.layout`
 re-exports it) and the data layer (lineage records, the source-hash cache, IDX exports).
 """
 

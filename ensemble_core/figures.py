@@ -3,7 +3,7 @@
 A :class:`Figure` is a small frozen descriptor (in the manner of kauldron's metric objects):
 its key in report.json, whether higher is better, and how reports and plots name it. The
 computations themselves live in :mod:`ensemble_core.metrics`; promotion
-(:mod:`ensemble_core.runs.champion`) compares a challenger with the champion on the figure
+(:mod:`ensemble_core.runs.champion.promotion`) compares a challenger with the champion on the figure
 ``promotion.metric`` names, in that figure's direction.
 """
 
@@ -68,7 +68,7 @@ def figure(metric: str) -> Figure:
     """The figure ``promotion.metric`` names: a test metric, or the last segment of the dotted
     path ``<evaluator>.<path>`` that is a known figure (``letters.ensemble.auroc.entropy``
     names AUROC). Whether the path leads to a figure the evaluator produces is checked
-    before training, on the dataset (:mod:`ensemble_core.runs.figure_check`).
+    before training, on the dataset (:mod:`ensemble_core.runs.evaluation.figure_check`).
 
     Raises:
       ValueError: not a test metric, no evaluator name first, or no known figure in the path.

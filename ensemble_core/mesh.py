@@ -99,7 +99,7 @@ def member_sharding(mesh: Mesh) -> NamedSharding:
 def host_value(x) -> np.ndarray:
     """``x`` as one numpy array on this host: ``np.asarray`` for a value this process holds
     whole; for a ``jax.Array`` spread over devices of other JAX processes (a mesh across
-    processes, :mod:`ensemble_core.runs.processes`) every process must call this at the same
+    processes, :mod:`ensemble_core.runs.training.processes`) every process must call this at the same
     point: the value is gathered with ``jax.experimental.multihost_utils.process_allgather``
     (a collective)."""
     if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:

@@ -15,10 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ensemble_core.errors import DivergenceError
 from ensemble_core.metrics import FLOAT64_TINY
+
+if TYPE_CHECKING:
+    from ensemble_core.config import PipelineConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,3 +255,52 @@ def bagged_selection(
     nlls = [float(v) for v in -np.mean(np.log(np.maximum(cumulative, FLOAT64_TINY)), axis=1)]
     weights = {int(i): float(totals[i] / bags) for i in np.flatnonzero(totals)}
     return Selection(members=members, validation_nll=nlls, weights=weights)
+
+
+# MARK: selection as a config asks for it
+
+
+def select_members(
+    cfg: PipelineConfig, member_probs: np.ndarray, labels: np.ndarray, eligible: np.ndarray, *, first: bool = False
+) -> Selection:
+    """The greedy selection ``ensemble.selection`` (with ``first``: ``ensemble.first_selection``,
+    a hyper-deep ensemble's selection from its search pool) asks for, of ``ensemble.select_size`` picks.
+
+    Args:
+      member_probs: float ``[E, N_val, C]`` validation probabilities of the pool.
+      labels: int ``[N_val]``.
+      eligible: bool ``[E]``: the healthy members.
+
+    Returns:
+      :func:`ensemble_core.selection.greedy_selection` (``selection.bags == 0``) or
+      :func:`ensemble_core.selection.bagged_selection` with the bootstrap seeded by ``cfg.seed``.
+
+    Raises:
+      DivergenceError: no eligible member, or without replacement fewer eligible members
+        than picks (diverged members are not eligible).
+    """
+    sel = cfg.ensemble.first_selection if first else cfg.ensemble.selection
+    size = cfg.ensemble.select_size
+    assert size is not None
+    common: dict[str, Any] = {"eligible": eligible, "replacement": sel.replacement, "sorted_init": sel.sorted_init}
+    try:
+        if sel.bags:
+            return bagged_selection(member_probs, labels, size, bags=sel.bags, seed=cfg.seed, **common)
+        return greedy_selection(member_probs, labels, size, **common)
+    except ValueError as err:
+        raise DivergenceError(f"{err} (diverged members are not eligible)") from None
+
+
+def selection_record(selection: Selection, member_nll: list[float], examples: int) -> dict[str, Any]:
+    """A selection as JSON: ``members``, ``multiplicities``, ``distinct``,
+    ``validation_nll`` (after each pick), ``weights`` (bagged: averaged multiplicities),
+    ``member_validation_nll`` (every pool member's), ``validation_examples``."""
+    return {
+        "members": [int(m) for m in selection.members],
+        "multiplicities": {str(m): n for m, n in selection.multiplicities.items()},
+        "distinct": selection.distinct,
+        "validation_nll": [float(v) for v in selection.validation_nll],
+        "weights": None if selection.weights is None else {str(m): w for m, w in selection.weights.items()},
+        "member_validation_nll": [float(v) for v in member_nll],
+        "validation_examples": examples,
+    }

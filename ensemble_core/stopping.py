@@ -10,7 +10,7 @@ if nothing had happened. So while :func:`stop_signals` is active, SIGTERM and SI
 safe:
 
 - training, after every step (a checkpoint is written there first,
-  :mod:`ensemble_core.runs.training`), in whichever thread trains (a member group on a
+  :mod:`ensemble_core.runs.training.trainer`), in whichever thread trains (a member group on a
   thread-pool task runner never sees a signal itself);
 - evaluation and prediction, before every batch (:func:`ensemble_core.predict.member_probs`)
   and between evaluators, inside a :func:`stage`;

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from ensemble_core.runs import prediction
+    from ensemble_core.runs.prediction import files as prediction
 
     try:  # every refusal before Prefect starts: one line, exit 2
         prediction.preflight(args.images, args.tfds_name, args.run_dir, args.output_dir, args.output)

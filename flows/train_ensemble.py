@@ -5,7 +5,8 @@
 
 prepare_dataset -> check_unchanged -> detect_drift -> split_keys -> train_members (orbax
 checkpoints) -> [select_settings -> stratify_members: hyper-deep ensembles] ->
-evaluate_members -> compare_with_champion -> publish_report -> apply_retention.
+select_members -> evaluate_members -> compare_with_champion -> publish_report ->
+apply_retention.
 The last line printed is the run directory ``DIR/NAME`` (for a run that
 ``nightly.when_unchanged=skip`` skipped: a line saying so, then the champion's run
 directory). Bad input exits with code 2 and a one-line message before anything is
@@ -40,6 +41,7 @@ from tasks.champion import compare_with_champion
 from tasks.evaluate import evaluate_members
 from tasks.prepare_dataset import prepare_stage
 from tasks.report import publish_report
+from tasks.select import select_members
 from tasks.retraining import apply_retention, check_unchanged, detect_drift
 from tasks.split_keys import split_keys
 from tasks.stratify import stratify_stage
@@ -56,6 +58,7 @@ STAGES = runs.Stages(
     split_keys=split_keys,
     train=train_stage,
     stratify=stratify_stage,
+    select=select_members,
     evaluate=evaluate_members,
     promote=compare_with_champion,
     report=publish_report,

@@ -1,7 +1,7 @@
 """Training progress as Prefect shows it: a progress artifact, a terminal bar, log lines.
 
 :func:`train_with_progress` gives a training call the ``on_step``/``on_epoch`` hooks of
-:class:`ensemble_core.runs.training.Hooks` that keep the task run's progress artifact
+:class:`ensemble_core.runs.training.trainer.Hooks` that keep the task run's progress artifact
 (key ``training-progress``, or ``training-progress-group-<g>`` for member group g) up to
 date, and logs one line per epoch and one summary line at the end.
 """

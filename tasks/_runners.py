@@ -16,7 +16,7 @@ from ensemble_core.config import PipelineConfig
 
 
 def submit_each(task, calls: Sequence[tuple]) -> list:
-    """The mapper of :func:`ensemble_core.runs.groups.map_groups` for a Prefect task:
+    """The mapper of :func:`ensemble_core.runs.training.groups.map_groups` for a Prefect task:
     submit ``task(*args)`` for every call to the flow's task runner, then wait for all
     (results in call order; then the first failure, in call order, raises).
 

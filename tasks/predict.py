@@ -1,11 +1,11 @@
 """Prefect tasks of the prediction flow, thin wrappers over
-:mod:`ensemble_core.runs.prediction`: resolve which run to use, the images, then predict."""
+:mod:`ensemble_core.runs.prediction.files`: resolve which run to use, the images, then predict."""
 
 from __future__ import annotations
 
 from prefect import get_run_logger, task
 
-from ensemble_core.runs import prediction
+from ensemble_core.runs.prediction import files as prediction
 
 
 @task(name="resolve_run")
@@ -24,7 +24,7 @@ def resolve_run(run_dir: str | None, output_dir: str) -> str:
 @task(name="load_images")
 def load_images(images_npy: str | None, tfds_name: str | None, tfds_split: str, data_dir: str | None) -> str:
     """Check the input exists; returns the path of a ``.npy`` of images (a TFDS split is
-    exported first, :func:`ensemble_core.runs.prediction.images_file`). Raises DataError
+    exported first, :func:`ensemble_core.runs.prediction.files.images_file`). Raises DataError
     on a missing or unreadable input."""
     return prediction.images_file(images_npy, tfds_name, tfds_split, data_dir)
 

@@ -4,15 +4,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from ensemble_core import runs
 from ensemble_core.data import DatasetInfo
-from ensemble_core.runs import report as report_lib
-from ensemble_core.runs import report_data
-from ensemble_core.runs.report_stratify import stratification_table
+from ensemble_core.runs.report import data as report_data
+from ensemble_core.runs.report import write as report_lib
+from ensemble_core.runs.report.stratify import stratification_table
 from tasks import TRANSIENT_RETRIES
 
 REPORT_KEY = "ensemble-report"
@@ -39,10 +40,11 @@ def publish_report(
     dataset: DatasetInfo | None = None,
     drift: runs.DriftReport | None = None,
     stratification: runs.StratificationSummary | None = None,
+    selection: dict[str, Any] | None = None,
 ) -> str:
     """Write the report files and publish them as artifacts; returns report.json's path."""
     rep = runs.write_report(
-        run_name, config, training, evaluation, Path(run_dir), promotion, dataset, drift, stratification
+        run_name, config, training, evaluation, Path(run_dir), promotion, dataset, drift, stratification, selection
     )
     create_markdown_artifact(
         markdown=report_lib.render_markdown(rep, plots=False),

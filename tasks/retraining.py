@@ -1,5 +1,5 @@
 """Prefect tasks around retraining: nothing new since the champion (``ensemble.skipped``),
-the drift signal (``data.drift``) and retention; wrap :mod:`ensemble_core.runs.retraining`
+the drift signal (``data.drift``) and retention; wrap :mod:`ensemble_core.runs.champion.retraining`
 and :func:`ensemble_core.runs.apply_retention`."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from prefect.events import emit_event
 from ensemble_core import runs
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
-from ensemble_core.runs import report_data
+from ensemble_core.runs.report import data as report_data
 from tasks import TRANSIENT_RETRIES
 
 SKIPPED_KEY = "ensemble-skipped"

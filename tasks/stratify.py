@@ -1,5 +1,5 @@
 """Prefect tasks of the stratification stage (hyper-deep ensembles), thin wrappers over
-:mod:`ensemble_core.runs.stratify`: ``select_settings`` (the first selection from the
+:mod:`ensemble_core.runs.ensemble.stratify`: ``select_settings`` (the first selection from the
 search pool) and ``stratify_members`` (the stratified pool, with its progress artifact
 ``stratification-progress``), or the member-groups subflow of the training stage."""
 
@@ -10,8 +10,8 @@ from prefect import get_run_logger, task
 from ensemble_core import runs
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
-from ensemble_core.runs.pool import StratificationPlan
-from ensemble_core.runs.stratify import first_selection
+from ensemble_core.runs.ensemble.pool import StratificationPlan
+from ensemble_core.runs.ensemble.stratify import first_selection
 from tasks import TRANSIENT_RETRIES
 from tasks._progress import train_with_progress
 from tasks.train import train_stage
@@ -21,7 +21,7 @@ STRATIFICATION_PROGRESS_KEY = "stratification-progress"
 
 @task(name="select_settings", **TRANSIENT_RETRIES)
 def select_settings(config: PipelineConfig, dataset: DatasetInfo, run_dir: str) -> StratificationPlan:
-    """The first selection from the search pool (:func:`ensemble_core.runs.stratify.first_selection`)."""
+    """The first selection from the search pool (:func:`ensemble_core.runs.ensemble.stratify.first_selection`)."""
     plan = first_selection(config, dataset, run_dir)
     first = plan.first_selection
     get_run_logger().info(

@@ -1,4 +1,4 @@
-"""Prefect tasks of the training stage, thin wrappers over :mod:`ensemble_core.runs.groups`:
+"""Prefect tasks of the training stage, thin wrappers over :mod:`ensemble_core.runs.training.groups`:
 the whole ensemble in one task run, or each member group in its own task run (on the
 configured task runner, :mod:`tasks._runners`) and then gathered; progress as Prefect
 shows it is :mod:`tasks._progress`."""

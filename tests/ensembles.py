@@ -110,7 +110,7 @@ def assert_checkpoints_equal(cfg: PipelineConfig, dataset, run_a, run_b) -> None
     restored, are bitwise equal leaf for leaf (parameters, optimizer and model state)."""
     import numpy as np
 
-    from ensemble_core.runs.evaluation import restore
+    from ensemble_core.runs.ensemble.load import restore
 
     a, b = (restore(cfg, d, dataset.num_classes, dataset.image_shape)[0] for d in (run_a, run_b))
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):

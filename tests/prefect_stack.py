@@ -35,6 +35,7 @@ TASK_NAMES = frozenset(
         "detect_drift",
         "split_keys",
         "train_members",
+        "select_members",
         "evaluate_members",
         "compare_with_champion",
         "publish_report",

@@ -1,5 +1,5 @@
-"""Damaged champion/history state never blocks a later run (ensemble_core.runs.champion_state,
-and the promotion policy of ensemble_core.runs.champion that reads it).
+"""Damaged champion/history state never blocks a later run (ensemble_core.runs.storage.champion_record,
+and the promotion policy of ensemble_core.runs.champion.promotion that reads it).
 
 Real files under tmp_path; what is read back is checked with the json module directly.
 """
@@ -15,10 +15,12 @@ import types
 
 import pytest
 
-from ensemble_core.runs import champion, champion_state
-from ensemble_core.runs.layout import OutputDir
+from ensemble_core.runs.champion import promotion as champion
+from ensemble_core.runs.storage import champion_record as champion_state
+from ensemble_core.runs.storage import records
+from ensemble_core.runs.storage.layout import OutputDir
 
-LOGGER = "ensemble_core.runs.champion_state"
+LOGGER = "ensemble_core.runs.storage"  # the records' set-aside rule and the champion record both warn
 METRICS = {"accuracy": 0.91, "nll": 0.31, "brier": 0.12, "ece": 0.02}
 
 
@@ -41,7 +43,7 @@ def _record(run_dir, **changes):
 
 
 def _warnings(caplog):
-    return [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
+    return [r for r in caplog.records if r.name.startswith(LOGGER + ".") and r.levelno == logging.WARNING]
 
 
 def _corrupt_files(out):
@@ -225,12 +227,14 @@ def test_set_aside_never_overwrites(tmp_path, monkeypatch, caplog):
         def now(cls, tz=None):
             return fixed
 
-    monkeypatch.setattr(champion_state, "dt", types.SimpleNamespace(datetime=Frozen, UTC=dt.UTC))
+    monkeypatch.setattr(records, "dt", types.SimpleNamespace(datetime=Frozen, UTC=dt.UTC))
     paths = []
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         for i in range(3):
             (tmp_path / "champion.json").write_bytes(f"garbage {i}".encode())
-            paths.append(champion_state.set_aside(tmp_path, "champion.json", f"test {i}"))
+            paths.append(
+                records.set_aside(tmp_path, "champion.json", f"test {i}", consequence=champion_state.NO_CHAMPION)
+            )
     assert [p.name for p in paths] == [
         "champion.json.20240506T070809.123456Z",
         "champion.json.20240506T070809.123456Z-1",
@@ -246,13 +250,13 @@ def test_set_aside_a_directory_and_a_missing_name(tmp_path, caplog):
     (d / "inner").mkdir(parents=True)
     (d / "inner" / "f.bin").write_bytes(b"\x00\x01")
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        moved = champion_state.set_aside(tmp_path, "stale", "unreadable checkpoint", consequence="it is ignored")
+        moved = records.set_aside(tmp_path, "stale", "unreadable checkpoint", consequence="it is ignored")
     assert not d.exists() and moved.parent == tmp_path / "corrupt-state"
     assert (moved / "inner" / "f.bin").read_bytes() == b"\x00\x01"
     (record,) = _warnings(caplog)
     assert "unreadable checkpoint" in record.getMessage() and str(moved) in record.getMessage()
     with pytest.raises(FileNotFoundError):
-        champion_state.set_aside(tmp_path, "nothing-here", "x")
+        records.set_aside(tmp_path, "nothing-here", "x")
 
 
 def test_write_champion_is_atomic(tmp_path, monkeypatch):
@@ -264,7 +268,7 @@ def test_write_champion_is_atomic(tmp_path, monkeypatch):
     def broken_replace(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(champion_state.os, "replace", broken_replace)
+    monkeypatch.setattr(os, "replace", broken_replace)
     with pytest.raises(OSError):
         champion_state.write_champion(out, _record(run, run_name="other"))
     monkeypatch.undo()
@@ -354,7 +358,7 @@ def test_append_history_failure_keeps_the_old_file(tmp_path, monkeypatch):
     def broken_replace(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(champion_state.os, "replace", broken_replace)
+    monkeypatch.setattr(os, "replace", broken_replace)
     with pytest.raises(OSError):
         champion_state.append_history(tmp_path, _row("r2"))
     monkeypatch.undo()
@@ -385,7 +389,7 @@ def test_compare_with_champion_survives_a_damaged_state_and_a_retry(tmp_path, ca
     """The bug report end to end: garbage champion + corrupt history, the step runs twice."""
     from ensemble_core.config import PipelineConfig
     from ensemble_core.runs import Evaluation
-    from ensemble_core.runs.champion import promote
+    from ensemble_core.runs.champion.promotion import promote
     from ensemble_core.runs.results import EvaluatorResult
 
     out = tmp_path / "out"
@@ -418,7 +422,7 @@ def test_only_a_damaged_champion_run_sets_the_pointer_aside(tmp_path, monkeypatc
     from ensemble_core.config import PipelineConfig
     from ensemble_core.errors import CheckpointError
     from ensemble_core.runs import Evaluation
-    from ensemble_core.runs import champion as promotion
+    from ensemble_core.runs.champion import promotion
     from ensemble_core.runs.results import EvaluatorResult
 
     out = tmp_path / "out"

@@ -8,7 +8,7 @@ import pytest
 
 from ensemble_core import runs, setup
 from ensemble_core.errors import IncompatibleRunError
-from ensemble_core.runs.checkpoint import EnsembleCheckpointer
+from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
 from tests.ensembles import tiny_config
 
 
@@ -116,7 +116,7 @@ def test_sessions_record_what_each_part_of_training_used(tmp_path, tfds_dir):
 def test_sessions_of_a_previous_release_checkpoint_are_read():
     """Checkpoints of the previous release call the sessions ``stretches``: a resume reads
     them (and records new ones under ``sessions``)."""
-    from ensemble_core.runs.checkpoint import training_sessions
+    from ensemble_core.runs.storage.checkpoint import training_sessions
 
     old = {"stretches": [{"start_epoch": 0, "end_epoch": 1}]}
     assert training_sessions(old) == old["stretches"] and training_sessions(old) is not old["stretches"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ensemble_core import data, runs
-from ensemble_core.runs.evaluation import cached_arrays, derived_dir
+from ensemble_core.runs.evaluation.cache import cached_arrays, derived_dir
 from tests.ensembles import tiny_config
 
 

@@ -246,7 +246,7 @@ def bad_runs(two_runs):
     before the run (the locked case holds the run directory's lock from this process)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ensemble_core.runs.lock import run_lock
+    from ensemble_core.runs.storage.lock import run_lock
 
     tmp, env, _ = two_runs
     cases = {}

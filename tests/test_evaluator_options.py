@@ -112,7 +112,7 @@ def test_instances_with_other_options_do_not_share_cached_arrays(two_rotations, 
     and a subset of the corruptions under a key of its own (its levels are indices)."""
     import re
 
-    from ensemble_core.runs.evaluation import derived_dir
+    from ensemble_core.runs.evaluation.cache import derived_dir
 
     dataset = runs.dataset.prepare(load_config(None, [f"data.data_dir={tfds_dir}"]).data)
     cached = sorted(p.name for p in derived_dir(dataset).glob("*.npz"))

@@ -10,8 +10,8 @@ from sklearn.metrics import accuracy_score, average_precision_score, log_loss, r
 from ensemble_core import data, runs
 from ensemble_core.config import PipelineConfig, load_config
 from ensemble_core.errors import ConfigError
-from ensemble_core.runs.evaluation import cached_arrays
-from ensemble_core.runs.figure_check import figure_paths, probe
+from ensemble_core.runs.evaluation.cache import cached_arrays, derived_dir
+from ensemble_core.runs.evaluation.figure_check import figure_paths, probe
 from tests.ensembles import tiny_config
 
 SHIFTS = ("rotation", "translation", "corruptions")
@@ -174,7 +174,7 @@ def test_derived_sets_are_built_once_and_rebuilt_when_damaged(tfds_dir, caplog):
     again = cached_arrays(info, key, build)
     np.testing.assert_array_equal(first["images"], again["images"])
     assert len(calls) == 1
-    path = runs.evaluation.derived_dir(info) / f"{key}.npz"
+    path = derived_dir(info) / f"{key}.npz"
     path.write_bytes(b"not a zip")
     np.testing.assert_array_equal(cached_arrays(info, key, build)["images"], first["images"])
     assert len(calls) == 2 and "unreadable" in caplog.text

@@ -9,7 +9,7 @@ import pytest
 
 from ensemble_core import data, runs
 from ensemble_core.errors import ConfigError
-from ensemble_core.runs.figure_check import check_promotion_figure
+from ensemble_core.runs.evaluation.figure_check import check_promotion_figure
 from tests._cifar_mock import cifar10_tfds  # noqa: F401  (fixture)
 from tests.ensembles import tiny_config
 

@@ -163,7 +163,14 @@ def test_artifacts_and_task_runs(finished_run):
     assert [row["member"] for row in pool] == [0, 1, 2, 3] and all(row["selected"] == 1 for row in pool)
     assert all(row["learning_rate"] == 0.1 for row in pool)  # no search: the train section's value
     names = {r.name.rsplit("-", 1)[0] for r in runs if r.state and r.state.is_completed()}
-    assert {"prepare_dataset", "split_keys", "train_members", "evaluate_members", "publish_report"} <= names
+    assert {
+        "prepare_dataset",
+        "split_keys",
+        "train_members",
+        "select_members",
+        "evaluate_members",
+        "publish_report",
+    } <= names
 
 
 def test_rerun_same_name_resumes_without_training(finished_run, tfds_dir):
@@ -198,7 +205,7 @@ def _locked(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys,time; from ensemble_core.runs.lock import run_lock\n"
+            "import sys,time; from ensemble_core.runs.storage.lock import run_lock\n"
             f"with run_lock({str(tmp_path / 'runs' / 'busy')!r}):\n print('locked', flush=True); time.sleep(60)",
         ],
         cwd=ROOT,

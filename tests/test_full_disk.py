@@ -134,7 +134,7 @@ def test_full_disk_in_training_then_in_evaluation_is_one_line_and_resumes(tmpfs,
 
     # Room for the second checkpoint (the first's size, its metadata and the save margin)
     # and little more: training resumes and finishes, evaluation fills the disk.
-    from ensemble_core.runs.checkpoint import SAVE_MARGIN_BYTES
+    from ensemble_core.runs.storage.checkpoint import SAVE_MARGIN_BYTES
 
     (tmpfs / "filler").unlink()
     _fill(tmpfs, _disk_usage(ckpts / "8") + SAVE_MARGIN_BYTES + 64 * KIB)
@@ -191,7 +191,7 @@ _RACE = textwrap.dedent(
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
     from ensemble_core import diskspace
     from ensemble_core.errors import DiskFullError
-    from ensemble_core.runs.checkpoint import EnsembleCheckpointer
+    from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
 
     diskspace.free_bytes = lambda path: 1 << 40  # the pre-check sees room: the write itself fails
     sharding = NamedSharding(Mesh(np.array(jax.devices()), ("m",)), PartitionSpec("m"))

@@ -1,4 +1,4 @@
-"""The one loop over member groups (:func:`ensemble_core.runs.groups.train_groups`): each
+"""The one loop over member groups (:func:`ensemble_core.runs.training.groups.train_groups`): each
 group's call goes through the caller's mapper, results come back in group order, and the
 caller's gather joins them; no training (stand-in calls), instant."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from ensemble_core import runs
 from ensemble_core.config import load_config
-from ensemble_core.runs.groups import map_groups, sequential
+from ensemble_core.runs.training.groups import map_groups, sequential
 
 
 def test_map_groups_keeps_the_order_of_the_calls_whatever_the_mapper_does():

@@ -17,9 +17,9 @@ from ensemble_core import runs
 from ensemble_core.config import load_config
 from ensemble_core.errors import ConfigError, IncompatibleRunError
 from ensemble_core.processutil import free_port
-from ensemble_core.runs.checkpoint import EnsembleCheckpointer
-from ensemble_core.runs.evaluation import restore
-from ensemble_core.runs.keys import group_keys
+from ensemble_core.runs.ensemble.load import restore
+from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
+from ensemble_core.runs.training.keys import group_keys
 from ensemble_core.setup import build
 from tests.ensembles import predictions, tiny_config
 
@@ -298,7 +298,7 @@ def test_a_stopped_grouped_run_is_not_restarted_under_another_layout(one_program
     import functools
 
     from ensemble_core.errors import PreemptedError
-    from ensemble_core.runs.groups import train_groups
+    from ensemble_core.runs.training.groups import train_groups
 
     cfg1, ref = one_program
     grouped = tiny_config(tfds_dir, *COMMON, "distributed.member_groups=2")

@@ -283,7 +283,7 @@ def test_selected_calibrated_run_evaluates_predicts_and_reports_the_selection(tm
     from scipy import optimize, special
     from sklearn.metrics import log_loss
 
-    from ensemble_core.runs.evaluation import restore
+    from ensemble_core.runs.ensemble.load import restore
 
     cfg = tiny_config(
         tfds_dir,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ensemble_core.errors import RunLockedError
-from ensemble_core.runs.lock import run_lock
+from ensemble_core.runs.storage.lock import run_lock
 
 
 def _hold(run, release: threading.Event, held: threading.Event) -> threading.Thread:

@@ -344,7 +344,14 @@ def _start_processes(hosts: netns.Cluster, run: Path, sets: list[str], logs: Pat
             "SLURM_LOCALID": "0",
             "PYTHONPATH": str(ROOT),
         }
-        argv = [PY, "-m", "ensemble_core.runs.processes", str(run), "--config", str(ROOT / "configs" / "tiny.yaml")]
+        argv = [
+            PY,
+            "-m",
+            "ensemble_core.runs.training.processes",
+            str(run),
+            "--config",
+            str(ROOT / "configs" / "tiny.yaml"),
+        ]
         for s in [*sets, "distributed.num_processes=2"]:
             argv += ["--set", s]
         procs.append(hosts.start(name, argv, env=env, log=logs / f"{name}{session}.log"))
@@ -360,7 +367,7 @@ def _assert_members_equal(cfg, run: Path, one: Path, atol: float = 1e-5) -> None
     import jax
 
     from ensemble_core import runs
-    from ensemble_core.runs.evaluation import restore
+    from ensemble_core.runs.ensemble.load import restore
     from ensemble_core.train import unstacked
 
     dataset = runs.prepare(cfg.data)
@@ -376,7 +383,7 @@ def _one_program(cfg, run: Path) -> Path:
     """The members of ``cfg`` trained by one program in this process (training only: the
     reference of a comparison of members); returns its run directory."""
     from ensemble_core import runs
-    from ensemble_core.runs.keys import split_keys
+    from ensemble_core.runs.training.keys import split_keys
     from ensemble_core.setup import plan
 
     runs.train(cfg, runs.prepare(cfg.data), split_keys(cfg, plan(cfg).padded_members), run)
@@ -412,7 +419,7 @@ def test_jax_processes_one_host_cut_off_both_stop_and_a_rerun_resumes(tfds_dir, 
     process differs enough to move the weights by 1e-2, so the reference is the
     two-host program itself)."""
     from ensemble_core.config import load_config
-    from ensemble_core.runs.launcher import HEARTBEAT_TIMEOUT_S
+    from ensemble_core.runs.training.launcher import HEARTBEAT_TIMEOUT_S
 
     common = [
         *(f"data.data_dir={tfds_dir}", "ensemble.size=4", "mesh.data=2", "promotion.enabled=false"),

@@ -17,7 +17,7 @@ import pytest
 from ensemble_core import runs
 from ensemble_core.config import load_config
 from ensemble_core.errors import ConfigError
-from ensemble_core.runs.launcher import EXIT_GRACE_S, HEARTBEAT_TIMEOUT_S
+from ensemble_core.runs.training.launcher import EXIT_GRACE_S, HEARTBEAT_TIMEOUT_S
 from tests.ensembles import predictions, tiny_config
 from tests.xla_flags import xla_flags
 
@@ -114,7 +114,7 @@ def test_a_killed_jax_process_stops_the_run_in_bounded_time_and_the_rerun_resume
     while not any(p.name.isdigit() for p in ckpts.glob("*")):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
         time.sleep(0.2)
-    jax_procs = [p for p in _children(proc.pid) if "ensemble_core.runs.processes" in _cmdline(p)]
+    jax_procs = [p for p in _children(proc.pid) if "ensemble_core.runs.training.processes" in _cmdline(p)]
     victim = next(p for p in jax_procs if "--process-id 1" in _cmdline(p))
     os.kill(victim, signal.SIGKILL)
     killed = time.monotonic()
@@ -203,7 +203,7 @@ def test_an_exception_in_one_jax_process_is_quoted_at_once_with_its_log(tfds_dir
     while not any(p.name.isdigit() for p in run.checkpoints.glob("*")):  # training, in both processes
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
         time.sleep(0.2)
-    jax_procs = [p for p in _children(proc.pid) if "ensemble_core.runs.processes" in _cmdline(p)]
+    jax_procs = [p for p in _children(proc.pid) if "ensemble_core.runs.training.processes" in _cmdline(p)]
     os.kill(next(p for p in jax_procs if "--process-id 1" in _cmdline(p)), signal.SIGINT)  # KeyboardInterrupt
     sent = time.monotonic()
     out, err = proc.communicate(timeout=120)  # the fix's absence: 300 s in the shutdown barrier
@@ -219,7 +219,7 @@ def test_an_exception_in_one_jax_process_is_quoted_at_once_with_its_log(tfds_dir
 
 _ABORTED = """== session started 2026-11-25 15:13:50 (launcher pid 1)
 Traceback (most recent call last):
-  File "ensemble_core/runs/training.py", line 140, in _resume
+  File "ensemble_core/runs/training/trainer.py", line 140, in _resume
 RuntimeError: Fetching value for `jax.Array` that spans non-addressable devices is not possible.
 E1125 15:19:05.695137   15784 coordination_service.cc:1549] Use error polling to propagate the error
 F1125 15:19:05.696485   15795 client.h:80] Terminating process: the JAX distributed service detected fatal errors.
@@ -242,7 +242,7 @@ F1125 15:19:05.696485   15795 client.h:80] Terminating process: the JAX distribu
     ],
 )
 def test_a_failed_process_is_explained_by_its_error_line_not_a_stack_frame(log, line):
-    from ensemble_core.runs.launcher import _explaining_line
+    from ensemble_core.runs.training.launcher import _explaining_line
 
     assert _explaining_line(log) == line
 
@@ -253,7 +253,7 @@ def test_process_0s_epochs_reach_on_epoch_in_the_callers_context():
     import contextvars
     import io
 
-    from ensemble_core.runs.launcher import _start_reader
+    from ensemble_core.runs.training.launcher import _start_reader
 
     where = contextvars.ContextVar("where", default="a new thread's empty context")
     where.set("the caller's")
@@ -269,7 +269,7 @@ def test_process_0s_epochs_reach_on_epoch_in_the_callers_context():
 @pytest.mark.parametrize("size", [2, 4])
 def test_a_mesh_that_leaves_a_process_without_devices_is_refused_with_a_fix_that_works(size):
     from ensemble_core.errors import MeshError
-    from ensemble_core.runs.launcher import check_mesh_spans_processes
+    from ensemble_core.runs.training.launcher import check_mesh_spans_processes
     from ensemble_core.setup import plan
 
     cfg = load_config(None, ["distributed.num_processes=2", f"ensemble.size={size}"])

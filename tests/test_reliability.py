@@ -18,7 +18,8 @@ import pytest
 from ensemble_core import runs
 from ensemble_core.config import load_config
 from ensemble_core.errors import DivergenceError, RunLockedError
-from ensemble_core.runs.lock import run_lock
+from ensemble_core.runs.ensemble.load import restore
+from ensemble_core.runs.storage.lock import run_lock
 from ensemble_core.train import unstacked
 from tests.ensembles import predictions, small_setup, tiny_config, train_small
 from tests.xla_flags import xla_flags
@@ -221,7 +222,7 @@ def test_second_run_on_a_locked_directory_refuses(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys,time; from ensemble_core.runs.lock import run_lock\n"
+            "import sys,time; from ensemble_core.runs.storage.lock import run_lock\n"
             f"with run_lock({str(run)!r}):\n print('locked', flush=True); time.sleep(60)",
         ],
         cwd=ROOT,
@@ -278,7 +279,7 @@ print(json.dumps({{"devices": jax.device_count(), "step": step, "meta_step": out
     from tests.train_proc import BASE
 
     cfg = load_config(None, [*BASE, f"data.data_dir={tfds_dir}"])
-    state, _ = runs.evaluation.restore(cfg, reference, 10, (28, 28, 1))
+    state, _ = restore(cfg, reference, 10, (28, 28, 1))
     expected = float(np.abs(np.asarray(state.params["Dense_1"]["kernel"])).sum())
     assert got["abs_sum"] == pytest.approx(expected, rel=1e-6)
 

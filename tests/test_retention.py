@@ -24,10 +24,10 @@ import pytest
 from ensemble_core.config.nightly_section import RetentionConfig
 from ensemble_core.data import snapshot
 from ensemble_core.filelock import flocked
-from ensemble_core.runs import retention
-from ensemble_core.runs.champion_state import write_champion
-from ensemble_core.runs.lock import run_lock
-from ensemble_core.runs.retention import RetentionReport, apply_retention
+from ensemble_core.runs.champion import retention
+from ensemble_core.runs.champion.retention import RetentionReport, apply_retention
+from ensemble_core.runs.storage.champion_record import write_champion
+from ensemble_core.runs.storage.lock import run_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The heavy entries of a run, in the order pruning removes them.
@@ -350,7 +350,7 @@ def check_completed(out: Path, root: Path, originals: dict[str, dict[str, bytes]
 CHILD = r"""
 import json, os, signal, sys, time, traceback
 from ensemble_core.config.nightly_section import RetentionConfig
-from ensemble_core.runs.retention import apply_retention
+from ensemble_core.runs.champion.retention import apply_retention
 
 args = json.loads(sys.argv[1])
 policy = RetentionConfig(**args["policy"])

@@ -16,8 +16,8 @@ import pytest
 
 from ensemble_core import runs
 from ensemble_core.config import load_config
+from ensemble_core.runs.champion.retraining import training_identity
 from ensemble_core.runs.dataset import load
-from ensemble_core.runs.retraining import training_identity
 from tests._idx_export import write_mnist_export
 
 BASE = [

@@ -9,8 +9,8 @@ import pytest
 from ensemble_core import evaluators, metrics, runs, setup
 from ensemble_core.config import PipelineConfig, load_config
 from ensemble_core.errors import ConfigError, IncompatibleRunError
-from ensemble_core.runs import layout
-from ensemble_core.runs.resume import check_resumable
+from ensemble_core.runs.storage import layout
+from ensemble_core.runs.storage.resume import check_resumable
 from flows._cli import in_flags
 from tests.ensembles import tiny_config
 

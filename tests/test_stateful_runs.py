@@ -21,8 +21,8 @@ from ensemble_core import runs
 from ensemble_core.config import load_config
 from ensemble_core.errors import ConfigError, IncompatibleRunError
 from ensemble_core.predict import member_probs
-from ensemble_core.runs.checkpoint import STATE_FORMAT, EnsembleCheckpointer
-from ensemble_core.runs.evaluation import restore
+from ensemble_core.runs.ensemble.load import restore
+from ensemble_core.runs.storage.checkpoint import STATE_FORMAT, EnsembleCheckpointer
 from tests.ensembles import assert_checkpoints_equal, predictions, stop_after, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,8 +19,8 @@ from ensemble_core import rngs, runs
 from ensemble_core.config import load_config
 from ensemble_core.errors import CheckpointError, ConfigError
 from ensemble_core.runs.dataset import load
-from ensemble_core.runs.evaluation import restore
-from ensemble_core.runs.pool import final_pool, plan_path
+from ensemble_core.runs.ensemble.load import restore
+from ensemble_core.runs.ensemble.pool import final_pool, plan_path
 from ensemble_core.train import unstacked
 from tests.ensembles import assert_checkpoints_equal, stop_after
 from tests.oracles import train_member_alone
@@ -113,7 +113,7 @@ def test_the_stratified_pool_stopped_mid_training_resumes_bitwise(stratified, tm
     same plan, and the stratified pool's history, members and final arrays bitwise those of
     the run never stopped."""
     from ensemble_core.errors import PreemptedError
-    from ensemble_core.runs.stratify import stratify
+    from ensemble_core.runs.ensemble.stratify import stratify
 
     cfg, result = stratified
     run = tmp_path / "hd"

@@ -61,7 +61,7 @@ class NightlyConfig(Section):
 
 
 class RetentionConfig(Section):
-    """What the output directory keeps after each run (``ensemble_core.runs.retention``)."""
+    """What the output directory keeps after each run (``ensemble_core.runs.champion.retention``)."""
 
     enabled: bool = Field(True, description="Apply the policy after each run of the flow.")
     keep_last_runs: int = Field(

@@ -99,7 +99,7 @@ class PipelineConfig(Section):
                 f"ensemble.stratify={ens.stratify} trains the settings a selection keeps, but ensemble.select_size "
                 f"is not set; fix: set ensemble.select_size (e.g. 8) or drop ensemble.stratify"
             )
-        # A stratified pool (ensemble_core.runs.pool) may be smaller than K: with replacement it
+        # A stratified pool (ensemble_core.runs.ensemble.pool) may be smaller than K: with replacement it
         # still gives K picks, and without, the first selection keeps K settings.
         stratified_pool = bool(info.context and info.context.get("stratified_pool"))
         if ens.select_size is not None and ens.select_size > ens.size and not stratified_pool:

@@ -20,7 +20,7 @@ module ``ensemble_core/evaluators/<type>.py`` defines:
 
 Plots, arrays, report sections and artifacts are named by the evaluator's *name*
 (``ctx.name``; ``plot`` gets it as ``name=``). The run layer
-(:mod:`ensemble_core.runs.evaluation`) writes the arrays to
+(:mod:`ensemble_core.runs.evaluation.evaluate`) writes the arrays to
 ``<run>/predictions.npz`` for ``test`` and ``<run>/eval/<name>.npz`` for the others, and
 the report puts the metrics of ``test`` at the top of ``report.json`` and every other
 evaluator's under ``evaluations.<name>``. Evaluators do no file I/O of their own.

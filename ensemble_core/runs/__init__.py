@@ -1,41 +1,29 @@
 """The run layer: everything that knows a run directory, and the sequence of a run.
 
-Still no Prefect: arrays and files here, orchestration in ``flows/`` and ``tasks/``.
-One home per concern:
+No Prefect and no Dask here: arrays and files; orchestration is in ``flows/`` and
+``tasks/``. Packages by concern, each importing only the ones above it in this table
+(``tests/test_import_graph.py`` enforces it):
 
 ==================  =======================================================================
-``layout``          the run directory's and output directory's paths; atomic writes;
-                    output dir and run name checks
-``lock``            the run directory's lock (one trainer per run)
-``checkpoint``      orbax checkpoints of the ensemble state plus JSON metadata
-``dataset``         the config's data section applied (prepare, load a split)
-``resume``          which config changes a run's checkpoints allow
-``preflight``       every check before any compute or write
-``keys``            member keys as raw key data (whole ensemble, one member group)
-``training``        one training call: resume, checkpoints and stop signals as the
-                    epoch loop's callbacks
-``summary``         the members and topology rows of a training summary
-``groups``          the training stage: one loop over member groups through a mapper
-                    (sequential here; the task layer's submits to Prefect), gathered
-                    into one checkpoint; or one program across JAX processes
-``launcher``        that program's launcher: N child processes of ``processes``
-``processes``       one JAX process of that program (``python -m``)
-``pool``            which pool the ensemble is selected from (a hyper-deep ensemble's
-                    stratified pool), and the selection ``ensemble.selection`` asks for
-``stratify``        the stratification stage: first selection, then the stratified pool
-                    trained as one compiled step under ``<run>/stratified/``
-``evaluation``      restore; the evaluators (:mod:`ensemble_core.evaluators`); prediction
-``prediction``      the prediction flow's files: which run, which images, the ``.npz``
-``champion``        the champion/challenger state files and the promotion policy
+``results``,        the typed values stages hand each other; the config's data section
+``dataset``         applied (prepare, load a split)
+``storage``         the run directory on disk: paths, lock, orbax checkpoints, the resume
+                    policy, the JSON records and their set-aside rule, the champion record
+``training``        the trainer (one run's context: config, mesh, checkpoints, hooks) and
+                    its topologies: member groups, JAX processes
+``ensemble``        a run's ensemble: its pool (a hyper-deep ensemble's stratified pool),
+                    the select stage, stratification, :func:`load_ensemble`
+``evaluation``      the evaluation stage: the evaluators on the loaded ensemble
+``prediction``      the ensemble on new images; the prediction flow's files
+``champion``        promotion, retraining signals (unchanged data, drift), retention
 ``report``          ``report.json``, ``report.md``, the training curves
-``results``         the typed values stages hand each other
-``retraining``      before training: nothing new since the champion? the drift signal
-``retention``       what an output directory keeps after each run
+``preflight``       every check before any compute or write
+(this module)       :func:`run`, the sequence
 ==================  =======================================================================
 
 :func:`run` is the one sequence: preflight -> prepare the dataset (a data snapshot) ->
-unchanged since the champion? (then skip) -> drift signal -> split member keys -> train
--> stratify (hyper-deep ensembles only) -> evaluate -> champion/challenger -> report ->
+unchanged since the champion? (then skip) -> drift signal -> train -> stratify
+(hyper-deep ensembles only) -> select -> evaluate -> champion/challenger -> report ->
 retention. The Prefect flow runs it with each stage replaced by its task
 (:class:`Stages`); the benchmarks and tests run it as is.
 """
@@ -50,14 +38,17 @@ from typing import Any
 from ensemble_core import stopping
 from ensemble_core.config import PipelineConfig
 from ensemble_core.errors import resume_fix
-from ensemble_core.runs.champion import promote
+from ensemble_core.runs.champion.promotion import promote
+from ensemble_core.runs.champion.retention import RetentionReport, apply_retention
+from ensemble_core.runs.champion.retraining import detect_drift, record_snapshot, unchanged_since_champion
 from ensemble_core.runs.dataset import prepare
-from ensemble_core.runs.evaluation import evaluate, predict_images
-from ensemble_core.runs.groups import gather_groups, train_groups
-from ensemble_core.runs.keys import split_keys
-from ensemble_core.runs.layout import OutputDir, RunDir
+from ensemble_core.runs.ensemble.load import Ensemble, load_ensemble
+from ensemble_core.runs.ensemble.select import select
+from ensemble_core.runs.ensemble.stratify import stratify
+from ensemble_core.runs.evaluation.evaluate import evaluate
+from ensemble_core.runs.prediction.predict import predict_images
 from ensemble_core.runs.preflight import preflight
-from ensemble_core.runs.report import write_report
+from ensemble_core.runs.report.write import write_report
 from ensemble_core.runs.results import (
     DriftReport,
     Evaluation,
@@ -66,14 +57,15 @@ from ensemble_core.runs.results import (
     StratificationSummary,
     TrainingSummary,
 )
-from ensemble_core.runs.retention import RetentionReport, apply_retention
-from ensemble_core.runs.retraining import detect_drift, record_snapshot, unchanged_since_champion
-from ensemble_core.runs.stratify import stratify
-from ensemble_core.runs.training import train
+from ensemble_core.runs.storage.layout import OutputDir, RunDir
+from ensemble_core.runs.training.groups import gather_groups, train_groups
+from ensemble_core.runs.training.keys import split_keys
+from ensemble_core.runs.training.trainer import train
 from ensemble_core.setup import plan
 
 __all__ = [
     "DriftReport",
+    "Ensemble",
     "Evaluation",
     "OutputDir",
     "PromotionDecision",
@@ -88,12 +80,14 @@ __all__ = [
     "detect_drift",
     "evaluate",
     "gather_groups",
+    "load_ensemble",
     "predict_images",
     "preflight",
     "prepare",
     "promote",
     "retain",
     "run",
+    "select",
     "split_keys",
     "stratify",
     "train",
@@ -129,6 +123,7 @@ class Stages:
     split_keys: Callable[..., Any] = split_keys
     train: Callable[..., Any] = train_groups
     stratify: Callable[..., Any] = stratify
+    select: Callable[..., Any] = select
     evaluate: Callable[..., Any] = evaluate
     promote: Callable[..., Any] = promote
     report: Callable[..., Any] = write_report
@@ -149,6 +144,7 @@ class RunResult:
     drift: DriftReport | None = None
     retention: RetentionReport | None = None
     stratification: StratificationSummary | None = None
+    selection: dict[str, Any] | None = None  # the select stage's record (None: no validation split)
 
 
 def run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Stages = Stages()) -> RunResult:
@@ -198,6 +194,7 @@ def _run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Sta
     stratification = None
     if cfg.ensemble.stratify is not None:
         stratification = stage("stratification", stages.stratify, cfg, dataset, str(run_dir.path))
+    selection = stage("member selection", stages.select, cfg, dataset, str(run_dir.path))
     evaluation = stage("evaluation", stages.evaluate, cfg, dataset, str(run_dir.path))
     decision = None
     if cfg.promotion.enabled:
@@ -207,8 +204,15 @@ def _run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Sta
         pass  # a stop before the report stops there; once it is written, the run is complete
     config = cfg.model_dump(mode="json")
     report_args = (run_name, config, training, evaluation, str(run_dir.path), decision, dataset, drift)
-    stages.report(*report_args, stratification)
+    stages.report(*report_args, stratification, selection)
     retention = stages.retain(cfg, str(output_dir))
     return RunResult(
-        run_dir, training, evaluation, decision, drift=drift, retention=retention, stratification=stratification
+        run_dir,
+        training,
+        evaluation,
+        decision,
+        drift=drift,
+        retention=retention,
+        stratification=stratification,
+        selection=selection,
     )

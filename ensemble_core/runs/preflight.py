@@ -11,14 +11,14 @@ from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import ConfigError
 from ensemble_core.models import build_model, check_model, import_model_function, is_import_path, model_options
-from ensemble_core.runs.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.dataset import num_train, num_validation, prepare
-from ensemble_core.runs.figure_check import check_promotion_figure
-from ensemble_core.runs.launcher import check_mesh_spans_processes
-from ensemble_core.runs.layout import RunDir, run_dir_for
-from ensemble_core.runs.lock import ensure_unlocked
-from ensemble_core.runs.pool import saved_plan, stratified_config
-from ensemble_core.runs.resume import check_resumable
+from ensemble_core.runs.ensemble.pool import saved_plan, stratified_config
+from ensemble_core.runs.evaluation.figure_check import check_promotion_figure
+from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
+from ensemble_core.runs.storage.layout import RunDir, run_dir_for
+from ensemble_core.runs.storage.lock import ensure_unlocked
+from ensemble_core.runs.storage.resume import check_resumable
+from ensemble_core.runs.training.launcher import check_mesh_spans_processes
 from ensemble_core.setup import plan, resolve_strategy
 
 SCHEDULER_TIMEOUT_S = 5.0  # how long preflight waits for distributed.address to accept a connection
@@ -89,9 +89,9 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
     :func:`ensemble_core.diskspace.probe_writable`), run name, the run's lock, each evaluator's options, the model's
     import path and options, the dataset (prepared if needed) against the config (and the
     augmentation), a dotted ``promotion.metric`` against the figures its evaluator produces
-    (:mod:`ensemble_core.runs.figure_check`), the model on the dataset's shape, the memory
+    (:mod:`ensemble_core.runs.evaluation.figure_check`), the model on the dataset's shape, the memory
     training needs against what there is, and an existing run's checkpoint against the
-    config (:mod:`ensemble_core.runs.resume`).
+    config (:mod:`ensemble_core.runs.storage.resume`).
 
     Returns:
       The dataset's :class:`~ensemble_core.data.DatasetInfo`.

@@ -1,6 +1,6 @@
 """What the stages of a run hand each other: small, typed, JSON-able (pydantic) values.
 
-Prefect passes them between tasks as they are, and :mod:`ensemble_core.runs.report`
+Prefect passes them between tasks as they are, and :mod:`ensemble_core.runs.report.write`
 writes them into ``report.json`` (whose keys docs/evaluation.md documents). Arrays never travel
 here: they stay in the run directory's files.
 """
@@ -31,8 +31,8 @@ class TrainingTiming(_Result):
 
 
 class TrainingSummary(_Result):
-    """What training did (:func:`ensemble_core.runs.training.train`, or the member groups joined by
-    :func:`ensemble_core.runs.groups.gather_groups`).
+    """What training did (:func:`ensemble_core.runs.training.trainer.train`, or the member groups joined by
+    :func:`ensemble_core.runs.training.groups.gather_groups`).
 
     ``history``: one record per epoch (``epoch``, ``train_loss``/``train_accuracy``: lists
     of E_trained floats, ``diverged_members``, and with a validation split
@@ -58,13 +58,13 @@ class TrainingSummary(_Result):
 
 class StratificationSummary(_Result):
     """What the stratification stage of a hyper-deep ensemble did
-    (:func:`ensemble_core.runs.stratify.stratify`): the first selection from the search
+    (:func:`ensemble_core.runs.ensemble.stratify.stratify`): the first selection from the search
     pool, the settings it kept, and the stratified pool's training (member m = setting
     ``settings[m // inits]``, initialisation ``m % inits``)."""
 
     settings: list[int]  # search-pool member indices of the kept settings, in order of first pick
     inits: int  # J, initialisations per setting
-    first_selection: dict[str, Any]  # ensemble_core.runs.pool.selection_record of the search pool
+    first_selection: dict[str, Any]  # ensemble_core.runs.ensemble.pool.selection_record of the search pool
     training: TrainingSummary  # the stratified pool's (checkpoints under <run>/stratified/)
 
 
@@ -83,7 +83,6 @@ class Evaluation(_Result):
     """Every evaluator's result, by name; ``results["test"]`` is always there."""
 
     results: dict[str, EvaluatorResult]
-    selection: dict[str, Any] | None = None  # the validation split's decisions (evaluation.choose_members)
 
     @property
     def test(self) -> dict[str, Any]:
@@ -98,7 +97,7 @@ class Evaluation(_Result):
 
 
 class PromotionDecision(_Result):
-    """Champion/challenger (:func:`ensemble_core.runs.champion.promote`)."""
+    """Champion/challenger (:func:`ensemble_core.runs.champion.promotion.promote`)."""
 
     promoted: bool
     reason: str
@@ -115,7 +114,7 @@ class PromotionDecision(_Result):
 
 class SkipDecision(_Result):
     """``nightly.when_unchanged=skip`` found nothing new: the data snapshot and the config
-    equal the champion's (:func:`ensemble_core.runs.retraining.unchanged_since_champion`)."""
+    equal the champion's (:func:`ensemble_core.runs.champion.retraining.unchanged_since_champion`)."""
 
     champion_run: str
     champion_run_dir: str
@@ -124,7 +123,7 @@ class SkipDecision(_Result):
 
 
 class DriftReport(_Result):
-    """The drift signal computed before training (:func:`ensemble_core.runs.retraining.detect_drift`).
+    """The drift signal computed before training (:func:`ensemble_core.runs.champion.retraining.detect_drift`).
 
     ``label_shift``: :func:`ensemble_core.drift.label_shift` (None: not computed);
     ``uncertainty``: :func:`ensemble_core.drift.uncertainty_shift` (None: not computed);

@@ -3,7 +3,7 @@
 The challenger (the run just evaluated) is promoted if it is not worse than the champion
 (the promoted run of the output directory) on ``promotion.metric``, both measured on the
 same test split. The state files it reads and writes (``champion.json``,
-``history.jsonl``, ``corrupt-state/``) are :mod:`ensemble_core.runs.champion_state`.
+``history.jsonl``, ``corrupt-state/``) are :mod:`ensemble_core.runs.storage.champion_record`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,16 @@ from ensemble_core import diskspace
 from ensemble_core.config import PipelineConfig
 from ensemble_core.errors import EnsembleError
 from ensemble_core.figures import TEST_METRICS, figure_direction
-from ensemble_core.runs.champion_state import NO_CHAMPION, append_history, read_champion, set_aside, write_champion
-from ensemble_core.runs.checkpoint import EnsembleCheckpointer
-from ensemble_core.runs.layout import CHAMPION_FILE, RunDir
 from ensemble_core.runs.results import Evaluation, PromotionDecision
+from ensemble_core.runs.storage.champion_record import (
+    NO_CHAMPION,
+    append_history,
+    read_champion,
+    set_aside,
+    write_champion,
+)
+from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
+from ensemble_core.runs.storage.layout import CHAMPION_FILE, RunDir
 
 if TYPE_CHECKING:
     from ensemble_core.data import DatasetInfo
@@ -87,7 +93,7 @@ def promote(
     Raises:
       OSError: the output directory cannot be written.
     """
-    from ensemble_core.runs.evaluation import evaluate  # the champion's re-evaluation
+    from ensemble_core.runs.evaluation.evaluate import evaluate  # the champion's re-evaluation
 
     metric = cfg.promotion.metric
     data_key = cfg.data.model_dump(mode="json")

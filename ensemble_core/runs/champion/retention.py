@@ -46,9 +46,9 @@ from ensemble_core.config.nightly_section import RetentionConfig
 from ensemble_core.data import snapshot
 from ensemble_core.errors import RunLockedError
 from ensemble_core.filelock import flocked
-from ensemble_core.runs.champion_state import read_champion
-from ensemble_core.runs.layout import OutputDir, RunDir, atomic_write_json
-from ensemble_core.runs.lock import ensure_unlocked, run_lock
+from ensemble_core.runs.storage.champion_record import read_champion
+from ensemble_core.runs.storage.layout import OutputDir, RunDir, atomic_write_json
+from ensemble_core.runs.storage.lock import ensure_unlocked, run_lock
 
 log = logging.getLogger(__name__)
 

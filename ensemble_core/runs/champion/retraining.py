@@ -22,12 +22,12 @@ from ensemble_core import diskspace
 from ensemble_core import drift as drift_lib
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo, DataSnapshot, load_split
-from ensemble_core.runs.champion import champion_snapshot
-from ensemble_core.runs.champion_state import read_champion
+from ensemble_core.runs.champion.promotion import champion_snapshot
 from ensemble_core.runs.dataset import load
-from ensemble_core.runs.layout import RunDir, atomic_write_json
 from ensemble_core.runs.results import DriftReport, SkipDecision
-from ensemble_core.runs.resume import flat
+from ensemble_core.runs.storage.champion_record import read_champion
+from ensemble_core.runs.storage.layout import RunDir, atomic_write_json
+from ensemble_core.runs.storage.resume import flat
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def detect_drift(cfg: PipelineConfig, dataset: DatasetInfo, output_dir: str | Pa
     another image shape or class count) is named in ``not_computed``; nothing raises for
     it, and a champion whose checkpoints cannot be read only loses the uncertainty figures.
     """
-    from ensemble_core.runs.evaluation import predict_images
+    from ensemble_core.runs.prediction.predict import predict_images
 
     new_fp = None if dataset.snapshot is None else dataset.snapshot.fingerprint
     current = read_champion(output_dir) if cfg.nightly.drift.enabled else None

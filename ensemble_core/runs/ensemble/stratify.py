@@ -5,7 +5,7 @@ After the search pool has trained: the first greedy selection on the validation 
 J = ``ensemble.stratify`` new initialisations, all D x J members in one compiled step
 (the training stage's own machinery: checkpoints, resume, early stopping, best epochs,
 member groups) under ``<run>/stratified/``; evaluation then selects the final ensemble
-from that pool (:mod:`ensemble_core.runs.pool`).
+from that pool (:mod:`ensemble_core.runs.ensemble.pool`).
 """
 
 from __future__ import annotations
@@ -15,23 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from ensemble_core import diskspace, stopping
-from ensemble_core import metrics as metrics_lib
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
-from ensemble_core.runs.dataset import load
-from ensemble_core.runs.evaluation import all_members, restore
-from ensemble_core.runs.groups import train_groups
-from ensemble_core.runs.layout import RunDir, atomic_savez
-from ensemble_core.runs.pool import (
+from ensemble_core.runs.ensemble.pool import (
     StratificationPlan,
     saved_plan,
-    select_members,
-    selection_record,
     stratified_config,
     stratified_keys,
     write_plan,
 )
+from ensemble_core.runs.ensemble.select import first_selection_on
 from ensemble_core.runs.results import StratificationSummary, TrainingSummary
+from ensemble_core.runs.storage.layout import RunDir, atomic_savez
+from ensemble_core.runs.training.groups import train_groups
 
 
 def first_selection(cfg: PipelineConfig, dataset: DatasetInfo, run_dir: str | Path) -> StratificationPlan:
@@ -52,15 +48,9 @@ def first_selection(cfg: PipelineConfig, dataset: DatasetInfo, run_dir: str | Pa
     saved = saved_plan(cfg, run)
     if saved is not None:
         return saved
-    state, setup = restore(cfg, run.path, dataset.num_classes, dataset.image_shape)
-    members = all_members(cfg, state, setup)
-    images, labels = load(cfg, dataset, "validation")
-    probs, _ = members.predict(cfg, images)
-    picked = select_members(cfg, probs, labels, members.healthy, first=True)
-    record = selection_record(picked, [metrics_lib.nll(p, labels) for p in probs], len(labels))
+    picked, record, arrays = first_selection_on(cfg, dataset, run.path)
     settings = list(dict.fromkeys(int(m) for m in picked.members))  # distinct, in order of first pick
     plan = StratificationPlan(settings=settings, inits=inits, first_selection=record)
-    arrays = {"member_probs": probs, "labels": labels, "healthy": members.healthy}
     atomic_savez(run.stratified.path / "search_validation.npz", **arrays)  # what the first selection saw
     write_plan(run, plan)
     return plan
@@ -79,10 +69,10 @@ def stratify(
     """The stratification stage of :func:`ensemble_core.runs.run`: ``select`` (default
     :func:`first_selection`; the flow passes its task), then
     ``train(pool_cfg, dataset, keys, <run>/stratified, **hooks)`` (default
-    :func:`ensemble_core.runs.groups.train_groups`: resumes from the stratified pool's latest
+    :func:`ensemble_core.runs.training.groups.train_groups`: resumes from the stratified pool's latest
     checkpoint; a stop request stops it after a checkpoint) for the stratified pool's
-    config (:func:`ensemble_core.runs.pool.stratified_config`) and keys
-    (:func:`ensemble_core.runs.pool.stratified_keys`: member (setting s, initialisation j)
+    config (:func:`ensemble_core.runs.ensemble.pool.stratified_config`) and keys
+    (:func:`ensemble_core.runs.ensemble.pool.stratified_keys`: member (setting s, initialisation j)
     depends on ``(seed, s, j)`` only).
 
     Raises:

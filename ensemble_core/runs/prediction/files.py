@@ -3,8 +3,8 @@
 :func:`resolve_run` picks the run (given, or the output directory's champion),
 :func:`images_file` gives the images as a ``.npy`` (a TFDS split exported once), and
 :func:`predict_file` writes the ensemble's predictions of
-:func:`ensemble_core.runs.evaluation.predict_images` to an ``.npz``. Every file is
-written atomically (:func:`ensemble_core.runs.layout.atomic_write`).
+:func:`ensemble_core.runs.prediction.predict.predict_images` to an ``.npz``. Every file is
+written atomically (:func:`ensemble_core.runs.storage.layout.atomic_write`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import numpy as np
 from ensemble_core import data as data_lib
 from ensemble_core import diskspace
 from ensemble_core.errors import CheckpointError, DataError
-from ensemble_core.runs.champion_state import read_champion
-from ensemble_core.runs.evaluation import predict_images
-from ensemble_core.runs.layout import atomic_savez, atomic_write
+from ensemble_core.runs.prediction.predict import predict_images
+from ensemble_core.runs.storage.champion_record import read_champion
+from ensemble_core.runs.storage.layout import atomic_savez, atomic_write
 
 
 def resolve_run(run_dir: str | None, output_dir: str | Path) -> tuple[str, str | None]:
@@ -128,9 +128,9 @@ def preflight(
     Raises:
       DataError, CheckpointError: the first problem, in one line with its fix.
     """
-    from ensemble_core.runs.checkpoint import EnsembleCheckpointer
-    from ensemble_core.runs.images import check_image_shape, check_image_values
-    from ensemble_core.runs.layout import RunDir
+    from ensemble_core.runs.prediction.images import check_image_shape, check_image_values
+    from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
+    from ensemble_core.runs.storage.layout import RunDir
 
     run, _ = resolve_run(run_dir, output_dir)
     if not RunDir(Path(run)).has_checkpoint():
@@ -153,7 +153,7 @@ def preflight(
 def predict_file(run_dir: str | Path, images_npy: str | Path, output: str | Path) -> dict[str, np.ndarray]:
     """Predict the images of ``images_npy`` with the run and write the result to
     ``output`` (``.npz``, atomically). Returns the arrays of
-    :func:`~ensemble_core.runs.evaluation.predict_images` (``ensemble_probs`` float32
+    :func:`~ensemble_core.runs.prediction.predict.predict_images` (``ensemble_probs`` float32
     ``[N, C]``, ``predictive_entropy`` and ``mutual_information`` float32 ``[N]`` in nats, ...).
 
     Raises:

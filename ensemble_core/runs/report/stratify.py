@@ -1,4 +1,4 @@
-"""The report's stratification section (hyper-deep ensembles, :mod:`ensemble_core.runs.stratify`):
+"""The report's stratification section (hyper-deep ensembles, :mod:`ensemble_core.runs.ensemble.stratify`):
 the first selection from the search pool, the stratified pool (which setting, which
 initialisation, picked how many times) and how many distinct networks the ensemble holds,
 as ``report.json`` data, ``report.md`` lines and Prefect table rows."""
@@ -18,7 +18,7 @@ def stratification_report(stratification: StratificationSummary | None, final: d
     stratified pool's ``train_seconds`` and ``checkpoint``. None without stratification.
 
     Args:
-      final: the evaluation's selection record (:func:`ensemble_core.runs.pool.selection_record`).
+      final: the evaluation's selection record (:func:`ensemble_core.runs.ensemble.pool.selection_record`).
     """
     if stratification is None:
         return None

@@ -4,15 +4,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ensemble_core import diskspace, evaluators
 from ensemble_core.plotting import save, subplots
-from ensemble_core.runs.layout import RunDir, atomic_write_json, atomic_write_text
-from ensemble_core.runs.report_data import drift_lines, snapshot_lines
-from ensemble_core.runs.report_stratify import stratification_lines, stratification_report
+from ensemble_core.runs.report.data import drift_lines, snapshot_lines
+from ensemble_core.runs.report.stratify import stratification_lines, stratification_report
 from ensemble_core.runs.results import (
     DriftReport,
     Evaluation,
@@ -20,6 +19,7 @@ from ensemble_core.runs.results import (
     StratificationSummary,
     TrainingSummary,
 )
+from ensemble_core.runs.storage.layout import RunDir, atomic_write_json, atomic_write_text
 
 if TYPE_CHECKING:
     from ensemble_core.data import DatasetInfo
@@ -38,18 +38,21 @@ def build_report(
     dataset: DatasetInfo | None = None,
     drift: DriftReport | None = None,
     stratification: StratificationSummary | None = None,
+    selection: dict[str, Any] | None = None,
 ) -> dict:
     """Assemble the ``report.json`` object (docs/evaluation.md lists every key).
 
     The ``test`` evaluator's figures are the top-level ``ensemble``, ``members``,
     ``member_mean``, ``diversity`` and ``diverged_members``; any other evaluator's are
     under ``evaluations.<name>`` (``metrics`` and ``plots``). ``promotion`` is the
-    champion/challenger decision (:func:`ensemble_core.runs.champion.promote`), stored
+    champion/challenger decision (:func:`ensemble_core.runs.champion.promotion.promote`), stored
     without its history; ``data_snapshot`` the lineage of the data
     (:class:`~ensemble_core.data.DataSnapshot`), ``drift`` the drift signal computed before
     training (:class:`~ensemble_core.runs.results.DriftReport`); ``stratification`` the
     hyper-deep ensemble's first selection and stratified pool
-    (:func:`ensemble_core.runs.report_stratify.stratification_report`; None without one)."""
+    (:func:`ensemble_core.runs.report.stratify.stratification_report`; None without one);
+    ``selection`` the select stage's record (:func:`ensemble_core.runs.ensemble.select.select`;
+    None without a validation split)."""
     train_summary = training.model_dump()  # python floats: NaN stays NaN in report.json
     test = evaluation.test
     timing = train_summary["timing"]
@@ -83,9 +86,9 @@ def build_report(
         "plots": plots,
         "run_dir": str(run_dir),
         "promotion": None if promotion is None else promotion.model_dump(exclude={"history"}),
-        "selection": evaluation.selection,
-        "pool": pool(training, evaluation, stratification),
-        "stratification": stratification_report(stratification, evaluation.selection),
+        "selection": selection,
+        "pool": pool(training, stratification, selection),
+        "stratification": stratification_report(stratification, selection),
         "data_snapshot": None
         if dataset is None or dataset.snapshot is None
         else dataset.snapshot.model_dump(mode="json"),
@@ -100,14 +103,16 @@ def build_report(
 
 
 def pool(
-    training: TrainingSummary, evaluation: Evaluation, stratification: StratificationSummary | None = None
+    training: TrainingSummary,
+    stratification: StratificationSummary | None = None,
+    selection: dict[str, Any] | None = None,
 ) -> list[dict]:
     """Every trained member: ``member``, ``hyperparameters``, ``best_epoch``,
     ``stopped_epoch``, ``healthy``, ``validation_nll`` (its best epoch's parameters on the
     validation split, as evaluation saw them; None without one) and ``selected`` (how many
     times the ensemble holds it; with ``stratification``, the first selection's picks of
-    the search pool)."""
-    selection = (evaluation.selection or {}) if stratification is None else stratification.first_selection
+    the search pool); ``selection`` is the select stage's record (None: no validation split)."""
+    selection = (selection or {}) if stratification is None else stratification.first_selection
     nll = selection.get("member_validation_nll") or []
     counts = {int(k): v for k, v in (selection.get("multiplicities") or {}).items()}
     rows = []
@@ -363,11 +368,13 @@ def write_report(
     dataset: DatasetInfo | None = None,
     drift: DriftReport | None = None,
     stratification: StratificationSummary | None = None,
+    selection: dict[str, Any] | None = None,
 ) -> dict:
     """Write ``report.json``, ``report.md`` and ``plots/training_curves.png`` (atomically,
     the plot first); returns the report dict (:func:`build_report`)."""
     run = RunDir(Path(run_dir))
-    rep = build_report(run_name, config, training, evaluation, run.path, promotion, dataset, drift, stratification)
+    args = (run_name, config, training, evaluation, run.path, promotion, dataset, drift, stratification, selection)
+    rep = build_report(*args)
     plot_training_curves(rep, run.plots)
     atomic_write_json(run.report_json, rep)
     atomic_write_text(run.report_md, render_markdown(rep))

@@ -20,11 +20,11 @@ Files under an output directory:
   and rewritten, so that concurrent runs cannot lose each other's lines.
 
 Damaged state never stops a run: a damaged champion pointer is set aside with a warning
-(logger ``ensemble_core.runs.champion``) and the run is judged as if there were no champion;
+(logger ``ensemble_core.runs.storage.records``) and the run is judged as if there were no champion;
 corrupt history lines are set aside with a warning and every intact line is kept. Only
 real I/O failures (a read-only or full disk, missing permissions) raise ``OSError``.
 
-The promotion policy that reads and writes these files is :mod:`ensemble_core.runs.champion`.
+The promotion policy that reads and writes these files is :mod:`ensemble_core.runs.champion.promotion`.
 """
 
 from __future__ import annotations
@@ -33,19 +33,18 @@ import datetime as dt
 import json
 import logging
 import math
-import os
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 
 from ensemble_core.figures import TEST_METRICS
 from ensemble_core.filelock import flocked
-from ensemble_core.runs.layout import CHAMPION_FILE, HISTORY_FILE, OutputDir, RunDir, atomic_write_bytes
+from ensemble_core.runs.storage.layout import CHAMPION_FILE, HISTORY_FILE, OutputDir, RunDir, atomic_write_bytes
+from ensemble_core.runs.storage.records import release_corrupt_path, reserve_corrupt_path, set_aside
 
 #: The ensemble test metrics every champion record holds, and whether higher is better.
 NO_CHAMPION = "this run will be judged as if there were no champion"
 
-# The logger of the champion/challenger state, whichever of its modules warns.
 log = logging.getLogger(__name__)
 
 # MARK: champion.json
@@ -123,63 +122,6 @@ def _parse_champion(raw: bytes) -> tuple[dict | None, str | None]:
     return record, None
 
 
-# MARK: corrupt-state/
-
-
-def set_aside(output_dir: str | Path, name: str, reason: str, *, consequence: str | None = None) -> Path:
-    """Move ``<output_dir>/<name>`` to ``<output_dir>/corrupt-state/<name>.<UTC timestamp>``.
-
-    The move is one ``os.replace`` (atomic; a file or a directory); the destination name
-    is reserved first, so nothing already set aside is overwritten. One warning through
-    the ``ensemble_core.runs.champion`` logger names the file, ``reason``, the new path and the
-    consequence (default for ``champion.json``: the run is judged as if there were no
-    champion).
-
-    Returns:
-      The path the file now has.
-
-    Raises:
-      FileNotFoundError: ``<output_dir>/<name>`` does not exist.
-      OSError: it cannot be moved (I/O failure).
-    """
-    src = Path(output_dir) / name
-    if not src.exists() and not src.is_symlink():
-        raise FileNotFoundError(f"cannot set aside {src}: it does not exist")
-    dest = _reserve(Path(output_dir), Path(name).name, "", directory=src.is_dir() and not src.is_symlink())
-    try:
-        os.replace(src, dest)
-    except OSError:
-        _unreserve(dest)
-        raise
-    if consequence is None:
-        consequence = NO_CHAMPION if Path(name).name == CHAMPION_FILE else "it is ignored from now on"
-    log.warning("%s is damaged (%s); moved it to %s; %s", src, reason, dest, consequence)
-    return dest
-
-
-def _reserve(out: Path, name: str, suffix: str, *, directory: bool) -> Path:
-    """Create and return a new, unique ``<out>/corrupt-state/<name>.<UTC timestamp>[-N]<suffix>``."""
-    corrupt = OutputDir(out).corrupt_state
-    corrupt.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-    for n in range(10_000):
-        dest = corrupt / f"{name}.{stamp}{'' if n == 0 else f'-{n}'}{suffix}"
-        try:
-            if directory:
-                dest.mkdir()
-            else:
-                dest.open("xb").close()
-        except FileExistsError:
-            continue
-        return dest
-    raise FileExistsError(f"no free name for {name} in {corrupt}")
-
-
-def _unreserve(dest: Path) -> None:
-    with suppress(OSError):
-        dest.rmdir() if dest.is_dir() else dest.unlink()
-
-
 # MARK: history.jsonl
 
 
@@ -251,13 +193,13 @@ def _read_history_locked(out: Path) -> list[tuple[dict, bytes]]:
         else:
             bad.append((number, line))
     if bad:
-        dest = _reserve(out, HISTORY_FILE, ".bad-lines", directory=False)
+        dest = reserve_corrupt_path(out, HISTORY_FILE, ".bad-lines", directory=False)
         try:
             atomic_write_bytes(dest, b"".join(line + b"\n" for _, line in bad))
             atomic_write_bytes(path, b"".join(line + b"\n" for _, line in good))
         except OSError:
             if dest.exists() and dest.stat().st_size == 0:
-                _unreserve(dest)
+                release_corrupt_path(dest)
             raise
         numbers = ", ".join(str(n) for n, _ in bad)
         log.warning(

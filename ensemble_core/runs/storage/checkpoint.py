@@ -25,8 +25,8 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 from ensemble_core import diskspace
 from ensemble_core.errors import CheckpointError, EnsembleError, IncompatibleRunError
-from ensemble_core.runs import orbax_logs  # noqa: F401  (installed on import: failed saves in one line)
-from ensemble_core.runs.layout import RunDir
+from ensemble_core.runs.storage import orbax_logs  # noqa: F401  (installed on import: failed saves in one line)
+from ensemble_core.runs.storage.layout import RunDir
 
 if TYPE_CHECKING:
     from ensemble_core.config import PipelineConfig
@@ -164,7 +164,7 @@ class EnsembleCheckpointer:
       keep: how many of the latest checkpoints to keep (orbax ``LatestN`` preservation
         policy, the successor of ``max_to_keep``).
       quarantine_dir: where unreadable steps are moved (default: the run directory's
-        ``corrupt-checkpoints/``, :class:`~ensemble_core.runs.layout.RunDir`).
+        ``corrupt-checkpoints/``, :class:`~ensemble_core.runs.storage.layout.RunDir`).
     """
 
     def __init__(self, directory: str | Path, keep: int = 3, quarantine_dir: str | Path | None = None):

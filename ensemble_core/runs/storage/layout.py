@@ -90,7 +90,7 @@ class RunDir:
     @property
     def stratified(self) -> RunDir:
         """``stratified/``: a hyper-deep ensemble's stratified pool, a run directory of its
-        own (lock, checkpoints, member groups) plus ``plan.json`` (:mod:`ensemble_core.runs.pool`)."""
+        own (lock, checkpoints, member groups) plus ``plan.json`` (:mod:`ensemble_core.runs.ensemble.pool`)."""
         return RunDir(self.path / "stratified")
 
     @property

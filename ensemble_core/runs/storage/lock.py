@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ensemble_core.errors import RunLockedError
 from ensemble_core.filelock import LockHeldError, flocked
-from ensemble_core.runs.layout import RunDir
+from ensemble_core.runs.storage.layout import RunDir
 
 
 @contextlib.contextmanager

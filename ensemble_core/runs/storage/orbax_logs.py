@@ -1,7 +1,7 @@
 """A failed orbax save reported once, as the project's one-line error.
 
 When a checkpoint save fails in orbax's writer threads (a disk that filled up while it
-wrote), :class:`~ensemble_core.runs.checkpoint.EnsembleCheckpointer` raises the failure
+wrote), :class:`~ensemble_core.runs.storage.checkpoint.EnsembleCheckpointer` raises the failure
 as one :class:`~ensemble_core.errors.DiskFullError` or
 :class:`~ensemble_core.errors.CheckpointError` naming the fix. Two other reports of the same
 failure printed tracebacks around that line (29 and more in a training run):

@@ -1,13 +1,92 @@
-"""A run's ``selection.json``: the members evaluation chose and the fitted temperature, what
-prediction uses; read back validated (a damaged file is set aside with one warning)."""
+"""The JSON records of a run and of an output directory, and the set-aside rule they share.
+
+A damaged record never stops a run: it is moved, byte-identical, to
+``<dir>/corrupt-state/<name>.<UTC timestamp>`` (timestamp ``YYYYmmddTHHMMSS.ffffffZ``; a
+``-N`` suffix keeps names unique; never deleted, never overwritten) with one warning
+naming the consequence (:func:`set_aside`). Here: a run's ``selection.json`` (the members
+the select stage chose and the fitted temperature); the champion's record and history
+are :mod:`ensemble_core.runs.storage.champion_record`.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import logging
 import math
+import os
+from contextlib import suppress
+from pathlib import Path
 
-from ensemble_core.runs.champion_state import set_aside
-from ensemble_core.runs.layout import RunDir
+from ensemble_core.atomic import atomic_write_json
+from ensemble_core.runs.storage.layout import OutputDir, RunDir
+
+log = logging.getLogger(__name__)
+
+
+# MARK: corrupt-state/
+
+
+def set_aside(
+    output_dir: str | Path, name: str, reason: str, *, consequence: str = "it is ignored from now on"
+) -> Path:
+    """Move ``<output_dir>/<name>`` to ``<output_dir>/corrupt-state/<name>.<UTC timestamp>``.
+
+    The move is one ``os.replace`` (atomic; a file or a directory); the destination name
+    is reserved first, so nothing already set aside is overwritten. One warning (this
+    module's logger) names the file, ``reason``, the new path and ``consequence``.
+
+    Returns:
+      The path the file now has.
+
+    Raises:
+      FileNotFoundError: ``<output_dir>/<name>`` does not exist.
+      OSError: it cannot be moved (I/O failure).
+    """
+    src = Path(output_dir) / name
+    if not src.exists() and not src.is_symlink():
+        raise FileNotFoundError(f"cannot set aside {src}: it does not exist")
+    dest = reserve_corrupt_path(Path(output_dir), Path(name).name, "", directory=src.is_dir() and not src.is_symlink())
+    try:
+        os.replace(src, dest)
+    except OSError:
+        release_corrupt_path(dest)
+        raise
+    log.warning("%s is damaged (%s); moved it to %s; %s", src, reason, dest, consequence)
+    return dest
+
+
+def reserve_corrupt_path(out: Path, name: str, suffix: str, *, directory: bool) -> Path:
+    """Create and return a new, unique ``<out>/corrupt-state/<name>.<UTC timestamp>[-N]<suffix>``."""
+    corrupt = OutputDir(out).corrupt_state
+    corrupt.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    for n in range(10_000):
+        dest = corrupt / f"{name}.{stamp}{'' if n == 0 else f'-{n}'}{suffix}"
+        try:
+            if directory:
+                dest.mkdir()
+            else:
+                dest.open("xb").close()
+        except FileExistsError:
+            continue
+        return dest
+    raise FileExistsError(f"no free name for {name} in {corrupt}")
+
+
+def release_corrupt_path(dest: Path) -> None:
+    """Remove a path :func:`reserve_corrupt_path` made and nothing was moved to."""
+    with suppress(OSError):
+        dest.rmdir() if dest.is_dir() else dest.unlink()
+
+
+# MARK: selection.json
+
+
+def write_selection(run: RunDir, members: list[int], temperature: float | None) -> None:
+    """Write the run's ``selection.json`` atomically: ``{"members": [pool index per pick],
+    "temperature": float or null}`` (the select stage, :mod:`ensemble_core.runs.ensemble.select`)."""
+    atomic_write_json(run.selection_json, {"members": [int(m) for m in members], "temperature": temperature})
 
 
 def read_selection(run: RunDir, num_members: int) -> dict | None:

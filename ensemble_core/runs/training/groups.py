@@ -2,7 +2,7 @@
 processes, and the groups joined into one checkpoint.
 
 With ``distributed.member_groups = G > 1`` the E members are split into G groups of E/G
-consecutive members, each trained on its own (:func:`ensemble_core.runs.training.train`
+consecutive members, each trained on its own (:func:`ensemble_core.runs.training.trainer.train`
 with ``group``) under ``<run>/groups/<g>/`` and then joined by :func:`gather_groups`. How
 the groups are run is the caller's: :func:`map_groups` applies the per-group call through
 a *mapper*, by default :func:`sequential` (one after another in this process); the task
@@ -24,14 +24,14 @@ from ensemble_core import diskspace
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import ConfigError
-from ensemble_core.runs.checkpoint import EnsembleCheckpointer, checkpoint_meta, training_sessions
-from ensemble_core.runs.keys import MemberKeyData, group_keys
-from ensemble_core.runs.launcher import train_processes
-from ensemble_core.runs.layout import RunDir
-from ensemble_core.runs.lock import run_lock
 from ensemble_core.runs.results import TrainingSummary
-from ensemble_core.runs.summary import join_summaries
-from ensemble_core.runs.training import train
+from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer, checkpoint_meta, training_sessions
+from ensemble_core.runs.storage.layout import RunDir
+from ensemble_core.runs.storage.lock import run_lock
+from ensemble_core.runs.training.keys import MemberKeyData, group_keys
+from ensemble_core.runs.training.launcher import train_processes
+from ensemble_core.runs.training.summary import join_summaries
+from ensemble_core.runs.training.trainer import train
 from ensemble_core.setup import build, group_size
 
 T = TypeVar("T")
@@ -59,7 +59,7 @@ def map_groups(fn: Callable[..., T], calls: Sequence[tuple], mapper: Mapper | No
 
 
 def train_group(cfg: PipelineConfig, dataset: DatasetInfo, keys: MemberKeyData, run_dir: str, group: int, **hooks):
-    """The default per-group call: :func:`~ensemble_core.runs.training.train` of member
+    """The default per-group call: :func:`~ensemble_core.runs.training.trainer.train` of member
     group ``group`` with ``hooks`` (``on_step``, ``on_epoch``, ``should_stop``)."""
     return train(cfg, dataset, keys, run_dir, group=group, **hooks)
 
@@ -79,17 +79,17 @@ def train_groups(
     """The training stage of :func:`ensemble_core.runs.run` (the one loop over groups).
 
     With ``distributed.num_processes > 1``: one program across JAX processes
-    (:func:`~ensemble_core.runs.launcher.train_processes`, forwarding ``on_epoch`` and
-    ``should_stop``). With one member group: :func:`~ensemble_core.runs.training.train`.
+    (:func:`~ensemble_core.runs.training.launcher.train_processes`, forwarding ``on_epoch`` and
+    ``should_stop``). With one member group: :func:`~ensemble_core.runs.training.trainer.train`.
     Else each group's ``group_call(cfg, dataset, group_keys, run_dir, g)`` through
     :func:`map_groups`, then ``gather(cfg, dataset, run_dir, summaries)``.
 
     Args:
-      keys: :func:`~ensemble_core.runs.keys.split_keys` for the whole ensemble's mesh.
+      keys: :func:`~ensemble_core.runs.training.keys.split_keys` for the whole ensemble's mesh.
       group_call: default :func:`train_group` with ``hooks``.
       gather: default :func:`gather_groups`.
       mapper: how the group calls run (default :func:`sequential`).
-      hooks: ``on_step``, ``on_epoch``, ``should_stop`` (:class:`~ensemble_core.runs.training.Hooks`).
+      hooks: ``on_step``, ``on_epoch``, ``should_stop`` (:class:`~ensemble_core.runs.training.trainer.Hooks`).
 
     Returns:
       The run's :class:`~ensemble_core.runs.results.TrainingSummary`.
@@ -149,7 +149,7 @@ def gather_groups(
     run whose gathered checkpoint is already there is not saved again.
 
     Args:
-      summaries: every group's :func:`~ensemble_core.runs.training.train` summary, in group order.
+      summaries: every group's :func:`~ensemble_core.runs.training.trainer.train` summary, in group order.
 
     Returns:
       The run's :class:`~ensemble_core.runs.results.TrainingSummary`: members, history

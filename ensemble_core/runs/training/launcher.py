@@ -1,7 +1,7 @@
 """The launcher of one program across JAX processes on this machine (loopback).
 
 :func:`train_processes` holds the run directory's lock, starts N child processes of
-:mod:`ensemble_core.runs.processes` (``python -m ensemble_core.runs.processes``, each
+:mod:`ensemble_core.runs.training.processes` (``python -m ensemble_core.runs.training.processes``, each
 with ``8 // N`` simulated CPU devices), forwards process 0's epoch records, reads its
 summary back, and stops the others when one dies. Kept apart from the child program so
 that importing :mod:`ensemble_core.runs` never imports the module ``python -m`` runs.
@@ -28,9 +28,9 @@ from ensemble_core.config import HOST_DEVICES, PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import EnsembleError, MeshError, PreemptedError, resume_fix
 from ensemble_core.processutil import free_port
-from ensemble_core.runs.layout import RunDir
-from ensemble_core.runs.lock import run_lock
 from ensemble_core.runs.results import TrainingSummary
+from ensemble_core.runs.storage.layout import RunDir
+from ensemble_core.runs.storage.lock import run_lock
 from ensemble_core.setup import plan
 
 HEARTBEAT_TIMEOUT_S = 10  # a process that misses heartbeats this long is declared dead
@@ -102,7 +102,7 @@ def train_processes(
     processes on this machine (loopback), holding the run directory's lock meanwhile.
 
     Args:
-      keys: :func:`ensemble_core.runs.keys.split_keys` for the whole mesh.
+      keys: :func:`ensemble_core.runs.training.keys.split_keys` for the whole mesh.
       on_epoch: called with process 0's epoch records as they come.
       should_stop: polled every 0.2 s; True (or SIGTERM/SIGINT in the main thread) stops
         every process (SIGKILL: the run resumes from its latest checkpoint, as after a crash).
@@ -132,7 +132,7 @@ def train_processes(
         run.processes_dir.mkdir(exist_ok=True)
         procs, logs = [], [_open_log(run.process_log(p)) for p in range(n)]
         for p, (log, _) in enumerate(logs):
-            cmd = [sys.executable, "-m", "ensemble_core.runs.processes", str(run.path), "--spec", str(spec)]
+            cmd = [sys.executable, "-m", "ensemble_core.runs.training.processes", str(run.path), "--spec", str(spec)]
             cmd += ["--coordinator", coordinator, "--num-processes", str(n), "--process-id", str(p)]
             procs.append(
                 subprocess.Popen(

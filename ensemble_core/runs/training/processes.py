@@ -1,7 +1,7 @@
 """One program across JAX processes: the multi-host generalisation of the Flax ensembling guide's ``pmap``.
 
 With ``distributed.num_processes = N > 1`` the training stage runs the same
-:func:`ensemble_core.runs.training.train` in N JAX processes joined by
+:func:`ensemble_core.runs.training.trainer.train` in N JAX processes joined by
 ``jax.distributed.initialize`` (CPU collectives: gloo). The ``('ensemble', 'data')``
 mesh spans every process's devices (process p holds devices ``p*D .. p*D+D-1`` of the
 global list), so the ``shard_map`` step is one SPMD program: members split over the
@@ -10,9 +10,9 @@ longer than one process's devices (gradients are then all-reduced across them). 
 writes one checkpoint from all processes; values the host needs (losses, validation
 NLLs, flags) are gathered with ``process_allgather`` (:func:`ensemble_core.mesh.host_value`).
 
-**On one machine** (:func:`~ensemble_core.runs.launcher.train_processes`, what the flow does): the launcher holds the
-run directory's lock, starts N child processes on loopback (``python -m
-ensemble_core.runs.processes``, each with ``8 // N`` simulated CPU devices, so the
+**On one machine** (:func:`~ensemble_core.runs.training.launcher.train_processes`, what the
+flow does): the launcher holds the run directory's lock, starts N child processes on loopback (``python -m
+ensemble_core.runs.training.processes``, each with ``8 // N`` simulated CPU devices, so the
 global mesh has the 8 devices of one process), forwards process 0's epoch records, and
 reads its summary back. If a process dies, the others stop within
 :data:`HEARTBEAT_TIMEOUT_S` (JAX's coordination service sees the missing heartbeats and
@@ -21,7 +21,7 @@ and the stage fails with :class:`~ensemble_core.errors.PreemptedError`: rerunnin
 name resumes from the latest checkpoint.
 
 **On a cluster** each process is started by the cluster's launcher (a SLURM ``srun``
-step, a Kubernetes indexed job, ...) as ``python -m ensemble_core.runs.processes RUN_DIR
+step, a Kubernetes indexed job, ...) as ``python -m ensemble_core.runs.training.processes RUN_DIR
 --config CFG.yaml [--set KEY=VALUE ...]``, with no ``--coordinator``/``--process-id``:
 ``jax.distributed.initialize()`` detects the coordinator, the process count and its
 index from the environment (see JAX's "Running on multiple hosts" guide). The run
@@ -45,12 +45,12 @@ from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import EnsembleError
 from ensemble_core.processutil import die_with_parent
 from ensemble_core.runs.dataset import prepare
-from ensemble_core.runs.keys import split_keys
-from ensemble_core.runs.launcher import (
+from ensemble_core.runs.training.keys import split_keys
+from ensemble_core.runs.training.launcher import (
     HEARTBEAT_TIMEOUT_S,
     INIT_TIMEOUT_S,
 )
-from ensemble_core.runs.training import train
+from ensemble_core.runs.training.trainer import train
 from ensemble_core.setup import plan
 
 __all__ = ["main"]
@@ -58,7 +58,9 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> int:
     """One JAX process of the program: join the others, train, print process 0's summary."""
-    parser = argparse.ArgumentParser(prog="python -m ensemble_core.runs.processes", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m ensemble_core.runs.training.processes", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("run_dir")
     parser.add_argument("--spec", help="JSON file: config, dataset, keys (written by train_processes)")
     parser.add_argument("--config", help="without --spec: the run's YAML config (default: the built-in defaults)")

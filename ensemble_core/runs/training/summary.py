@@ -5,7 +5,7 @@ the member groups' summaries joined into the run's.
 :func:`where_trained` (per member group: host, process, devices, speed) are the
 ``members`` and ``topology`` of :class:`~ensemble_core.runs.results.TrainingSummary`;
 :func:`images_per_s` is its throughput figure. A training call builds its summary
-(:mod:`ensemble_core.runs.training`); :func:`join_summaries` derives the run's from its
+(:mod:`ensemble_core.runs.training.trainer`); :func:`join_summaries` derives the run's from its
 groups' ones.
 """
 

@@ -3,9 +3,9 @@
 The math and the epoch loop are :func:`ensemble_core.train.fit` (pure steps, no I/O);
 this module adds what needs the run directory, as the loop's callbacks: the lock, orbax
 checkpoints with the data position (:class:`_Checkpoints`), the resume policy
-(:mod:`ensemble_core.runs.resume`), SIGTERM/SIGINT turned into a checkpoint and a clean
+(:mod:`ensemble_core.runs.storage.resume`), SIGTERM/SIGINT turned into a checkpoint and a clean
 stop, and the sessions of training a run went through. One call trains the whole
-ensemble or one member group; :mod:`ensemble_core.runs.groups` trains every group and
+ensemble or one member group; :mod:`ensemble_core.runs.training.groups` trains every group and
 joins them.
 """
 
@@ -26,15 +26,20 @@ from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import ConfigError, DivergenceError, PreemptedError, resume_fix
 from ensemble_core.mesh import host_value, replicated
 from ensemble_core.rngs import PURPOSES, keys_from_layout
-from ensemble_core.runs.checkpoint import EnsembleCheckpointer, checkpoint_meta, dataset_record, training_sessions
 from ensemble_core.runs.dataset import load
-from ensemble_core.runs.keys import MemberKeyData, split_keys
-from ensemble_core.runs.layout import RunDir
-from ensemble_core.runs.lock import run_lock
 from ensemble_core.runs.preflight import check_against_dataset
 from ensemble_core.runs.results import TrainingSummary, TrainingTiming
-from ensemble_core.runs.resume import check_resumable, config_changes, resumable_settings
-from ensemble_core.runs.summary import images_per_s, member_records, where_trained
+from ensemble_core.runs.storage.checkpoint import (
+    EnsembleCheckpointer,
+    checkpoint_meta,
+    dataset_record,
+    training_sessions,
+)
+from ensemble_core.runs.storage.layout import RunDir
+from ensemble_core.runs.storage.lock import run_lock
+from ensemble_core.runs.storage.resume import check_resumable, config_changes, resumable_settings
+from ensemble_core.runs.training.keys import MemberKeyData, split_keys
+from ensemble_core.runs.training.summary import images_per_s, member_records, where_trained
 from ensemble_core.setup import EnsembleSetup, build, group_size
 from ensemble_core.train import DataPosition, EnsembleState, data_position, fit
 
@@ -322,7 +327,7 @@ def train(
     """Train (or resume) the ensemble, checkpointing under ``run_dir/checkpoints``; with
     ``group``, train member group ``group`` only, under ``run_dir/groups/<group>/``
     (its own lock and checkpoints: groups train and resume independently, and
-    :func:`ensemble_core.runs.groups.gather_groups` joins them).
+    :func:`ensemble_core.runs.training.groups.gather_groups` joins them).
 
     Holds the run directory's lock for the whole training. If ``run_dir`` already holds a
     checkpoint of a compatible config, training resumes from its data position (epoch
@@ -340,7 +345,7 @@ def train(
       on_step, on_epoch, should_stop: the :class:`Hooks`.
       own_run_dir: take the run directory's lock and turn SIGTERM/SIGINT into a stop (on
         by default; off in the JAX processes of one program, whose launcher holds the
-        lock and stops them all, :mod:`ensemble_core.runs.processes`).
+        lock and stops them all, :mod:`ensemble_core.runs.training.processes`).
 
     Returns:
       The :class:`~ensemble_core.runs.results.TrainingSummary`.

@@ -1,0 +1,181 @@
+"""A run's ensemble, loaded: restore the pool's checkpoint, then the members the run's
+``selection.json`` names (every trained member without one). The one definition of "a
+run's ensemble" that evaluation, prediction, the drift check and the champion's
+re-evaluation share."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from ensemble_core.config import PipelineConfig
+from ensemble_core.errors import DivergenceError
+from ensemble_core.mesh import member_sharding
+from ensemble_core.predict import member_probs
+from ensemble_core.runs.ensemble.pool import final_pool
+from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
+from ensemble_core.runs.storage.layout import RunDir
+from ensemble_core.runs.storage.records import read_selection
+from ensemble_core.setup import EnsembleSetup, build
+from ensemble_core.train import EnsembleState
+
+
+def restore(
+    cfg: PipelineConfig, run_dir: str | Path, num_classes: int, image_shape, *, strategy: str | None = None
+) -> tuple[EnsembleState, EnsembleSetup]:
+    """Restore the latest checkpoint of ``run_dir`` onto the mesh ``cfg`` asks for
+    (``strategy`` overrides ``mesh.member_strategy``).
+
+    Returns:
+      ``(state, setup)``: the :class:`~ensemble_core.train.EnsembleState` (leaves
+      ``[E_trained, ...]``) and the :class:`~ensemble_core.setup.EnsembleSetup` it lives on.
+
+    Raises:
+      CheckpointError: no checkpoint, or one that does not fit ``cfg``.
+    """
+    setup = build(cfg, num_classes, strategy=strategy)
+    run = RunDir(Path(run_dir))
+    with EnsembleCheckpointer(run.checkpoints, keep=cfg.checkpoint.keep) as ckpt:
+        state, _ = ckpt.restore(setup.abstract_state(tuple(image_shape)))
+    return state, setup
+
+
+@dataclasses.dataclass(frozen=True)
+class Members:
+    """Members of a pool, ready to predict.
+
+    Every trained member (:func:`all_members`: padding dropped, diverged ones marked in
+    ``healthy``) or a selection's multiset (:func:`selected_members`: one row per pick, so
+    a member picked twice has two equal rows and the mean over rows is the selection's
+    weighted ensemble).
+
+    Attributes:
+      variables: the Flax variables (parameters and mutable collections) of the distinct
+        members that are predicted (leaves ``[U, ...]`` on ``setup``'s mesh; each member's
+        best epoch with a validation split).
+      setup: the :class:`~ensemble_core.setup.EnsembleSetup` they live on.
+      rows: pool index of every row, int ``[K]``.
+      healthy: bool ``[K]``.
+      expand: int ``[K]``: row k is ``variables`` member ``expand[k]``.
+    """
+
+    variables: Any
+    setup: EnsembleSetup
+    rows: np.ndarray
+    healthy: np.ndarray
+    expand: np.ndarray
+
+    def predict(self, cfg: PipelineConfig, images: np.ndarray) -> tuple[np.ndarray, float]:
+        """Probabilities float32 ``[K, N, C]`` of every row on ``images`` (float or uint8
+        ``[N, H, W, C]``) and the steady-state throughput in member-images/s (the program
+        is compiled first, on the first ``eval.batch_size`` images)."""
+        predict = self.setup.predict_fn()
+        one = self.setup.strategy == "unroll"
+        batch = cfg.eval.batch_size
+        member_probs(predict, self.variables, images[:batch], self.setup.mesh, batch, one_member_per_device=one)
+        t0 = time.perf_counter()
+        probs = member_probs(predict, self.variables, images, self.setup.mesh, batch, one_member_per_device=one)
+        seconds = time.perf_counter() - t0
+        distinct = int(self.expand.max()) + 1
+        throughput = distinct * probs.shape[1] / seconds
+        return probs[self.expand], throughput
+
+
+def all_members(cfg: PipelineConfig, state: EnsembleState, setup: EnsembleSetup) -> Members:
+    """Every trained member of ``state`` (padding dropped at prediction)."""
+    e = cfg.ensemble.size
+    return Members(
+        variables=state.final_variables,
+        setup=setup,
+        rows=np.arange(e),
+        healthy=np.asarray(state.healthy)[:e],
+        expand=np.arange(e),
+    )
+
+
+def selected_members(cfg: PipelineConfig, pool: Members, rows, num_classes: int) -> Members:
+    """The members ``rows`` (indices into ``pool``, every trained member of the pool
+    ``cfg`` configures; repeats allowed): the distinct ones are moved onto a mesh of their
+    own (:func:`ensemble_core.setup.build` for that many members)."""
+    rows = np.asarray(rows, np.int64)
+    distinct, expand = np.unique(rows, return_inverse=True)
+    sub_cfg = cfg.model_copy(
+        update={
+            "ensemble": cfg.ensemble.model_copy(
+                update={"size": len(distinct), "pad": False, "search": None, "select_size": None}
+            ),
+            "mesh": cfg.mesh.model_copy(update={"ensemble": None}),
+        }
+    )
+    sub = build(sub_cfg, num_classes, strategy=pool.setup.strategy)
+    sharding = member_sharding(sub.mesh)
+    variables = jax.tree.map(lambda x: jax.device_put(np.asarray(x)[distinct], sharding), pool.variables)
+    return Members(variables=variables, setup=sub, rows=rows, healthy=np.ones(len(rows), bool), expand=expand)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ensemble:
+    """A run's ensemble (:func:`load_ensemble`).
+
+    Attributes:
+      config: the config of its pool (a hyper-deep ensemble's stratified pool config).
+      members: the :class:`Members` it averages.
+      temperature: the temperature fitted by the select stage (None: not fitted).
+    """
+
+    config: PipelineConfig
+    members: Members
+    temperature: float | None
+
+
+def load_pool(
+    cfg: PipelineConfig, run_dir: str | Path, num_classes: int, image_shape, *, strategy: str | None = None
+) -> tuple[PipelineConfig, Members]:
+    """The pool a run's ensemble is chosen from, restored: ``(pool config, every trained
+    member)`` (a hyper-deep ensemble's stratified pool,
+    :func:`ensemble_core.runs.ensemble.pool.final_pool`).
+
+    Raises:
+      CheckpointError: see :func:`restore` and :func:`~ensemble_core.runs.ensemble.pool.final_pool`.
+      DivergenceError: every member diverged (there is no ensemble).
+    """
+    run = RunDir(Path(run_dir))
+    pool_cfg, pool, _ = final_pool(cfg, run)
+    state, setup = restore(pool_cfg, pool.path, num_classes, image_shape, strategy=strategy)
+    if not np.asarray(state.healthy)[: pool_cfg.ensemble.size].any():
+        raise DivergenceError(
+            f"every member of '{run.path}' diverged, there is no ensemble",
+            fix="lower train.learning_rate and train again",
+        )
+    members = all_members(pool_cfg, state, setup)
+    return pool_cfg, members
+
+
+def load_ensemble(
+    cfg: PipelineConfig, run_dir: str | Path, num_classes: int, image_shape, *, strategy: str | None = None
+) -> Ensemble:
+    """The run's ensemble: the members and temperature its ``selection.json`` (the select
+    stage's record, :func:`ensemble_core.runs.ensemble.select.select`) names, from its
+    pool (:func:`load_pool`); every trained member, no temperature, when the run has no
+    ``selection.json`` (no validation split, or a damaged file set aside) or it names a
+    selection ``cfg`` does not ask for (no ``ensemble.select_size``).
+
+    Args:
+      cfg: the run's config.
+      num_classes, image_shape: the dataset's (``image_shape`` ``(H, W, C)``).
+
+    Raises:
+      CheckpointError, DivergenceError: see :func:`load_pool`.
+    """
+    run = RunDir(Path(run_dir))
+    pool_cfg, members = load_pool(cfg, run.path, num_classes, image_shape, strategy=strategy)
+    chosen = read_selection(run, pool_cfg.ensemble.size)
+    if chosen is not None and cfg.ensemble.select_size is not None:
+        members = selected_members(pool_cfg, members, chosen["members"], num_classes)
+    temperature = None if chosen is None else chosen.get("temperature")
+    return Ensemble(config=pool_cfg, members=members, temperature=temperature)

@@ -1,0 +1,64 @@
+"""A trained run's ensemble on new images: the predictions, with the uncertainty figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ensemble_core import metrics as metrics_lib
+from ensemble_core.calibration import apply_temperature
+from ensemble_core.config import PipelineConfig
+from ensemble_core.runs.ensemble.load import load_ensemble
+from ensemble_core.runs.prediction.images import check_image_shape, check_image_values
+from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
+from ensemble_core.runs.storage.layout import RunDir
+
+
+def predict_images(run_dir: str | Path, images: np.ndarray, *, batch_size: int | None = None) -> dict[str, np.ndarray]:
+    """Ensemble predictions of a trained run on new images.
+
+    Args:
+      run_dir: a run directory with checkpoints (its config is read from the checkpoint).
+      images: uint8 ``[N, H, W, C]`` (0..255) or float ``[N, H, W, C]`` in [0, 1]
+        (``[N, H, W]`` for one-channel images).
+      batch_size: overrides the run's ``eval.batch_size``.
+
+    Returns:
+      ``ensemble_probs`` float32 ``[N, C]`` (temperature-scaled when the run fitted a
+      temperature), ``predictive_entropy`` (of ``ensemble_probs``) and
+      ``mutual_information`` float32 ``[N]`` (nats), ``member_probs`` float32 ``[K, N, C]``
+      of the ensemble's healthy members (the selection's picks, one row each, when the
+      run selects), ``predicted_class`` int32 ``[N]``, ``members`` int32 ``[K]`` (pool
+      index of each row) and ``temperature`` (float32 scalar, NaN when not fitted).
+
+    Raises:
+      DataError: images of the wrong shape, or values :func:`check_image_values` refuses.
+      CheckpointError: the run has no readable checkpoint.
+      DivergenceError: every member of the run diverged.
+    """
+    run = RunDir(Path(run_dir))
+    with EnsembleCheckpointer(run.checkpoints) as ckpt:
+        meta = ckpt.read_meta()
+    cfg = PipelineConfig.model_validate(meta["config"])
+    if batch_size:
+        cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"batch_size": batch_size})})
+    shape = tuple(meta["dataset"]["image_shape"])
+    check_image_values(images)
+    images = check_image_shape(images, shape)
+    loaded = load_ensemble(cfg, run.path, meta["dataset"]["num_classes"], shape)
+    members, temperature = loaded.members, loaded.temperature
+    probs, _ = members.predict(loaded.config, images)
+    probs = probs[members.healthy]
+    ensemble = metrics_lib.ensemble_probs(probs)
+    if temperature is not None:
+        ensemble = apply_temperature(ensemble, temperature)
+    return {
+        "ensemble_probs": ensemble.astype(np.float32),
+        "predictive_entropy": metrics_lib.entropy(ensemble).astype(np.float32),
+        "mutual_information": metrics_lib.mutual_information(probs).astype(np.float32),
+        "member_probs": probs,
+        "predicted_class": np.argmax(ensemble, -1).astype(np.int32),
+        "members": members.rows[members.healthy].astype(np.int32),
+        "temperature": np.float32(np.nan if temperature is None else temperature),
+    }
