@@ -120,7 +120,8 @@ def _worker(args: argparse.Namespace) -> dict:
     import optax
 
     from ensemble_core import data as data_lib
-    from ensemble_core import rngs, setup
+    from ensemble_core import ensemble_setup as setup
+    from ensemble_core import rngs
     from ensemble_core.config import PipelineConfig
     from ensemble_core.mesh import replicated
     from ensemble_core.predict import member_probs

@@ -7,9 +7,11 @@ every evaluator) in a subprocess with a fresh output directory, timing its wall 
 the moment each Prefect task run reports ``Finished`` in its log. Then reads the run's
 ``report.json``: training and compile time, training and evaluation throughput, the
 ensemble's and the mean member's test figures, the members' best epochs, and every shift
-and OOD evaluator's figures (``evaluations``, as ``report.json`` holds them). The evaluation
-stage's time is from ``train_members``'s ``Finished`` line to ``evaluate_members``'s (every
-evaluator: the test split, then the shift and OOD sets). The data and compilation caches
+and OOD evaluator's figures (``evaluations``, as ``report.json`` holds them). Each stage's time is
+from the previous task run's ``Finished`` line to its own; the evaluation stage's
+(``evaluation_seconds``) is from ``select_members``'s to ``evaluate_members``'s (every
+evaluator: the test split, then the shift and OOD sets; results recorded before the select
+stage existed measured from ``train_members``'s, selection included). The data and compilation caches
 are whatever this machine has (``make run`` on a set-up machine: warm). The 1-, 5- and
 15-minute load averages before and after are saved: other jobs on the cores slow it.
 

@@ -210,7 +210,7 @@ def throughput(data_dir: str | None, rounds: int = 2) -> dict:
     import jax
 
     from ensemble_core import data as data_lib
-    from ensemble_core import setup
+    from ensemble_core import ensemble_setup as setup
     from ensemble_core.config import load_config
     from ensemble_core.mesh import replicated
     from ensemble_core.train import fit

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from ensemble_core import data as data_lib
-    from ensemble_core import setup
+    from ensemble_core import ensemble_setup as setup
     from ensemble_core.config import PipelineConfig
     from ensemble_core.mesh import replicated
     from ensemble_core.train import fit

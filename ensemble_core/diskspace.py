@@ -118,8 +118,8 @@ def as_output_error(
         return disk_full(where, err.errno, setting=setting, rerun=rerun)
     if err.errno == errno.EROFS:
         return OutputError(
-            f"'{where}' is on a read-only file system ({_where(where)[0]}); fix: set {setting} to a directory on a "
-            f"writable file system, or remount it read-write"
+            f"'{where}' is on a read-only file system ({_where(where)[0]})",
+            fix=f"set {setting} to a directory on a writable file system, or remount it read-write",
         )
     return None
 
@@ -201,8 +201,8 @@ def probe_writable(directory: str | Path, setting: str = "output_dir") -> None:
             raise disk_full(directory, err.errno, PROBE_BYTES, setting=setting) from None
         raise OutputError(
             f"'{directory}' ({setting}) does not take files: writing a file in '{target}' failed "
-            f"([{errno.errorcode.get(err.errno or 0, err.errno)}] {err.strerror or err}); fix: set {setting} to a "
-            f"directory on a disk file system you can write to"
+            f"([{errno.errorcode.get(err.errno or 0, err.errno)}] {err.strerror or err})",
+            fix=f"set {setting} to a directory on a disk file system you can write to",
         ) from None
     finally:
         with contextlib.suppress(OSError):

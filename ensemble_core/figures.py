@@ -94,3 +94,22 @@ def figure_direction(metric: str) -> bool:
       ValueError: as :func:`figure`.
     """
     return figure(metric).higher_is_better
+
+
+def decide_promotion(challenger: float, champion: float | None, metric: str) -> tuple[bool, str]:
+    """Promote the challenger if it is not worse than the champion on ``metric``.
+
+    Args:
+      challenger, champion: the figure ``metric`` of each, measured on the same data
+        (``champion`` None: there is no champion, the challenger is promoted).
+      metric: ``promotion.metric`` (its direction: :func:`figure_direction`).
+
+    Returns:
+      (promoted, a one-line reason).
+    """
+    if champion is None:
+        return True, "no champion yet"
+    new, old = challenger, champion
+    better_or_equal = new >= old if figure_direction(metric) else new <= old
+    relation = "not worse than" if better_or_equal else "worse than"
+    return better_or_equal, f"challenger {metric} {new:.4f} is {relation} champion {metric} {old:.4f}"

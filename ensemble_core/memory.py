@@ -72,7 +72,7 @@ def estimate(
     """Lower bound of the training memory per device for ``cfg`` on ``plan``.
 
     Args:
-      plan: the mesh (:func:`ensemble_core.setup.plan`).
+      plan: the mesh (:func:`ensemble_core.ensemble_setup.plan`).
       strategy: ``mesh.member_strategy`` resolved (``unroll`` or ``vmap``).
       num_classes, image_shape ``(H, W, C)``, num_train: the dataset's (after
         ``data.max_train_examples``).
@@ -164,6 +164,6 @@ def check(est: MemoryEstimate, cfg: PipelineConfig, available: tuple[int, str] |
         f"({est.state_bytes / GIB:.2f} GiB parameters, collections and optimizer state, "
         f"{est.activation_bytes / GIB:.2f} GiB activations of one batch, {est.augmentation_bytes / GIB:.2f} GiB "
         f"augmented batch, {est.data_bytes / GIB:.2f} GiB training split, {where}) but the {what} is "
-        f"{have / GIB:.1f} GiB; fix: lower ensemble.size, the model's size or train.batch_size, or spread the "
-        f"members over more devices"
+        f"{have / GIB:.1f} GiB",
+        fix="lower ensemble.size, the model's size or train.batch_size, or spread the members over more devices",
     )

@@ -54,17 +54,16 @@ def plan_mesh(
     """
     if num_devices % data:
         raise MeshError(
-            f"mesh.data={data} does not divide the {num_devices} devices; fix: set mesh.data "
-            f"to a divisor of {num_devices}"
+            f"mesh.data={data} does not divide the {num_devices} devices",
+            fix=f"set mesh.data to a divisor of {num_devices}",
         )
     room = num_devices // data
     if ensemble is None:
         ensemble = max(d for d in range(1, min(room, num_members) + 1) if num_members % d == 0)
     if ensemble * data > num_devices:
         raise MeshError(
-            f"mesh.ensemble={ensemble} x mesh.data={data} needs {ensemble * data} devices but "
-            f"only {num_devices} exist; fix: lower them or set XLA_FLAGS="
-            f"--xla_force_host_platform_device_count={ensemble * data} on CPU"
+            f"mesh.ensemble={ensemble} x mesh.data={data} needs {ensemble * data} devices but only {num_devices} exist",
+            fix=f"lower them or set XLA_FLAGS=--xla_force_host_platform_device_count={ensemble * data} on CPU",
         )
     padded = -(-num_members // ensemble) * ensemble
     if padded != num_members and not pad:
@@ -75,7 +74,7 @@ def plan_mesh(
         )
     if batch_size is not None and batch_size % data:
         raise MeshError(
-            f"train.batch_size={batch_size} does not split over mesh.data={data}; fix: use a multiple of {data}"
+            f"train.batch_size={batch_size} does not split over mesh.data={data}", fix=f"use a multiple of {data}"
         )
     return MeshPlan(ensemble=ensemble, data=data, num_members=num_members, padded_members=padded)
 

@@ -136,7 +136,7 @@ def check() -> None:
     sig, current = _requested, _stage.get()
     if sig is not None and current is not None:
         what, fix = current
-        raise PreemptedError(f"stopped by {sig.name} during {what}; fix: {fix}")
+        raise PreemptedError(f"stopped by {sig.name} during {what}", fix=fix)
 
 
 @contextlib.contextmanager

@@ -3,7 +3,7 @@
     python -m flows.train_ensemble [--config FILE] [--set dotted.key=value ...]
                                    [--output-dir DIR] [--run-name NAME]
 
-prepare_dataset -> check_unchanged -> detect_drift -> split_keys -> train_members (orbax
+prepare_dataset -> check_unchanged -> detect_drift -> train_members (orbax
 checkpoints) -> [select_settings -> stratify_members: hyper-deep ensembles] ->
 select_members -> evaluate_members -> compare_with_champion -> publish_report ->
 apply_retention.
@@ -37,13 +37,13 @@ from flows import _services
 from flows import _cli
 from flows._cli import EXIT_BAD_INPUT, report_error
 from tasks._cluster import preflight as cluster_preflight
+from tasks._cluster import preflight_before_flow
 from tasks.champion import compare_with_champion
 from tasks.evaluate import evaluate_members
 from tasks.prepare_dataset import prepare_stage
 from tasks.report import publish_report
 from tasks.select import select_members
 from tasks.retraining import apply_retention, check_unchanged, detect_drift
-from tasks.split_keys import split_keys
 from tasks.stratify import stratify_stage
 from tasks.train import train_stage
 
@@ -55,7 +55,6 @@ STAGES = runs.Stages(
     prepare=prepare_stage,
     check_unchanged=check_unchanged,
     detect_drift=detect_drift,
-    split_keys=split_keys,
     train=train_stage,
     stratify=stratify_stage,
     select=select_members,
@@ -167,8 +166,8 @@ def as_config(config: PipelineConfig | dict[str, Any] | None, sections: dict[str
         config = config.model_dump(mode="json")
     if config is not None and not isinstance(config, dict):
         raise ConfigError(
-            f"parameter config is a {type(config).__name__}; fix: pass the config as a mapping of its "
-            f'sections, e.g. {{"ensemble": {{"size": 4}}}}'
+            f"parameter config is a {type(config).__name__}",
+            fix='pass the config as a mapping of its sections, e.g. {"ensemble": {"size": 4}}',
         )
     raw = dict(config or {})
     raw.update(sections or {})
@@ -221,10 +220,9 @@ def _main(args: argparse.Namespace, run_name: str) -> int:
         print(f"error: {down}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        cluster_preflight(config, args.output_dir, run_name)
+        preflight_before_flow(config, args.output_dir, run_name)  # the flow run's preflight takes it over
     except EnsembleError as err:
         return report_error(err)
-    # The flow preflights again (a dataset prepared just now is reused: milliseconds).
     return _outcome.run_cli(train_ensemble, config=config, output_dir=args.output_dir, run_name=run_name)
 
 

@@ -1,8 +1,8 @@
 """One thin Prefect task per stage of :func:`ensemble_core.runs.run`; the work is in
 :mod:`ensemble_core.runs`.
 
-A task has one name, in the Prefect UI and in Python (``prepare_dataset``, ``split_keys``,
-``train_members``, ``evaluate_members``, ``compare_with_champion``, ``publish_report``;
+A task has one name, in the Prefect UI and in Python (``prepare_dataset``,
+``train_members``, ``select_members``, ``evaluate_members``, ``compare_with_champion``, ``publish_report``;
 ``resolve_run``, ``load_images``, ``predict_images`` for prediction): what it does to the
 run, never the name of the flow (``train-ensemble``, ``predict``) it is part of.
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import ssl
 from pathlib import Path
 
@@ -46,7 +47,8 @@ def client_security(config: PipelineConfig):
     if cert.not_valid_after_utc < now or cert.not_valid_before_utc > now:
         raise ConfigError(
             f"the certificate distributed.tls_cert={dist.tls_cert} is valid from {cert.not_valid_before_utc:%Y-%m-%d} "
-            f"to {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC, not now; fix: have the cluster's CA issue a new one"
+            f"to {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC, not now",
+            fix="have the cluster's CA issue a new one",
         )
     files = {"tls_ca_file": dist.tls_ca_file, "tls_client_cert": dist.tls_cert, "tls_client_key": dist.tls_key}
     security = Security(**files, require_encryption=True)
@@ -56,7 +58,8 @@ def client_security(config: PipelineConfig):
         reason = getattr(err, "reason", None) or str(err)
         raise ConfigError(
             f"distributed.tls_key={dist.tls_key} does not load with distributed.tls_cert={dist.tls_cert} and "
-            f"distributed.tls_ca_file={dist.tls_ca_file} ({reason}); fix: give the key of that certificate"
+            f"distributed.tls_ca_file={dist.tls_ca_file} ({reason})",
+            fix="give the key of that certificate",
         ) from None
     return security
 
@@ -89,15 +92,16 @@ def check_cluster(config: PipelineConfig) -> None:
     except TimeoutError:
         raise ConfigError(
             f"nothing at distributed.address={dist.address} answered the Dask handshake within "
-            f"{2 * HANDSHAKE_TIMEOUT_S:.0f} s: it is not a Dask scheduler, or one too busy or stuck to answer; fix: "
-            f"give the address of a running Dask scheduler, or restart it"
+            f"{2 * HANDSHAKE_TIMEOUT_S:.0f} s: it is not a Dask scheduler, or one too busy or stuck to answer",
+            fix="give the address of a running Dask scheduler, or restart it",
         ) from None
     except Exception as err:  # noqa: BLE001  (distributed's comm errors vary by failure)
         reason = str(err).splitlines()[-1][-200:] if str(err) else type(err).__name__
         if security is None:
             raise ConfigError(
                 f"the Dask scheduler at distributed.address={dist.address} ended the handshake ({reason}): it may "
-                f"accept TLS only; fix: use its tls:// address with distributed.tls_ca_file, tls_cert and tls_key"
+                "accept TLS only",
+                fix="use its tls:// address with distributed.tls_ca_file, tls_cert and tls_key",
             ) from None
         raise ConfigError(
             f"the TLS handshake with the Dask scheduler at {dist.address} failed ({reason}): its certificate is not "
@@ -106,8 +110,34 @@ def check_cluster(config: PipelineConfig) -> None:
         ) from None
 
 
+# Preflights a command line passed in this process for the one flow run it starts next:
+# {the run's identity: the dataset}. The flow's preflight takes its entry (once) instead of
+# checking again, so a run is preflighted once whichever way it starts.
+_PASSED_FOR_NEXT_RUN: dict[str, DatasetInfo] = {}
+
+
+def _identity(config: PipelineConfig, output_dir: str, run_name: str) -> str:
+    return json.dumps([config.model_dump(mode="json"), str(output_dir), run_name], sort_keys=True)
+
+
 def preflight(config: PipelineConfig, output_dir: str, run_name: str) -> DatasetInfo:
-    """:func:`ensemble_core.runs.preflight`, then :func:`check_cluster`."""
+    """The flow's preflight: :func:`ensemble_core.runs.preflight`, then
+    :func:`check_cluster`; skipped once when :func:`preflight_before_flow` passed for the
+    same config, output directory and run name in this process just before."""
+    passed = _PASSED_FOR_NEXT_RUN.pop(_identity(config, output_dir, run_name), None)
+    _PASSED_FOR_NEXT_RUN.clear()  # for the next flow run only, whichever it is
+    if passed is not None:
+        return passed
     dataset = runs.preflight(config, output_dir, run_name)
     check_cluster(config)
+    return dataset
+
+
+def preflight_before_flow(config: PipelineConfig, output_dir: str, run_name: str) -> DatasetInfo:
+    """A command line's preflight before it starts the flow run (a refusal is one line and
+    exit code 2, with no flow run): :func:`preflight`, remembered for that flow run's own
+    preflight, which then does not check again."""
+    _PASSED_FOR_NEXT_RUN.clear()
+    dataset = preflight(config, output_dir, run_name)
+    _PASSED_FOR_NEXT_RUN[_identity(config, output_dir, run_name)] = dataset
     return dataset

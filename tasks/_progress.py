@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from ensemble_core import runs
 from ensemble_core.config import PipelineConfig
-from ensemble_core.setup import group_size
+from ensemble_core.ensemble_setup import group_size
 from tasks._background import BackgroundSender
 
 PROGRESS_KEY = "training-progress"

@@ -10,11 +10,11 @@ from prefect import get_run_logger, task
 from ensemble_core import runs
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
-from ensemble_core.runs.ensemble.pool import StratificationPlan
 from ensemble_core.runs.ensemble.stratify import first_selection
+from ensemble_core.stratification import StratificationPlan
 from tasks import TRANSIENT_RETRIES
 from tasks._progress import train_with_progress
-from tasks.train import train_stage
+from tasks.train import train_on_runner
 
 STRATIFICATION_PROGRESS_KEY = "stratification-progress"
 
@@ -36,19 +36,19 @@ def select_settings(config: PipelineConfig, dataset: DatasetInfo, run_dir: str) 
 
 
 @task(name="stratify_members", **TRANSIENT_RETRIES)
-def stratify_members(config: PipelineConfig, dataset: DatasetInfo, keys: dict, run_dir: str) -> runs.TrainingSummary:
+def stratify_members(config: PipelineConfig, dataset: DatasetInfo, run_dir: str) -> runs.TrainingSummary:
     """Train (or resume) the stratified pool ``config`` (one member group) under ``run_dir``."""
 
     def train(**hooks):
-        return runs.train_groups(config, dataset, keys, run_dir, **hooks)
+        return runs.train_groups(config, dataset, run_dir, **hooks)
 
     return train_with_progress(config, None, train, key=STRATIFICATION_PROGRESS_KEY)
 
 
-def _train_pool(config: PipelineConfig, dataset: DatasetInfo, keys: dict, run_dir: str) -> runs.TrainingSummary:
+def _train_pool(config: PipelineConfig, dataset: DatasetInfo, run_dir: str) -> runs.TrainingSummary:
     if config.distributed.member_groups == 1:
-        return stratify_members(config, dataset, keys, run_dir)
-    return train_stage(config, dataset, keys, run_dir)  # the groups' subflow, on the configured task runner
+        return stratify_members(config, dataset, run_dir)
+    return train_on_runner(config, dataset, run_dir)  # the groups' subflow, on the configured task runner
 
 
 def stratify_stage(config: PipelineConfig, dataset: DatasetInfo, run_dir: str) -> runs.StratificationSummary:

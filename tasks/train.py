@@ -22,21 +22,20 @@ __all__ = [
     "gather_members",
     "train_member_group",
     "train_members",
+    "train_on_runner",
     "train_stage",
 ]
 
 
 @task(name="train_members", **TRANSIENT_RETRIES)
-def train_members(config: PipelineConfig, dataset: DatasetInfo, keys: dict, run_dir: str) -> runs.TrainingSummary:
+def train_members(config: PipelineConfig, dataset: DatasetInfo, run_dir: str) -> runs.TrainingSummary:
     """Train ``config.ensemble.size`` members (one process, or one program across JAX
     processes); returns the training summary."""
-    return train_with_progress(config, None, lambda **hooks: runs.train_groups(config, dataset, keys, run_dir, **hooks))
+    return train_with_progress(config, None, lambda **hooks: runs.train_groups(config, dataset, run_dir, **hooks))
 
 
 @task(name="train_member_group", task_run_name="train_member_group-{group}", **TRANSIENT_RETRIES)
-def train_member_group(
-    config: PipelineConfig, dataset: DatasetInfo, keys: dict, run_dir: str, group: int
-) -> runs.TrainingSummary:
+def train_member_group(config: PipelineConfig, dataset: DatasetInfo, run_dir: str, group: int) -> runs.TrainingSummary:
     """Train (or resume) member group ``group`` under ``run_dir/groups/<group>/``, in
     whichever process the task runner gives it; returns the group's training summary.
 
@@ -52,7 +51,7 @@ def train_member_group(
         return relayed() or lost()
 
     def train(**hooks):
-        return runs.train(config, dataset, keys, run_dir, group=group, worker=worker, should_stop=stop, **hooks)
+        return runs.train(config, dataset, run_dir, group=group, worker=worker, should_stop=stop, **hooks)
 
     return train_with_progress(config, group, train)
 
@@ -73,7 +72,7 @@ def gather_members(
 
 
 @flow(name="train-member-groups", log_prints=True)
-def _member_groups(config: PipelineConfig, dataset: DatasetInfo, keys: dict, run_dir: str) -> runs.TrainingSummary:
+def _member_groups(config: PipelineConfig, dataset: DatasetInfo, run_dir: str) -> runs.TrainingSummary:
     """:func:`ensemble_core.runs.train_groups` with one ``train_member_group`` task run per
     group, submitted to this flow's task runner, and the ``gather_members`` task.
 
@@ -85,19 +84,42 @@ def _member_groups(config: PipelineConfig, dataset: DatasetInfo, keys: dict, run
     reaches), so each group stops at its next step after a checkpoint."""
     with stopping.stop_signals(), stopping.relay_to_file(runs.RunDir(Path(run_dir)).stop_request):
         return runs.train_groups(
-            config, dataset, keys, run_dir, group_call=train_member_group, gather=gather_members, mapper=submit_each
+            config, dataset, run_dir, group_call=train_member_group, gather=gather_members, mapper=submit_each
         )
 
 
-def train_stage(config: PipelineConfig, dataset: DatasetInfo, keys: dict, run_dir: str) -> runs.TrainingSummary:
+def log_members(config: PipelineConfig) -> None:
+    """Log, in the flow run, how the members differ: their keys' derivation, and the
+    hyperparameters ``ensemble.search`` draws for each."""
+    logger = get_run_logger()
+    e = config.ensemble.size
+    logger.info("seed %d -> %d members, member i keyed by fold_in(fold_in(key(seed), purpose), i)", config.seed, e)
+    searched = sorted(config.ensemble.search or {})
+    if searched:
+        hyperparameters = config.member_hyperparameters(e)
+        logger.info("ensemble.search varies %s per member, drawn from (seed, i)", ", ".join(searched))
+        for i in range(e):
+            logger.info("member %d: %s", i, {k: hyperparameters[i][k] for k in searched})
+
+
+def train_stage(config: PipelineConfig, dataset: DatasetInfo, run_dir: str) -> runs.TrainingSummary:
     """The flow's training stage: the ``train_members`` task with one member group, else
-    the ``train-member-groups`` subflow on the configured task runner."""
+    the ``train-member-groups`` subflow on the configured task runner
+    (:func:`train_on_runner`), after :func:`log_members`."""
+    log_members(config)
+    return train_on_runner(config, dataset, run_dir)
+
+
+def train_on_runner(config: PipelineConfig, dataset: DatasetInfo, run_dir: str) -> runs.TrainingSummary:
+    """The ``train_members`` task with one member group, else the ``train-member-groups``
+    subflow on the configured task runner (the training stage's, and a stratified pool's
+    with several member groups)."""
     if config.distributed.member_groups == 1:
-        return train_members(config, dataset, keys, run_dir)
+        return train_members(config, dataset, run_dir)
     from prefect.exceptions import TerminationSignal
 
     try:
-        return _member_groups.with_options(task_runner=task_runner(config))(config, dataset, keys, run_dir)
+        return _member_groups.with_options(task_runner=task_runner(config))(config, dataset, run_dir)
     except TerminationSignal as err:
         # While the subflow's engine starts and ends (outside its body, where the groups
         # train under the project's handler) Prefect's own SIGTERM bridge is installed

@@ -1,10 +1,10 @@
-"""Small test ensembles built the way the project builds them (:mod:`ensemble_core.setup`)."""
+"""Small test ensembles built the way the project builds them (:mod:`ensemble_core.ensemble_setup`)."""
 
 from __future__ import annotations
 
 import jax
 
-from ensemble_core import setup
+from ensemble_core import ensemble_setup as setup
 from ensemble_core.config import PipelineConfig
 from ensemble_core.mesh import replicated
 from ensemble_core.train import fit

@@ -33,7 +33,6 @@ TASK_NAMES = frozenset(
         "prepare_dataset",
         "check_unchanged",
         "detect_drift",
-        "split_keys",
         "train_members",
         "select_members",
         "evaluate_members",

@@ -15,7 +15,7 @@ import types
 
 import pytest
 
-from ensemble_core.runs.champion import promotion as champion
+from ensemble_core.figures import decide_promotion
 from ensemble_core.runs.storage import champion_record as champion_state
 from ensemble_core.runs.storage import records
 from ensemble_core.runs.storage.layout import OutputDir
@@ -205,7 +205,7 @@ def test_decision_after_a_damaged_champion_promotes(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         current = champion_state.read_champion(out)
     challenger = {"accuracy": 0.5, "nll": 2.0, "brier": 0.6, "ece": 0.3}
-    assert current is None and champion.decide(challenger["nll"], current, "nll") == (True, "no champion yet")
+    assert current is None and decide_promotion(challenger["nll"], current, "nll") == (True, "no champion yet")
 
     run = _run_dir(tmp_path, "new")
     champion_state.write_champion(out, _record(run, metrics=challenger))

@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from ensemble_core import runs, setup
+from ensemble_core import ensemble_setup as setup
+from ensemble_core import runs
 from ensemble_core.errors import IncompatibleRunError
 from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
 from tests.ensembles import tiny_config
@@ -20,8 +21,7 @@ def _cfg(tfds_dir, *extra):
 
 def _run(cfg, run_dir):
     dataset = runs.prepare(cfg.data)
-    keys = runs.split_keys(cfg, setup.plan(cfg).padded_members)
-    return runs.train(cfg, dataset, keys, run_dir), dataset
+    return runs.train(cfg, dataset, run_dir), dataset
 
 
 def _params(cfg, dataset, run_dir):
@@ -147,7 +147,7 @@ def test_stop_then_resume_matches_an_uninterrupted_run(tmp_path, tfds_dir, stop_
 
     cfg = _cfg(tfds_dir)
     _, dataset = _run(cfg, tmp_path / "full")
-    keys = runs.split_keys(cfg, 4)
+
     epochs_done, steps_done = [], []
 
     def should_stop():
@@ -155,7 +155,7 @@ def test_stop_then_resume_matches_an_uninterrupted_run(tmp_path, tfds_dir, stop_
         return bool(epochs_done) if stop_after_steps is None else len(steps_done) >= stop_after_steps
 
     with pytest.raises(PreemptedError, match="rerun with the same run name"):
-        runs.train(cfg, dataset, keys, tmp_path / "stopped", on_epoch=epochs_done.append, should_stop=should_stop)
+        runs.train(cfg, dataset, tmp_path / "stopped", on_epoch=epochs_done.append, should_stop=should_stop)
     summary, _ = _run(cfg, tmp_path / "stopped")
     assert summary.resumed_from == 1
     full = _run(cfg, tmp_path / "full")[0]

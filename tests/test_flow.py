@@ -165,7 +165,6 @@ def test_artifacts_and_task_runs(finished_run):
     names = {r.name.rsplit("-", 1)[0] for r in runs if r.state and r.state.is_completed()}
     assert {
         "prepare_dataset",
-        "split_keys",
         "train_members",
         "select_members",
         "evaluate_members",

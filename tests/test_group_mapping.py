@@ -29,21 +29,20 @@ def test_a_mapper_that_loses_a_group_is_an_error():
 
 def test_train_groups_maps_each_groups_keys_then_gathers(tmp_path):
     cfg = load_config(None, ["ensemble.size=4", "distributed.member_groups=2"])
-    keys = runs.split_keys(cfg, 4)
     mapped, gathered = [], []
 
     def mapper(fn, calls):
-        mapped.append([c[4] for c in calls])
+        mapped.append([c[3] for c in calls])
         return [fn(*c) for c in calls]
 
-    def group_call(cfg_, dataset, group_keys, run_dir, group):
-        assert group_keys == {p: rows[2 * group : 2 * group + 2] for p, rows in keys.items()}
+    def group_call(cfg_, dataset, run_dir, group):
+        assert run_dir == str(tmp_path)
         return f"summary-{group}"
 
     def gather(cfg_, dataset, run_dir, summaries):
         gathered.append((run_dir, summaries))
         return "joined"
 
-    out = runs.train_groups(cfg, None, keys, tmp_path, group_call=group_call, gather=gather, mapper=mapper)
+    out = runs.train_groups(cfg, None, tmp_path, group_call=group_call, gather=gather, mapper=mapper)
     assert out == "joined" and mapped == [[0, 1]]
     assert gathered == [(str(tmp_path), ["summary-0", "summary-1"])]

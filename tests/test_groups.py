@@ -13,14 +13,13 @@ import jax
 import numpy as np
 import pytest
 
-from ensemble_core import runs
+from ensemble_core import rngs, runs
 from ensemble_core.config import load_config
+from ensemble_core.ensemble_setup import build
 from ensemble_core.errors import ConfigError, IncompatibleRunError
 from ensemble_core.processutil import free_port
 from ensemble_core.runs.ensemble.load import restore
 from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
-from ensemble_core.runs.training.keys import group_keys
-from ensemble_core.setup import build
 from tests.ensembles import predictions, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,16 +66,38 @@ def test_a_groups_keys_and_hyperparameters_are_its_members_in_the_whole_ensemble
     search = "ensemble.search={learning_rate: {distribution: log_uniform, low: 0.01, high: 0.3}}"
     cfg = tiny_config(tfds_dir, "ensemble.size=6", "distributed.member_groups=3", search)
     whole = build(cfg, 10)
-    keys = runs.split_keys(cfg, whole.plan.padded_members)
+    keys = rngs.member_keys(cfg.seed, 6)  # member i from (seed, i), whatever the groups
     for g in range(3):
         part = build(cfg, 10, group=g)
         assert part.first_member == 2 * g
         assert part.hyperparameters() == whole.hyperparameters()[2 * g : 2 * g + 2]
         for purpose, k in part.member_keys().items():
-            assert np.asarray(jax.random.key_data(k)).tolist() == keys[purpose][2 * g : 2 * g + 2]
-        assert group_keys(cfg, keys, g) == {p: rows[2 * g : 2 * g + 2] for p, rows in keys.items()}
+            want = np.asarray(jax.random.key_data(keys[purpose]))[2 * g : 2 * g + 2]
+            np.testing.assert_array_equal(np.asarray(jax.random.key_data(k)), want)
     with pytest.raises(ConfigError, match=r"member group 3 of distributed.member_groups=3"):
         build(cfg, 10, group=3)
+
+
+def test_a_stratified_pools_groups_key_each_member_by_its_setting_and_initialisation(tfds_dir):
+    """A stratified pool's member m is (setting, initialisation) of its plan, keyed by
+    (seed, setting, j) whichever member group trains it; padding past the pool gets
+    settings of its own (none of the pool's)."""
+    from ensemble_core.stratification import PADDING_SETTING, StratificationPlan
+
+    plan = StratificationPlan(settings=[5, 2, 7], inits=2, first_selection={})
+    cfg = tiny_config(
+        tfds_dir, "ensemble.size=6", "distributed.member_groups=2", "mesh.ensemble=4", "ensemble.pad=true"
+    )
+    for g in range(2):
+        part = build(cfg, 10, group=g)
+        got = part.member_keys(plan)
+        padded = part.plan.padded_members
+        members = range(3 * g, 3 * g + padded)
+        pairs = [plan.member(m) if m < 6 else (PADDING_SETTING, m - 6) for m in members]
+        assert pairs[:3] == [(5, 0), (5, 1), (2, 0)] if g == 0 else pairs[:3] == [(2, 1), (7, 0), (7, 1)]
+        want = rngs.stratified_member_keys(cfg.seed, pairs)
+        for purpose in want:
+            np.testing.assert_array_equal(jax.random.key_data(got[purpose]), jax.random.key_data(want[purpose]))
 
 
 def _members(run_dir: Path, cfg) -> dict:

@@ -6,7 +6,8 @@ import numpy as np
 import optax
 import pytest
 
-from ensemble_core import data, rngs, runs, setup
+from ensemble_core import data, rngs, runs
+from ensemble_core import ensemble_setup as setup
 from ensemble_core.config import PipelineConfig, load_config
 from ensemble_core.errors import ConfigError, IncompatibleRunError, PreemptedError
 from ensemble_core.train import unstacked
@@ -234,11 +235,10 @@ def test_hyper_ensemble_resumes_bitwise_wherever_it_stops(tmp_path, tfds_dir, st
         SEARCH,
     )
     dataset = runs.prepare(cfg.data)
-    keys = runs.split_keys(cfg, 4)
-    full = runs.train(cfg, dataset, keys, tmp_path / "full")
+    full = runs.train(cfg, dataset, tmp_path / "full")
     with pytest.raises(PreemptedError):
-        runs.train(cfg, dataset, keys, tmp_path / "stopped", should_stop=stop_after(stop_after_steps))
-    resumed = runs.train(cfg, dataset, keys, tmp_path / "stopped")
+        runs.train(cfg, dataset, tmp_path / "stopped", should_stop=stop_after(stop_after_steps))
+    resumed = runs.train(cfg, dataset, tmp_path / "stopped")
     assert resumed.history == full.history and resumed.members == full.members
     assert_checkpoints_equal(cfg, dataset, tmp_path / "full", tmp_path / "stopped")
 
@@ -247,7 +247,7 @@ def test_hyper_ensemble_resumes_bitwise_wherever_it_stops(tmp_path, tfds_dir, st
 def test_more_epochs_on_resume_are_refused_when_the_learning_rate_decays(tmp_path, tfds_dir):
     cfg = tiny_config(tfds_dir, "train.schedule=cosine")
     dataset = runs.prepare(cfg.data)
-    runs.train(cfg, dataset, runs.split_keys(cfg, 2), tmp_path / "r")
+    runs.train(cfg, dataset, tmp_path / "r")
     longer = tiny_config(tfds_dir, "train.schedule=cosine", "train.epochs=2")
     with pytest.raises(IncompatibleRunError, match="decays its learning rate"):
         runs.preflight(longer, tmp_path, "r")

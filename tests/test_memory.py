@@ -10,7 +10,8 @@ from pathlib import Path
 import jax
 import pytest
 
-from ensemble_core import memory, setup
+from ensemble_core import ensemble_setup as setup
+from ensemble_core import memory
 from ensemble_core.config import load_config
 from ensemble_core.errors import ConfigError
 

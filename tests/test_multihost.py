@@ -383,10 +383,8 @@ def _one_program(cfg, run: Path) -> Path:
     """The members of ``cfg`` trained by one program in this process (training only: the
     reference of a comparison of members); returns its run directory."""
     from ensemble_core import runs
-    from ensemble_core.runs.training.keys import split_keys
-    from ensemble_core.setup import plan
 
-    runs.train(cfg, runs.prepare(cfg.data), split_keys(cfg, plan(cfg).padded_members), run)
+    runs.train(cfg, runs.prepare(cfg.data), run)
     return run
 
 

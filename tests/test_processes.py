@@ -268,9 +268,9 @@ def test_process_0s_epochs_reach_on_epoch_in_the_callers_context():
 
 @pytest.mark.parametrize("size", [2, 4])
 def test_a_mesh_that_leaves_a_process_without_devices_is_refused_with_a_fix_that_works(size):
+    from ensemble_core.ensemble_setup import plan
     from ensemble_core.errors import MeshError
     from ensemble_core.runs.training.launcher import check_mesh_spans_processes
-    from ensemble_core.setup import plan
 
     cfg = load_config(None, ["distributed.num_processes=2", f"ensemble.size={size}"])
     with pytest.raises(

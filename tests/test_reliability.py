@@ -201,7 +201,7 @@ def test_divergence_can_fail_the_run(tmp_path, tfds_dir):
     cfg = tiny_config(tfds_dir, "train.learning_rate=1e30", "train.on_divergence=fail")
     dataset = runs.prepare(cfg.data)
     with pytest.raises(DivergenceError, match=r"member\(s\) \[0, 1\] diverged"):
-        runs.train(cfg, dataset, runs.split_keys(cfg, 2), tmp_path / "run")
+        runs.train(cfg, dataset, tmp_path / "run")
 
 
 def test_frozen_members_are_left_out_of_the_ensemble(tmp_path, tfds_dir):

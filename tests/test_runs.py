@@ -6,7 +6,8 @@ import types
 import numpy as np
 import pytest
 
-from ensemble_core import evaluators, metrics, runs, setup
+from ensemble_core import atomic, evaluators, metrics, runs
+from ensemble_core import ensemble_setup as setup
 from ensemble_core.config import PipelineConfig, load_config
 from ensemble_core.errors import ConfigError, IncompatibleRunError
 from ensemble_core.runs.storage import layout
@@ -19,14 +20,14 @@ from tests.ensembles import tiny_config
 
 def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
     path = tmp_path / "report.json"
-    layout.atomic_write_json(path, {"old": 1})
+    atomic.atomic_write_json(path, {"old": 1})
 
     def half_then_fail(f):
         f.write(b'{"new": ')
         raise OSError(28, "No space left on device")
 
     with pytest.raises(OSError, match="No space"):
-        layout.atomic_write(path, half_then_fail)
+        atomic.atomic_write(path, half_then_fail)
     assert json.loads(path.read_text()) == {"old": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
 
@@ -34,13 +35,13 @@ def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
 def test_atomic_writes_get_the_permissions_open_gives(tmp_path):
     plain = tmp_path / "plain"
     plain.write_text("x")  # what open() gives under this process's umask
-    layout.atomic_write_text(tmp_path / "atomic", "x")
+    atomic.atomic_write_text(tmp_path / "atomic", "x")
     assert (tmp_path / "atomic").stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
 
 
 def test_atomic_savez_round_trips_arrays(tmp_path):
     probs = np.random.default_rng(0).dirichlet(np.ones(10), size=(3, 7)).astype(np.float32)
-    layout.atomic_savez(tmp_path / "eval" / "x.npz", member_probs=probs, labels=np.arange(7, dtype=np.int32))
+    atomic.atomic_savez(tmp_path / "eval" / "x.npz", member_probs=probs, labels=np.arange(7, dtype=np.int32))
     with np.load(tmp_path / "eval" / "x.npz") as f:
         np.testing.assert_array_equal(f["member_probs"], probs)
         assert f["labels"].dtype == np.int32

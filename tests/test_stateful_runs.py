@@ -82,10 +82,9 @@ def test_a_stopped_run_resumes_bitwise_with_batchnorm_dropout_and_augmentation(o
 
     cfg, full = one_program
     dataset = runs.prepare(cfg.data)
-    keys = runs.split_keys(cfg, cfg.ensemble.size)
     with pytest.raises(PreemptedError):
-        runs.train(cfg, dataset, keys, tmp_path / "stopped", should_stop=stop_after(5))
-    resumed = runs.train(cfg, dataset, keys, tmp_path / "stopped")
+        runs.train(cfg, dataset, tmp_path / "stopped", should_stop=stop_after(5))
+    resumed = runs.train(cfg, dataset, tmp_path / "stopped")
     assert resumed.resumed_from is not None
     assert resumed.history == full.training.history and resumed.members == full.training.members
     assert_checkpoints_equal(cfg, dataset, full.run_dir.path, tmp_path / "stopped")

@@ -20,7 +20,8 @@ from ensemble_core.config import load_config
 from ensemble_core.errors import CheckpointError, ConfigError
 from ensemble_core.runs.dataset import load
 from ensemble_core.runs.ensemble.load import restore
-from ensemble_core.runs.ensemble.pool import final_pool, plan_path
+from ensemble_core.runs.ensemble.pool import final_pool
+from ensemble_core.runs.storage.records import plan_path
 from ensemble_core.train import unstacked
 from tests.ensembles import assert_checkpoints_equal, stop_after
 from tests.oracles import train_member_alone
@@ -135,7 +136,9 @@ def test_the_stratified_pool_stopped_mid_training_resumes_bitwise(stratified, tm
     assert resumed.training.resumed_from is not None
     assert resumed.training.history == want.training.history and resumed.training.members == want.training.members
     plan = runs.RunDir(run)
-    assert json.loads(plan_path(plan).read_text()) == json.loads(plan_path(result.run_dir).read_text())
+    assert json.loads(plan_path(plan.stratified.path).read_text()) == json.loads(
+        plan_path(result.run_dir.stratified.path).read_text()
+    )
     pool_cfg, _, _ = final_pool(cfg, plan)
     assert_checkpoints_equal(pool_cfg, dataset, result.run_dir.stratified.path, plan.stratified.path)
 
@@ -146,7 +149,7 @@ def test_stratified_run_reports_the_first_selection_the_pool_and_the_final_selec
     run = result.run_dir
     report = json.loads(run.report_json.read_text())
     strat = report["stratification"]
-    plan = json.loads(plan_path(run).read_text())
+    plan = json.loads(plan_path(run.stratified.path).read_text())
     assert strat["settings"] == plan["settings"] == result.stratification.settings
     assert [(r["setting"], r["init"]) for r in strat["pool"]] == [(s, j) for s in plan["settings"] for j in range(2)]
     # the final selection indexes the stratified pool; prediction uses those rows
@@ -181,7 +184,7 @@ def test_a_damaged_plan_is_refused_with_one_line(stratified, tmp_path):
     cfg, result = stratified
     copy = tmp_path / "hd"
     shutil.copytree(result.run_dir.path, copy)
-    plan_path(runs.RunDir(copy)).write_text("{not json")
+    plan_path(runs.RunDir(copy).stratified.path).write_text("{not json")
     with pytest.raises(CheckpointError, match=r"stratified/plan\.json is damaged") as err:
         final_pool(cfg, runs.RunDir(copy))
     assert "\n" not in str(err.value) and "fix:" in str(err.value)

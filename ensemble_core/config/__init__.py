@@ -14,7 +14,8 @@ lives outside, in :mod:`ensemble_core.figures`; the names below are re-exported 
 code that imports them from here.
 """
 
-from ensemble_core.config.eval_section import EvaluatorSpec
+from ensemble_core.config.data_section import AugmentConfig, DataConfig
+from ensemble_core.config.eval_section import EvalConfig, EvaluatorSpec
 from ensemble_core.config.limits import (
     FLOAT32_MAX,
     FLOAT32_MIN_NORMAL,
@@ -31,13 +32,10 @@ from ensemble_core.config.loader import load_config, validate
 from ensemble_core.config.nightly_section import DriftConfig, NightlyConfig, RetentionConfig
 from ensemble_core.config.pipeline import PipelineConfig
 from ensemble_core.config.sections import (
-    AugmentConfig,
     CheckpointConfig,
-    DataConfig,
     DistributedConfig,
     Distribution,
     EnsembleConfig,
-    EvalConfig,
     MeshConfig,
     ModelConfig,
     PromotionConfig,

@@ -13,19 +13,19 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, model_validator
 
 from ensemble_core import hyper
+from ensemble_core.config.base import Section
+from ensemble_core.config.data_section import DataConfig
+from ensemble_core.config.eval_section import EvalConfig
 from ensemble_core.config.limits import HOST_DEVICES, MAX_SEED
 from ensemble_core.config.messages import show
 from ensemble_core.config.nightly_section import NightlyConfig, RetentionConfig
 from ensemble_core.config.sections import (
     CheckpointConfig,
-    DataConfig,
     DistributedConfig,
     EnsembleConfig,
-    EvalConfig,
     MeshConfig,
     ModelConfig,
     PromotionConfig,
-    Section,
     TrainConfig,
 )
 from ensemble_core.figures import TEST_METRICS

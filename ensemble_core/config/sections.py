@@ -16,8 +16,6 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ensemble_core import hyper
 from ensemble_core.config.base import Section
-from ensemble_core.config.data_section import AugmentConfig, DataConfig  # noqa: F401  (re-exported sections)
-from ensemble_core.config.eval_section import EvalConfig  # noqa: F401  (re-exported: one of the sections)
 from ensemble_core.config.limits import (
     FLOAT32_MAX,
     FLOAT32_MIN_NORMAL,

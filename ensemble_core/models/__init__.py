@@ -42,7 +42,8 @@ def is_import_path(name: str) -> bool:
 def _registry_module(cfg: ModelConfig) -> ModuleType:
     if cfg.name not in MODEL_NAMES:
         raise ConfigError(
-            f"unknown model.name '{cfg.name}'; fix: use one of {MODEL_NAMES} or an import path package.module:function"
+            f"unknown model.name '{cfg.name}'",
+            fix=f"use one of {MODEL_NAMES} or an import path package.module:function",
         )
     return importlib.import_module(f"ensemble_core.models.{cfg.name}")
 
@@ -73,7 +74,7 @@ def model_options(cfg: ModelConfig) -> pydantic.BaseModel | None:
         known = ", ".join(schema.model_fields)
         got = "" if "got" in first["msg"] else f" (got {show(first.get('input'))})"
         raise ConfigError(
-            f"model.options.{where}: {first['msg']}{got}; fix: model '{cfg.name}' takes options {known}"
+            f"model.options.{where}: {first['msg']}{got}", fix=f"model '{cfg.name}' takes options {known}"
         ) from None
 
 
@@ -86,15 +87,15 @@ def import_model_function(path: str):
     """
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
-        raise ConfigError(f"model.name '{path}' is not an import path; fix: write it as package.module:function")
+        raise ConfigError(f"model.name '{path}' is not an import path", fix="write it as package.module:function")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
         raise ConfigError(
-            f"model.name '{path}': cannot import module '{module_name}' ({err}); fix: install it or run from "
-            f"the directory that holds it (or add that directory to PYTHONPATH)"
+            f"model.name '{path}': cannot import module '{module_name}' ({err})",
+            fix="install it or run from the directory that holds it (or add that directory to PYTHONPATH)",
         ) from None
     except Exception as err:  # noqa: BLE001  (the user's module may raise anything at import)
         raise ConfigError(
@@ -105,11 +106,11 @@ def import_model_function(path: str):
     for part in attr.split("."):
         if not hasattr(fn, part):
             raise ConfigError(
-                f"model.name '{path}': module '{module_name}' has no '{attr}'; fix: name a function defined there"
+                f"model.name '{path}': module '{module_name}' has no '{attr}'", fix="name a function defined there"
             )
         fn = getattr(fn, part)
     if not callable(fn):
-        raise ConfigError(f"model.name '{path}' is a {type(fn).__name__}, not a function; fix: name a function")
+        raise ConfigError(f"model.name '{path}' is a {type(fn).__name__}, not a function", fix="name a function")
     return fn
 
 
@@ -130,8 +131,8 @@ def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
         model = fn(cfg, num_classes)
     except Exception as err:  # noqa: BLE001  (the user's function validates model.options and may raise anything)
         raise ConfigError(
-            f"model.name '{cfg.name}' raised {type(err).__name__}: {str(err)[:300]}; fix: check model.options "
-            f"and that the function takes (cfg: ModelConfig, num_classes: int)"
+            f"model.name '{cfg.name}' raised {type(err).__name__}: {str(err)[:300]}",
+            fix="check model.options and that the function takes (cfg: ModelConfig, num_classes: int)",
         ) from None
     if not isinstance(model, nn.Module):
         raise ConfigError(
@@ -142,8 +143,8 @@ def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
 
     if not takes_train(model):
         raise ConfigError(
-            f"model.name '{cfg.name}': {type(model).__name__}.__call__ takes no 'train' argument; fix: define "
-            f"__call__(self, x, train: bool) as Flax's examples do"
+            f"model.name '{cfg.name}': {type(model).__name__}.__call__ takes no 'train' argument",
+            fix="define __call__(self, x, train: bool) as Flax's examples do",
         )
     return model
 
@@ -178,15 +179,16 @@ def check_model(model: nn.Module, cfg: ModelConfig, image_shape: tuple[int, ...]
     except Exception as err:  # noqa: BLE001  (a user's network may raise anything while tracing)
         raise ConfigError(
             f"model '{cfg.name}' cannot run on images of shape {tuple(image_shape)} "
-            f"({type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}); fix: make the network "
-            f"accept float32 [B, H, W, C] inputs and __call__(x, train)"
+            f"({type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''})",
+            fix="make the network accept float32 [B, H, W, C] inputs and __call__(x, train)",
         ) from None
     for mode, out in (("inference", logits), ("training", trained[0] if model_state else trained)):
         shape = getattr(out, "shape", None)
         if shape != (2, num_classes) or not jnp.issubdtype(out.dtype, jnp.floating):
             raise ConfigError(
                 f"model '{cfg.name}' returns {_describe(out)} in {mode} mode for a batch of 2, not float logits "
-                f"[2, {num_classes}]; fix: end the network with a Dense layer of num_classes={num_classes} outputs"
+                f"[2, {num_classes}]",
+                fix=f"end the network with a Dense layer of num_classes={num_classes} outputs",
             )
     return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))
 

@@ -59,9 +59,7 @@ from ensemble_core.runs.results import (
 )
 from ensemble_core.runs.storage.layout import OutputDir, RunDir
 from ensemble_core.runs.training.groups import gather_groups, train_groups
-from ensemble_core.runs.training.keys import split_keys
 from ensemble_core.runs.training.trainer import train
-from ensemble_core.setup import plan
 
 __all__ = [
     "DriftReport",
@@ -88,7 +86,6 @@ __all__ = [
     "retain",
     "run",
     "select",
-    "split_keys",
     "stratify",
     "train",
     "train_groups",
@@ -120,7 +117,6 @@ class Stages:
     prepare: Callable[..., Any] = prepare
     check_unchanged: Callable[..., Any] = unchanged_since_champion
     detect_drift: Callable[..., Any] = detect_drift
-    split_keys: Callable[..., Any] = split_keys
     train: Callable[..., Any] = train_groups
     stratify: Callable[..., Any] = stratify
     select: Callable[..., Any] = select
@@ -189,8 +185,7 @@ def _run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Sta
     if cfg.promotion.enabled:
         drift = stage("the drift check", stages.detect_drift, cfg, dataset, str(output_dir))
     record_snapshot(run_dir.path, dataset)
-    keys = stage("key splitting", stages.split_keys, cfg, plan(cfg).padded_members)
-    training = stage("training", stages.train, cfg, dataset, keys, str(run_dir.path))
+    training = stage("training", stages.train, cfg, dataset, str(run_dir.path))
     stratification = None
     if cfg.ensemble.stratify is not None:
         stratification = stage("stratification", stages.stratify, cfg, dataset, str(run_dir.path))

@@ -9,6 +9,7 @@ from ensemble_core import diskspace, evaluators
 from ensemble_core import memory as memory_lib
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
+from ensemble_core.ensemble_setup import plan, resolve_strategy
 from ensemble_core.errors import ConfigError
 from ensemble_core.models import build_model, check_model, import_model_function, is_import_path, model_options
 from ensemble_core.runs.dataset import num_train, num_validation, prepare
@@ -19,7 +20,6 @@ from ensemble_core.runs.storage.layout import RunDir, run_dir_for
 from ensemble_core.runs.storage.lock import ensure_unlocked
 from ensemble_core.runs.storage.resume import check_resumable
 from ensemble_core.runs.training.launcher import check_mesh_spans_processes
-from ensemble_core.setup import plan, resolve_strategy
 
 SCHEDULER_TIMEOUT_S = 5.0  # how long preflight waits for distributed.address to accept a connection
 
@@ -41,7 +41,8 @@ def check_against_dataset(cfg: PipelineConfig, dataset: DatasetInfo) -> None:
     if augment.flip and dataset.name in SYMBOL_DATASETS:
         raise ConfigError(
             f"data.augment.flip=true on '{dataset.name}', a dataset of digits or characters, where a mirrored image "
-            f"is another symbol or none; fix: set data.augment.flip=false (crop_padding may stay)"
+            "is another symbol or none",
+            fix="set data.augment.flip=false (crop_padding may stay)",
         )
     if augment.crop_padding >= min(height, width):
         raise ConfigError(
@@ -51,8 +52,8 @@ def check_against_dataset(cfg: PipelineConfig, dataset: DatasetInfo) -> None:
     n = num_train(cfg, dataset)
     if cfg.has_validation and num_validation(cfg, dataset) == 0:
         raise ConfigError(
-            f"data.validation_fraction={cfg.data.validation_fraction} of the {n} training examples holds out "
-            f"none; fix: raise data.validation_fraction or use more training examples"
+            f"data.validation_fraction={cfg.data.validation_fraction} of the {n} training examples holds out none",
+            fix="raise data.validation_fraction or use more training examples",
         )
     if cfg.train.batch_size > n:
         raise ConfigError(
@@ -172,11 +173,14 @@ def check_scheduler(cfg: PipelineConfig, timeout_s: float = SCHEDULER_TIMEOUT_S)
     hostport = address.split("://", 1)[-1].rstrip("/")
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
-        raise ConfigError(f"distributed.address={address} has no host:port; fix: give the scheduler as tcp://host:8786")
+        raise ConfigError(
+            f"distributed.address={address} has no host:port", fix="give the scheduler as tcp://host:8786"
+        )
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as err:
         raise ConfigError(
             f"the Dask scheduler at distributed.address={address} does not answer "
-            f"({err.strerror or type(err).__name__}); fix: start it (`dask scheduler`) or correct the address"
+            f"({err.strerror or type(err).__name__})",
+            fix="start it (`dask scheduler`) or correct the address",
         ) from None

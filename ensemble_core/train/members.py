@@ -33,7 +33,7 @@ def map_members(fn: Callable, strategy: str) -> Callable:
     if strategy == "vmap":
         return jax.vmap(fn)
     if strategy != "unroll":
-        raise ConfigError(f"unknown member strategy '{strategy}'; fix: use one of {STRATEGIES}")
+        raise ConfigError(f"unknown member strategy '{strategy}'", fix=f"use one of {STRATEGIES}")
 
     def unrolled(*args):
         n = jax.tree.leaves(args)[0].shape[0]

@@ -54,7 +54,7 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
         return optax.schedules.inject_hyperparams(optax.adamw)(
             learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay
         )
-    raise ConfigError(f"unknown train.optimizer '{cfg.optimizer}'; fix: use sgd, adam or adamw")
+    raise ConfigError(f"unknown train.optimizer '{cfg.optimizer}'", fix="use sgd, adam or adamw")
 
 
 def set_hyperparameters(opt_state: Any, values: Mapping[str, jax.Array | np.ndarray | None]) -> Any:
@@ -109,7 +109,7 @@ def learning_rate_schedule(hyperparameters: Mapping[str, Any], steps_per_epoch: 
         if warmup < 1:
             return optax.schedules.cosine_decay_schedule(lr, decay_steps=total)
         return optax.schedules.warmup_cosine_decay_schedule(0.0, lr, warmup_steps=warmup, decay_steps=total)
-    raise ConfigError(f"unknown train.schedule '{kind}'; fix: use constant, cosine or warmup_cosine")
+    raise ConfigError(f"unknown train.schedule '{kind}'", fix="use constant, cosine or warmup_cosine")
 
 
 def learning_rate_table(

@@ -19,7 +19,7 @@ import pydantic
 from ensemble_core import diskspace
 from ensemble_core.config import PipelineConfig
 from ensemble_core.errors import EnsembleError
-from ensemble_core.figures import TEST_METRICS, figure_direction
+from ensemble_core.figures import TEST_METRICS, decide_promotion
 from ensemble_core.runs.results import Evaluation, PromotionDecision
 from ensemble_core.runs.storage.champion_record import (
     NO_CHAMPION,
@@ -34,7 +34,7 @@ from ensemble_core.runs.storage.layout import CHAMPION_FILE, RunDir
 if TYPE_CHECKING:
     from ensemble_core.data import DatasetInfo
 
-__all__ = ["champion_snapshot", "decide", "figure_value", "promote"]
+__all__ = ["champion_snapshot", "figure_value", "promote"]
 
 log = logging.getLogger(__name__)
 
@@ -44,25 +44,6 @@ log = logging.getLogger(__name__)
 #: that no longer validates, unreadable files, and what orbax and tensorstore raise for a
 #: damaged array (ValueError, KeyError). A TypeError or AttributeError propagates.
 UNEVALUABLE = (EnsembleError, pydantic.ValidationError, OSError, ValueError, KeyError)
-
-
-def decide(challenger: float, champion: float | None, metric: str) -> tuple[bool, str]:
-    """Promote the challenger if it is not worse than the champion on ``metric``.
-
-    Args:
-      challenger, champion: the figure ``metric`` of each, measured on the same data
-        (``champion`` None: there is no champion, the challenger is promoted).
-      metric: ``promotion.metric`` (its direction: :func:`ensemble_core.figures.figure_direction`).
-
-    Returns:
-      (promoted, a one-line reason).
-    """
-    if champion is None:
-        return True, "no champion yet"
-    new, old = challenger, champion
-    better_or_equal = new >= old if figure_direction(metric) else new <= old
-    relation = "not worse than" if better_or_equal else "worse than"
-    return better_or_equal, f"challenger {metric} {new:.4f} is {relation} champion {metric} {old:.4f}"
 
 
 # MARK: the promotion policy
@@ -78,7 +59,7 @@ def promote(
     output_dir: str | Path,
 ) -> PromotionDecision:
     """Champion/challenger: promote this run if it is not worse than the champion on
-    ``promotion.metric`` (:func:`decide`).
+    ``promotion.metric`` (:func:`ensemble_core.figures.decide_promotion`).
 
     Both are scored on this run's test split: when the champion was measured on another
     data config or another data snapshot (the same config, new source files), its
@@ -135,7 +116,7 @@ def promote(
                     consequence=NO_CHAMPION,
                 )
                 current, champion_metrics, champion_value = None, None, None
-    promoted, reason = decide(challenger_value, champion_value, metric)
+    promoted, reason = decide_promotion(challenger_value, champion_value, metric)
     if current is not None and snapshots[0] != snapshots[1]:
         reason += (
             f" (trained on different data snapshots: challenger {snapshots[0] or 'unknown'}, champion "

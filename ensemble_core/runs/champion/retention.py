@@ -42,12 +42,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from ensemble_core import diskspace
+from ensemble_core.atomic import atomic_write_json
 from ensemble_core.config.nightly_section import RetentionConfig
 from ensemble_core.data import snapshot
 from ensemble_core.errors import RunLockedError
 from ensemble_core.filelock import flocked
 from ensemble_core.runs.storage.champion_record import read_champion
-from ensemble_core.runs.storage.layout import OutputDir, RunDir, atomic_write_json
+from ensemble_core.runs.storage.layout import OutputDir, RunDir
 from ensemble_core.runs.storage.lock import ensure_unlocked, run_lock
 
 log = logging.getLogger(__name__)

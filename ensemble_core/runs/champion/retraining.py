@@ -20,13 +20,14 @@ import numpy as np
 
 from ensemble_core import diskspace
 from ensemble_core import drift as drift_lib
+from ensemble_core.atomic import atomic_write_json
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo, DataSnapshot, load_split
 from ensemble_core.runs.champion.promotion import champion_snapshot
 from ensemble_core.runs.dataset import load
 from ensemble_core.runs.results import DriftReport, SkipDecision
 from ensemble_core.runs.storage.champion_record import read_champion
-from ensemble_core.runs.storage.layout import RunDir, atomic_write_json
+from ensemble_core.runs.storage.layout import RunDir
 from ensemble_core.runs.storage.resume import flat
 
 log = logging.getLogger(__name__)

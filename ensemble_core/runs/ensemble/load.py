@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from ensemble_core.config import PipelineConfig
+from ensemble_core.ensemble_setup import EnsembleSetup, build
 from ensemble_core.errors import DivergenceError
 from ensemble_core.mesh import member_sharding
 from ensemble_core.predict import member_probs
@@ -21,7 +22,6 @@ from ensemble_core.runs.ensemble.pool import final_pool
 from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.storage.layout import RunDir
 from ensemble_core.runs.storage.records import read_selection
-from ensemble_core.setup import EnsembleSetup, build
 from ensemble_core.train import EnsembleState
 
 
@@ -33,7 +33,7 @@ def restore(
 
     Returns:
       ``(state, setup)``: the :class:`~ensemble_core.train.EnsembleState` (leaves
-      ``[E_trained, ...]``) and the :class:`~ensemble_core.setup.EnsembleSetup` it lives on.
+      ``[E_trained, ...]``) and the :class:`~ensemble_core.ensemble_setup.EnsembleSetup` it lives on.
 
     Raises:
       CheckpointError: no checkpoint, or one that does not fit ``cfg``.
@@ -58,7 +58,7 @@ class Members:
       variables: the Flax variables (parameters and mutable collections) of the distinct
         members that are predicted (leaves ``[U, ...]`` on ``setup``'s mesh; each member's
         best epoch with a validation split).
-      setup: the :class:`~ensemble_core.setup.EnsembleSetup` they live on.
+      setup: the :class:`~ensemble_core.ensemble_setup.EnsembleSetup` they live on.
       rows: pool index of every row, int ``[K]``.
       healthy: bool ``[K]``.
       expand: int ``[K]``: row k is ``variables`` member ``expand[k]``.
@@ -101,7 +101,7 @@ def all_members(cfg: PipelineConfig, state: EnsembleState, setup: EnsembleSetup)
 def selected_members(cfg: PipelineConfig, pool: Members, rows, num_classes: int) -> Members:
     """The members ``rows`` (indices into ``pool``, every trained member of the pool
     ``cfg`` configures; repeats allowed): the distinct ones are moved onto a mesh of their
-    own (:func:`ensemble_core.setup.build` for that many members)."""
+    own (:func:`ensemble_core.ensemble_setup.build` for that many members)."""
     rows = np.asarray(rows, np.int64)
     distinct, expand = np.unique(rows, return_inverse=True)
     sub_cfg = cfg.model_copy(

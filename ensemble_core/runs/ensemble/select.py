@@ -21,12 +21,13 @@ import numpy as np
 
 from ensemble_core import diskspace
 from ensemble_core import metrics as metrics_lib
+from ensemble_core.atomic import atomic_savez
 from ensemble_core.calibration import fit_temperature, temperature_nll
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.runs.dataset import load
 from ensemble_core.runs.ensemble.load import Members, all_members, load_pool, restore
-from ensemble_core.runs.storage.layout import RunDir, atomic_savez
+from ensemble_core.runs.storage.layout import RunDir
 from ensemble_core.runs.storage.records import write_selection
 from ensemble_core.selection import Selection, select_members, selection_record
 

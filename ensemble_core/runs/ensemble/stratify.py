@@ -15,19 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from ensemble_core import diskspace, stopping
+from ensemble_core.atomic import atomic_savez
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
-from ensemble_core.runs.ensemble.pool import (
-    StratificationPlan,
-    saved_plan,
-    stratified_config,
-    stratified_keys,
-    write_plan,
-)
+from ensemble_core.runs.ensemble.pool import saved_plan
 from ensemble_core.runs.ensemble.select import first_selection_on
 from ensemble_core.runs.results import StratificationSummary, TrainingSummary
-from ensemble_core.runs.storage.layout import RunDir, atomic_savez
+from ensemble_core.runs.storage.layout import RunDir
+from ensemble_core.runs.storage.records import write_plan
 from ensemble_core.runs.training.groups import train_groups
+from ensemble_core.stratification import StratificationPlan, stratified_config
 
 
 def first_selection(cfg: PipelineConfig, dataset: DatasetInfo, run_dir: str | Path) -> StratificationPlan:
@@ -52,7 +49,7 @@ def first_selection(cfg: PipelineConfig, dataset: DatasetInfo, run_dir: str | Pa
     settings = list(dict.fromkeys(int(m) for m in picked.members))  # distinct, in order of first pick
     plan = StratificationPlan(settings=settings, inits=inits, first_selection=record)
     atomic_savez(run.stratified.path / "search_validation.npz", **arrays)  # what the first selection saw
-    write_plan(run, plan)
+    write_plan(run.stratified.path, plan)
     return plan
 
 
@@ -68,11 +65,11 @@ def stratify(
 ) -> StratificationSummary:
     """The stratification stage of :func:`ensemble_core.runs.run`: ``select`` (default
     :func:`first_selection`; the flow passes its task), then
-    ``train(pool_cfg, dataset, keys, <run>/stratified, **hooks)`` (default
+    ``train(pool_cfg, dataset, <run>/stratified, **hooks)`` (default
     :func:`ensemble_core.runs.training.groups.train_groups`: resumes from the stratified pool's latest
     checkpoint; a stop request stops it after a checkpoint) for the stratified pool's
-    config (:func:`ensemble_core.runs.ensemble.pool.stratified_config`) and keys
-    (:func:`ensemble_core.runs.ensemble.pool.stratified_keys`: member (setting s, initialisation j)
+    config (:func:`ensemble_core.stratification.stratified_config`); the trainer derives
+    the members' keys from the plan it finds there (member (setting s, initialisation j)
     depends on ``(seed, s, j)`` only).
 
     Raises:
@@ -82,7 +79,7 @@ def stratify(
     stopping.check()
     pool_cfg = stratified_config(cfg, plan)
     where = RunDir(Path(run_dir)).stratified
-    summary = train(pool_cfg, dataset, stratified_keys(pool_cfg, plan), str(where.path), **hooks)
+    summary = train(pool_cfg, dataset, str(where.path), **hooks)
     return StratificationSummary(
         settings=plan.settings, inits=plan.inits, first_selection=plan.first_selection, training=summary
     )

@@ -12,13 +12,14 @@ from pathlib import Path
 import numpy as np
 
 from ensemble_core import diskspace, evaluators, stopping
+from ensemble_core.atomic import atomic_savez
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.runs.dataset import load
 from ensemble_core.runs.ensemble.load import load_ensemble
 from ensemble_core.runs.evaluation.cache import cached_arrays
 from ensemble_core.runs.results import Evaluation, EvaluatorResult
-from ensemble_core.runs.storage.layout import RunDir, atomic_savez
+from ensemble_core.runs.storage.layout import RunDir
 
 log = logging.getLogger(__name__)
 

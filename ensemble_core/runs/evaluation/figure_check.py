@@ -94,8 +94,8 @@ def check_promotion_figure(cfg: PipelineConfig, dataset: DatasetInfo) -> None:
     if out.skipped:
         raise ConfigError(
             f"promotion.metric={metric} needs the evaluator '{name}', which is skipped on dataset "
-            f"'{dataset.name}' ({out.skipped}); fix: choose a promotion.metric of an evaluator that runs here, "
-            f"e.g. nll"
+            f"'{dataset.name}' ({out.skipped})",
+            fix="choose a promotion.metric of an evaluator that runs here, e.g. nll",
         )
     paths = figure_paths(out.metrics)
     if path not in paths:
@@ -103,6 +103,6 @@ def check_promotion_figure(cfg: PipelineConfig, dataset: DatasetInfo) -> None:
         same_figure = [p for p in paths if last is not None and last in p.split(".")]
         examples = difflib.get_close_matches(path, same_figure or paths, n=3, cutoff=0)
         raise ConfigError(
-            f"promotion.metric={metric}: the evaluator '{name}' produces no figure at '{path}'; fix: name one it "
-            f"produces, e.g. {', '.join(f'{name}.{p}' for p in examples)}"
+            f"promotion.metric={metric}: the evaluator '{name}' produces no figure at '{path}'",
+            fix=f"name one it produces, e.g. {', '.join(f'{name}.{p}' for p in examples)}",
         )

@@ -15,10 +15,10 @@ import numpy as np
 
 from ensemble_core import data as data_lib
 from ensemble_core import diskspace
+from ensemble_core.atomic import atomic_savez, atomic_write
 from ensemble_core.errors import CheckpointError, DataError
 from ensemble_core.runs.prediction.predict import predict_images
 from ensemble_core.runs.storage.champion_record import read_champion
-from ensemble_core.runs.storage.layout import atomic_savez, atomic_write
 
 
 def resolve_run(run_dir: str | None, output_dir: str | Path) -> tuple[str, str | None]:
@@ -33,7 +33,7 @@ def resolve_run(run_dir: str | None, output_dir: str | Path) -> tuple[str, str |
     champion = read_champion(output_dir)
     if champion is None:
         raise DataError(
-            f"no champion in '{output_dir}' yet; fix: train one (python -m flows.train_ensemble) or pass a run dir"
+            f"no champion in '{output_dir}' yet", fix="train one (python -m flows.train_ensemble) or pass a run dir"
         )
     return champion["run_dir"], champion["run_name"]
 
@@ -48,7 +48,7 @@ def images_file(images_npy: str | None, tfds_name: str | None, tfds_split: str, 
     """
     if images_npy:
         if not Path(images_npy).is_file():
-            raise DataError(f"images file '{images_npy}' does not exist; fix: pass an existing .npy file")
+            raise DataError(f"images file '{images_npy}' does not exist", fix="pass an existing .npy file")
         return images_npy
     if not tfds_name:
         raise DataError("no input: fix: pass images_npy (a .npy file) or tfds_name (a TFDS dataset)")
@@ -75,7 +75,7 @@ def read_images(images_npy: str | Path) -> np.ndarray:
         with path.open("rb") as f:
             magic = f.read(len(NPY_MAGIC))
     except FileNotFoundError:
-        raise DataError(f"images file '{path}' does not exist; fix: pass an existing .npy file") from None
+        raise DataError(f"images file '{path}' does not exist", fix="pass an existing .npy file") from None
     except OSError as err:
         raise DataError(f"cannot read images from '{path}' ({err.strerror or type(err).__name__}); {fix}") from None
     if magic != NPY_MAGIC:
@@ -135,8 +135,8 @@ def preflight(
     run, _ = resolve_run(run_dir, output_dir)
     if not RunDir(Path(run)).has_checkpoint():
         raise CheckpointError(
-            f"run directory '{run}' has no checkpoint; fix: pass the directory of a trained run as --run-dir, "
-            f"or train one (python -m flows.train_ensemble)"
+            f"run directory '{run}' has no checkpoint",
+            fix="pass the directory of a trained run as --run-dir, or train one (python -m flows.train_ensemble)",
         )
     with EnsembleCheckpointer(RunDir(Path(run)).checkpoints) as ckpt:
         meta = ckpt.read_meta()
@@ -166,9 +166,10 @@ def predict_file(run_dir: str | Path, images_npy: str | Path, output: str | Path
         result = predict_images(run_dir, images)
     except (ValueError, KeyError, TypeError) as err:  # orbax/tensorstore/json on damaged checkpoint files
         raise CheckpointError(
-            f"the latest checkpoint of {run_dir} cannot be read ({type(err).__name__}: {str(err)[:200]}); fix: rerun "
-            f"the run's training with its run name (a damaged checkpoint is set aside and it resumes from an older "
-            f"one), or predict with another --run-dir"
+            f"the latest checkpoint of {run_dir} cannot be read ({type(err).__name__}: {str(err)[:200]})",
+            fix="rerun "
+            "the run's training with its run name (a damaged checkpoint is set aside and it resumes from an older "
+            "one), or predict with another --run-dir",
         ) from None
     try:
         atomic_savez(Path(output), **result)

@@ -44,7 +44,7 @@ def check_image_values(images: np.ndarray) -> None:
         non-finite values; the message gives the range found and the conversion to apply.
     """
     if images.size == 0:
-        raise DataError(f"the image array is empty (shape {tuple(images.shape)}); fix: pass at least one image")
+        raise DataError(f"the image array is empty (shape {tuple(images.shape)})", fix="pass at least one image")
     if images.dtype == np.uint8:
         return
     if np.issubdtype(images.dtype, np.integer) or images.dtype == np.bool_:
@@ -59,12 +59,13 @@ def check_image_values(images: np.ndarray) -> None:
             f"fix: convert explicitly, {fix}"
         )
     if not np.issubdtype(images.dtype, np.floating):
-        raise DataError(f"images are {images.dtype}; fix: pass uint8 in 0..255 or floats in [0, 1]")
+        raise DataError(f"images are {images.dtype}", fix="pass uint8 in 0..255 or floats in [0, 1]")
     if not np.all(np.isfinite(images)):
-        raise DataError("images contain NaN or infinite values; fix: clean them before predicting")
+        raise DataError("images contain NaN or infinite values", fix="clean them before predicting")
     low, high = float(images.min()), float(images.max())
     if low < 0.0 or high > 1.0:
         hint = "divide by 255" if low >= 0.0 and high <= 255.0 else "rescale them to [0, 1] as the training data was"
         raise DataError(
-            f"float images range over [{low:g}, {high:g}] but the model takes [0, 1] (uint8 0..255 / 255); fix: {hint}"
+            f"float images range over [{low:g}, {high:g}] but the model takes [0, 1] (uint8 0..255 / 255)",
+            fix=hint,
         )

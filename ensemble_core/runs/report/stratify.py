@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ensemble_core.runs.report.numbers import fixed
 from ensemble_core.runs.results import StratificationSummary
 
 
@@ -53,10 +54,6 @@ def stratification_report(stratification: StratificationSummary | None, final: d
     }
 
 
-def _fmt(x: float | None) -> str:
-    return "" if x is None else f"{x:.4f}"
-
-
 def stratification_lines(report: dict) -> list[str]:
     """``report.md``'s stratification section (nothing without one)."""
     strat = report.get("stratification")
@@ -68,7 +65,7 @@ def stratification_lines(report: dict) -> list[str]:
     lines = [
         f"**Stratification** (hyper-deep ensemble, Wenzel et al. 2020): the first selection from the search pool "
         f"of {len(report.get('pool') or [])} picked members {picks} (validation NLL "
-        f"{_fmt(first['validation_nll'][-1])}); its {len(strat['settings'])} distinct settings "
+        f"{fixed(first['validation_nll'][-1])}); its {len(strat['settings'])} distinct settings "
         f"{strat['settings']} were each trained again from {strat['inits']} initialisations "
         f"({len(strat['pool'])} members, {strat['train_seconds']:.1f} s); the final selection of "
         f"{len(final.get('members') or [])} from that pool holds {strat['distinct_networks']} distinct networks of "
@@ -80,7 +77,7 @@ def stratification_lines(report: dict) -> list[str]:
     for r in strat["pool"]:
         lines.append(
             f"| {r['member']} | {r['setting']} | {r['init']} | {r['best_epoch'] or ''} | {r['stopped_epoch'] or ''} | "
-            f"{_fmt(r['validation_nll'])} | {r['selected'] or ''} |"
+            f"{fixed(r['validation_nll'])} | {r['selected'] or ''} |"
         )
     return [*lines, ""]
 

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ensemble_core import diskspace, evaluators
+from ensemble_core.atomic import atomic_write_json, atomic_write_text
 from ensemble_core.plotting import save, subplots
 from ensemble_core.runs.report.data import drift_lines, snapshot_lines
+from ensemble_core.runs.report.numbers import fixed
 from ensemble_core.runs.report.stratify import stratification_lines, stratification_report
 from ensemble_core.runs.results import (
     DriftReport,
@@ -19,7 +21,7 @@ from ensemble_core.runs.results import (
     StratificationSummary,
     TrainingSummary,
 )
-from ensemble_core.runs.storage.layout import RunDir, atomic_write_json, atomic_write_text
+from ensemble_core.runs.storage.layout import RunDir
 
 if TYPE_CHECKING:
     from ensemble_core.data import DatasetInfo
@@ -87,7 +89,7 @@ def build_report(
         "run_dir": str(run_dir),
         "promotion": None if promotion is None else promotion.model_dump(exclude={"history"}),
         "selection": selection,
-        "pool": pool(training, stratification, selection),
+        "pool": pool_rows(training, stratification, selection),
         "stratification": stratification_report(stratification, selection),
         "data_snapshot": None
         if dataset is None or dataset.snapshot is None
@@ -102,7 +104,7 @@ def build_report(
     return report
 
 
-def pool(
+def pool_rows(
     training: TrainingSummary,
     stratification: StratificationSummary | None = None,
     selection: dict[str, Any] | None = None,
@@ -151,10 +153,6 @@ def pool_table(report: dict) -> list[dict]:
     return rows
 
 
-def _fmt(x: float) -> str:
-    return f"{x:.4f}"
-
-
 def _selection_lines(report: dict) -> list[str]:
     sel, rows = report.get("selection"), report.get("pool") or []
     if not sel:
@@ -166,7 +164,7 @@ def _selection_lines(report: dict) -> list[str]:
         pool_name = "the stratified pool" if strat else "a pool"
         pool_size = len(strat["pool"]) if strat else len(rows)
         picks = ", ".join(f"{m} x{n}" if n > 1 else f"{m}" for m, n in sel["multiplicities"].items())
-        steps = " -> ".join(_fmt(v) for v in sel["validation_nll"])
+        steps = " -> ".join(fixed(v) for v in sel["validation_nll"])
         lines += [
             f"**Greedy ensemble selection** (Caruana et al. 2004) of {len(sel['members'])} from {pool_name} of "
             f"{pool_size} on {sel['validation_examples']} validation examples: members {picks} "
@@ -179,9 +177,9 @@ def _selection_lines(report: dict) -> list[str]:
         ens = report["ensemble"]
         lines += [
             f"**Temperature scaling** (Guo et al. 2017): T = {sel['temperature']:.4f} fitted on validation NLL "
-            f"({_fmt(sel['validation_nll'][-1])} -> {_fmt(sel['validation_nll_temperature_scaled'])}); test NLL "
-            f"{_fmt(ens['nll'])} -> {_fmt(t['nll'])}, ECE {_fmt(ens['ece'])} -> {_fmt(t['ece'])}, Brier "
-            f"{_fmt(ens['brier'])} -> {_fmt(t['brier'])}.",
+            f"({fixed(sel['validation_nll'][-1])} -> {fixed(sel['validation_nll_temperature_scaled'])}); test NLL "
+            f"{fixed(ens['nll'])} -> {fixed(t['nll'])}, ECE {fixed(ens['ece'])} -> {fixed(t['ece'])}, Brier "
+            f"{fixed(ens['brier'])} -> {fixed(t['brier'])}.",
             "",
         ]
     lines += [
@@ -194,7 +192,7 @@ def _selection_lines(report: dict) -> list[str]:
     for m in rows:
         hp = m["hyperparameters"]
         values = [f"{hp[k]:.4g}" if isinstance(hp[k], float) else str(hp[k]) for k in searched]
-        nll = "" if m["validation_nll"] is None else _fmt(m["validation_nll"])
+        nll = "" if m["validation_nll"] is None else fixed(m["validation_nll"])
         lines.append(
             f"| {m['member']} | "
             + "".join(f"{v} | " for v in values)
@@ -271,18 +269,18 @@ def render_markdown(report: dict, plots: bool = True) -> str:
         f"member strategy `{report['strategy']}`.",
         "",
         *warning,
-        f"**Ensemble**: accuracy {_fmt(ens['accuracy'])}, NLL {_fmt(ens['nll'])} "
-        f"(member mean {_fmt(mean['nll'])}), Brier {_fmt(ens['brier'])}, ECE {_fmt(ens['ece'])}.",
+        f"**Ensemble**: accuracy {fixed(ens['accuracy'])}, NLL {fixed(ens['nll'])} "
+        f"(member mean {fixed(mean['nll'])}), Brier {fixed(ens['brier'])}, ECE {fixed(ens['ece'])}.",
         "",
         "| model | accuracy | NLL | Brier | ECE |",
         "| --- | --- | --- | --- | --- |",
     ]
     for row in member_table(report):
-        lines.append(f"| {row['model']} | " + " | ".join(_fmt(row[k]) for k in SCORE_KEYS) + " |")
+        lines.append(f"| {row['model']} | " + " | ".join(fixed(row[k]) for k in SCORE_KEYS) + " |")
     lines += [
         "",
-        f"**Diversity**: pairwise disagreement {_fmt(div['disagreement'])}, mean predictive entropy "
-        f"{_fmt(div['predictive_entropy'])} nats, mean mutual information {_fmt(div['mutual_information'])} nats.",
+        f"**Diversity**: pairwise disagreement {fixed(div['disagreement'])}, mean predictive entropy "
+        f"{fixed(div['predictive_entropy'])} nats, mean mutual information {fixed(div['mutual_information'])} nats.",
         "",
         f"**Timing** (steady state): compile {t['compile_seconds']:.2f} s, train {t['train_seconds']:.1f} s, "
         f"{t['train_member_images_per_s'] or 0:.0f} member-images/s training, "
@@ -304,9 +302,9 @@ def render_markdown(report: dict, plots: bool = True) -> str:
             lines += [
                 f"| | {' | '.join(SCORE_KEYS)} |",
                 "| --- | --- | --- | --- | --- |",
-                "| challenger (this run) | " + " | ".join(_fmt(promo["challenger"][k]) for k in SCORE_KEYS) + " |",
+                "| challenger (this run) | " + " | ".join(fixed(promo["challenger"][k]) for k in SCORE_KEYS) + " |",
                 f"| champion ({promo['champion_run']}) | "
-                + " | ".join(_fmt(promo["champion"][k]) for k in SCORE_KEYS)
+                + " | ".join(fixed(promo["champion"][k]) for k in SCORE_KEYS)
                 + " |",
                 "",
             ]

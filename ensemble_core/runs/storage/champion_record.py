@@ -1,4 +1,4 @@
-"""The champion/challenger state files of an output directory: read, written and set aside.
+"""The champion record of an output directory: ``champion.json`` and ``history.jsonl``, read and written.
 
 Files under an output directory:
 
@@ -37,9 +37,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ensemble_core.atomic import atomic_write_bytes
 from ensemble_core.figures import TEST_METRICS
 from ensemble_core.filelock import flocked
-from ensemble_core.runs.storage.layout import CHAMPION_FILE, HISTORY_FILE, OutputDir, RunDir, atomic_write_bytes
+from ensemble_core.runs.storage.layout import CHAMPION_FILE, HISTORY_FILE, OutputDir, RunDir
 from ensemble_core.runs.storage.records import release_corrupt_path, reserve_corrupt_path, set_aside
 
 #: The ensemble test metrics every champion record holds, and whether higher is better.

@@ -137,7 +137,8 @@ def _without_model_state(abstract: Any) -> _Format1State:
     if jax.tree.leaves(abstract.model_state):
         raise IncompatibleRunError(
             "the checkpoint was made before members carried mutable collections (batch_stats) and cannot "
-            "hold this model's; fix: use another run_name, or resume it with the model it was started with"
+            "hold this model's",
+            fix="use another run_name, or resume it with the model it was started with",
         )
     best = abstract.best
     if best is not None:
@@ -268,8 +269,9 @@ class EnsembleCheckpointer:
         except (ValueError, KeyError, TypeError, OSError) as err:  # json/orbax on a damaged file
             raise CheckpointError(
                 f"the metadata of checkpoint {step} in {self.directory} cannot be read ({type(err).__name__}: "
-                f"{str(err)[:200]}); fix: rerun the run's training with its run name (a damaged checkpoint is set "
-                f"aside and it resumes from an older one)"
+                f"{str(err)[:200]})",
+                fix="rerun the run's training with its run name (a damaged checkpoint is set "
+                "aside and it resumes from an older one)",
             ) from None
 
     def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict]:
@@ -300,8 +302,8 @@ class EnsembleCheckpointer:
             )
         except (ValueError, KeyError, TypeError) as err:
             raise CheckpointError(
-                f"checkpoint {step} in {self.directory} does not fit this config ({err}); fix: use "
-                f"another run_name or the config the run was started with"
+                f"checkpoint {step} in {self.directory} does not fit this config ({err})",
+                fix="use another run_name or the config the run was started with",
             ) from None
         state = _with_model_state(target, out["state"]) if legacy else out["state"]
         return state, out["meta"]
@@ -337,7 +339,7 @@ class EnsembleCheckpointer:
             except Exception as err:  # noqa: BLE001  (orbax/tensorstore raise many types for damaged files)
                 self._quarantine(step, err)
         raise CheckpointError(
-            f"no readable checkpoint in {self.directory}; fix: delete the run directory or use another run_name"
+            f"no readable checkpoint in {self.directory}", fix="delete the run directory or use another run_name"
         )
 
     def _quarantine(self, step: int, err: Exception) -> None:

@@ -1,4 +1,5 @@
-"""Where a run's files live, and the one way they are written (atomically).
+"""Where a run's files live: the paths of a run and an output directory, and the checks of
+an output directory and a run name.
 
 A run directory ``<output_dir>/<run_name>/``::
 
@@ -7,17 +8,21 @@ A run directory ``<output_dir>/<run_name>/``::
                              with member groups, the gathered ensemble's final checkpoint
     groups/<g>/              member group g's own run directory (its .lock, checkpoints/)
     corrupt-checkpoints/     unreadable steps set aside on resume
-    predictions.npz          the test evaluator's member probabilities (evaluation.py)
+    predictions.npz          the test evaluator's member probabilities (evaluation/evaluate.py)
+    selection.json           the members and temperature the select stage chose (records.py)
+    stratified/              a hyper-deep ensemble's stratified pool: plan.json and a run
+                             directory's .lock, checkpoints/, groups/
     eval/<evaluator>.npz     every other evaluator's arrays
     data_snapshot.json       the data snapshot it trains on (written before training)
-    report.json, report.md   the report (report.py)
+    report.json, report.md   the report (report/write.py)
     plots/*.png
-    processes/process-<p>.log  JAX process p's stderr, with distributed.num_processes > 1 (launcher.py)
+    processes/process-<p>.log  JAX process p's stderr, with distributed.num_processes > 1
+                             (training/launcher.py)
 
-The output directory ``<output_dir>/`` also holds the champion state (champion.py):
+The output directory ``<output_dir>/`` also holds the champion state (champion_record.py):
 ``champion.json``, ``history.jsonl``, ``corrupt-state/`` and ``.champion-state.lock``.
 
-Every file the run layer writes goes through :func:`atomic_write`: a synced temporary
+Every file the run layer writes goes through :func:`ensemble_core.atomic.atomic_write`: a synced temporary
 file in the same directory, then ``os.replace``, so a reader sees the old file or the
 new one, never a half-written one, whatever kills the writer. The one exception is
 the process logs, which their process writes as it goes (a log must survive the crash
@@ -31,13 +36,6 @@ import os
 import re
 from pathlib import Path
 
-from ensemble_core.atomic import (  # noqa: F401  (re-exported: the run layer's one way to write a file)
-    atomic_savez,
-    atomic_write,
-    atomic_write_bytes,
-    atomic_write_json,
-    atomic_write_text,
-)
 from ensemble_core.errors import ConfigError
 
 RUN_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -196,14 +194,16 @@ def check_output_dir(output_dir: str | Path) -> Path:
     out = Path(output_dir)
     if out.exists():
         if not out.is_dir():
-            raise ConfigError(f"output directory '{out}' is a file; fix: pass a directory to output_dir")
+            raise ConfigError(f"output directory '{out}' is a file", fix="pass a directory to output_dir")
         if not os.access(out, os.W_OK | os.X_OK):
-            raise ConfigError(f"output directory '{out}' is not writable; fix: pass a writable output_dir")
+            raise ConfigError(f"output directory '{out}' is not writable", fix="pass a writable output_dir")
         return out
     parent = nearest_existing(out.absolute().parent)
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         what = "is a file" if not parent.is_dir() else "is not writable"
-        raise ConfigError(f"cannot create output directory '{out}': '{parent}' {what}; fix: pass a writable output_dir")
+        raise ConfigError(
+            f"cannot create output directory '{out}': '{parent}' {what}", fix="pass a writable output_dir"
+        )
     return out
 
 
@@ -218,8 +218,8 @@ def check_run_name(run_name: str, output_dir: str | Path = ".") -> str:
     """
     if not isinstance(run_name, str) or not RUN_NAME_PATTERN.fullmatch(run_name):
         raise ConfigError(
-            f"run name {run_name!r} is not a single directory name; fix: use letters, digits, '-', '_' or '.', "
-            f"starting with a letter or digit"
+            f"run name {run_name!r} is not a single directory name",
+            fix="use letters, digits, '-', '_' or '.', starting with a letter or digit",
         )
     parent = nearest_existing(Path(output_dir).absolute())
     try:
@@ -229,7 +229,8 @@ def check_run_name(run_name: str, output_dir: str | Path = ".") -> str:
     if len(run_name.encode()) > name_max:
         raise ConfigError(
             f"run name is {len(run_name.encode())} bytes, longer than the {name_max} the file system of "
-            f"'{parent}' allows; fix: use a shorter run_name"
+            f"'{parent}' allows",
+            fix="use a shorter run_name",
         )
     return run_name
 

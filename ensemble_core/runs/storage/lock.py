@@ -51,8 +51,8 @@ def run_lock(run_dir: str | Path, wait_s: float = 0.0) -> Iterator[None]:
 def _refusal(run_dir: Path, holder: str, waited_s: float = 0.0) -> RunLockedError:
     waited = f", still after {waited_s:.0f} s" if waited_s else ""
     return RunLockedError(
-        f"run directory '{run_dir}' is in use by another run (pid {holder or 'unknown'}{waited}); fix: wait for "
-        f"it to finish or choose another run_name"
+        f"run directory '{run_dir}' is in use by another run (pid {holder or 'unknown'}{waited})",
+        fix="wait for it to finish or choose another run_name",
     )
 
 

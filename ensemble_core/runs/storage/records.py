@@ -4,8 +4,10 @@ A damaged record never stops a run: it is moved, byte-identical, to
 ``<dir>/corrupt-state/<name>.<UTC timestamp>`` (timestamp ``YYYYmmddTHHMMSS.ffffffZ``; a
 ``-N`` suffix keeps names unique; never deleted, never overwritten) with one warning
 naming the consequence (:func:`set_aside`). Here: a run's ``selection.json`` (the members
-the select stage chose and the fitted temperature); the champion's record and history
-are :mod:`ensemble_core.runs.storage.champion_record`.
+the select stage chose and the fitted temperature) and a stratified pool's ``plan.json``
+(the settings it trains, read back on resume so the pool never changes under its
+checkpoints); the champion's record and history are
+:mod:`ensemble_core.runs.storage.champion_record`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from contextlib import suppress
 from pathlib import Path
 
 from ensemble_core.atomic import atomic_write_json
+from ensemble_core.errors import CheckpointError
 from ensemble_core.runs.storage.layout import OutputDir, RunDir
+from ensemble_core.stratification import PADDING_SETTING, StratificationPlan
 
 log = logging.getLogger(__name__)
 
@@ -137,3 +141,51 @@ def _parse_selection(raw: bytes, num_members: int) -> tuple[dict | None, str | N
     if t is not None and (isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t <= 0):
         return None, f"'temperature' is {t!r}, not null or a finite positive number"
     return record, None
+
+
+# MARK: the stratification plan
+
+
+def plan_path(pool_dir: str | Path) -> Path:
+    """``<pool_dir>/plan.json``: the stratification plan of a stratified pool (``<run>/stratified/``)."""
+    return Path(pool_dir) / "plan.json"
+
+
+def write_plan(pool_dir: str | Path, stratification: StratificationPlan) -> None:
+    """Write ``<pool_dir>/plan.json`` atomically (before the stratified pool trains)."""
+    atomic_write_json(plan_path(pool_dir), stratification.to_json())
+
+
+_REDO = "delete the run's stratified/ directory and rerun the run name (the stratified pool trains again)"
+
+
+def read_plan(pool_dir: str | Path, search_pool: int | None = None) -> StratificationPlan | None:
+    """``<pool_dir>/plan.json``, or None when absent (a pool that is no stratified pool).
+
+    Raises:
+      CheckpointError: the file is damaged (not JSON, settings not distinct member indices
+        of the search pool of ``search_pool`` members (any, when None), inits not a positive int).
+    """
+    path = plan_path(pool_dir)
+    try:
+        raw = json.loads(path.read_text("utf-8"))
+        settings, inits = raw["settings"], raw["inits"]
+        ok = (
+            isinstance(settings, list)
+            and settings
+            and len(set(settings)) == len(settings)
+            and all(
+                isinstance(s, int) and 0 <= s < (search_pool if search_pool is not None else PADDING_SETTING)
+                for s in settings
+            )
+            and isinstance(inits, int)
+            and inits >= 1
+            and isinstance(raw["first_selection"], dict)
+        )
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{path} is damaged ({type(err).__name__})", fix=_REDO) from None
+    if not ok:
+        raise CheckpointError(f"{path} does not hold a stratification plan", fix=_REDO)
+    return StratificationPlan(settings=settings, inits=inits, first_selection=raw["first_selection"])

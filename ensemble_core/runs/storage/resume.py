@@ -86,7 +86,8 @@ def check_resumable(saved: dict, cfg: PipelineConfig, run_dir: Path, planned_mem
         listed = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in refused.items())
         raise IncompatibleRunError(
             f"run '{run_dir}' was trained with another config ({listed}); resuming may change only "
-            f"{', '.join(RESUMABLE_KEYS)}; fix: use a new run_name, or the run's original values"
+            f"{', '.join(RESUMABLE_KEYS)}",
+            fix="use a new run_name, or the run's original values",
         )
     epochs_changed = "train.epochs" in changes
     decaying = sorted({hp["schedule"] for hp in cfg.member_hyperparameters()} - {"constant"})
@@ -107,6 +108,6 @@ def check_resumable(saved: dict, cfg: PipelineConfig, run_dir: Path, planned_mem
     members = saved.get("members_trained")
     if members is not None and members != planned_members:
         raise IncompatibleRunError(
-            f"run '{run_dir}' trained {members} members (padding included) and this mesh asks for "
-            f"{planned_members}; fix: use the run's mesh/ensemble.pad values or a new run_name"
+            f"run '{run_dir}' trained {members} members (padding included) and this mesh asks for {planned_members}",
+            fix="use the run's mesh/ensemble.pad values or a new run_name",
         )

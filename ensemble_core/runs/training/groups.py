@@ -23,16 +23,15 @@ import numpy as np
 from ensemble_core import diskspace
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
+from ensemble_core.ensemble_setup import build, group_size
 from ensemble_core.errors import ConfigError
 from ensemble_core.runs.results import TrainingSummary
 from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer, checkpoint_meta, training_sessions
 from ensemble_core.runs.storage.layout import RunDir
 from ensemble_core.runs.storage.lock import run_lock
-from ensemble_core.runs.training.keys import MemberKeyData, group_keys
 from ensemble_core.runs.training.launcher import train_processes
 from ensemble_core.runs.training.summary import join_summaries
 from ensemble_core.runs.training.trainer import train
-from ensemble_core.setup import build, group_size
 
 T = TypeVar("T")
 #: ``mapper(fn, calls) -> [fn(*args) for args in calls]``, in the order of ``calls``,
@@ -58,17 +57,16 @@ def map_groups(fn: Callable[..., T], calls: Sequence[tuple], mapper: Mapper | No
     return results
 
 
-def train_group(cfg: PipelineConfig, dataset: DatasetInfo, keys: MemberKeyData, run_dir: str, group: int, **hooks):
+def train_group(cfg: PipelineConfig, dataset: DatasetInfo, run_dir: str, group: int, **hooks):
     """The default per-group call: :func:`~ensemble_core.runs.training.trainer.train` of member
     group ``group`` with ``hooks`` (``on_step``, ``on_epoch``, ``should_stop``)."""
-    return train(cfg, dataset, keys, run_dir, group=group, **hooks)
+    return train(cfg, dataset, run_dir, group=group, **hooks)
 
 
 @diskspace.output_errors("run_dir")
 def train_groups(
     cfg: PipelineConfig,
     dataset: DatasetInfo,
-    keys: MemberKeyData,
     run_dir: str | Path,
     *,
     group_call: Callable[..., TrainingSummary] | None = None,
@@ -81,11 +79,10 @@ def train_groups(
     With ``distributed.num_processes > 1``: one program across JAX processes
     (:func:`~ensemble_core.runs.training.launcher.train_processes`, forwarding ``on_epoch`` and
     ``should_stop``). With one member group: :func:`~ensemble_core.runs.training.trainer.train`.
-    Else each group's ``group_call(cfg, dataset, group_keys, run_dir, g)`` through
+    Else each group's ``group_call(cfg, dataset, run_dir, g)`` through
     :func:`map_groups`, then ``gather(cfg, dataset, run_dir, summaries)``.
 
     Args:
-      keys: :func:`~ensemble_core.runs.training.keys.split_keys` for the whole ensemble's mesh.
       group_call: default :func:`train_group` with ``hooks``.
       gather: default :func:`gather_groups`.
       mapper: how the group calls run (default :func:`sequential`).
@@ -97,11 +94,11 @@ def train_groups(
     dist = cfg.distributed
     if dist.num_processes > 1:
         stop = hooks.get("should_stop")
-        return train_processes(cfg, dataset, keys, run_dir, on_epoch=hooks.get("on_epoch"), should_stop=stop)
+        return train_processes(cfg, dataset, run_dir, on_epoch=hooks.get("on_epoch"), should_stop=stop)
     if dist.member_groups == 1:
-        return train(cfg, dataset, keys, run_dir, **hooks)
+        return train(cfg, dataset, run_dir, **hooks)
     group_call = group_call or functools.partial(train_group, **hooks)
-    calls = [(cfg, dataset, group_keys(cfg, keys, g), str(run_dir), g) for g in range(dist.member_groups)]
+    calls = [(cfg, dataset, str(run_dir), g) for g in range(dist.member_groups)]
     summaries = map_groups(group_call, calls, mapper)
     return (gather or gather_groups)(cfg, dataset, str(run_dir), summaries)
 
@@ -166,7 +163,8 @@ def gather_groups(
     if len(summaries) != groups or len(steps) != 1 or None in steps:
         raise ConfigError(
             f"{len(summaries)} group summaries at steps {sorted(map(str, steps))} for distributed.member_groups="
-            f"{groups}; fix: train every group to the end (rerun the run name to resume them)"
+            f"{groups}",
+            fix="train every group to the end (rerun the run name to resume them)",
         )
     step = steps.pop()
     assert step is not None  # refused above

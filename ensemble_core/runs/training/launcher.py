@@ -26,12 +26,12 @@ from typing import BinaryIO
 from ensemble_core import stopping
 from ensemble_core.config import HOST_DEVICES, PipelineConfig
 from ensemble_core.data import DatasetInfo
+from ensemble_core.ensemble_setup import plan
 from ensemble_core.errors import EnsembleError, MeshError, PreemptedError, resume_fix
 from ensemble_core.processutil import free_port
 from ensemble_core.runs.results import TrainingSummary
 from ensemble_core.runs.storage.layout import RunDir
 from ensemble_core.runs.storage.lock import run_lock
-from ensemble_core.setup import plan
 
 HEARTBEAT_TIMEOUT_S = 10  # a process that misses heartbeats this long is declared dead
 EXIT_GRACE_S = 30  # then the launcher waits this long for the others before killing them
@@ -76,7 +76,8 @@ def check_mesh_spans_processes(cfg: PipelineConfig) -> None:
     raise MeshError(
         f"the mesh (ensemble {mesh.ensemble} x data {mesh.data}) uses {mesh.ensemble * mesh.data} of the "
         f"{HOST_DEVICES} devices, none of JAX process {n - 1}'s (devices {(n - 1) * local_devices(n)}.."
-        f"{HOST_DEVICES - 1}), with distributed.num_processes={n}; fix: {' or '.join(fixes)}"
+        f"{HOST_DEVICES - 1}), with distributed.num_processes={n}",
+        fix=f"{' or '.join(fixes)}",
     )
 
 
@@ -92,7 +93,6 @@ def _child_env(num_processes: int) -> dict[str, str]:
 def train_processes(
     cfg: PipelineConfig,
     dataset: DatasetInfo,
-    keys: dict,
     run_dir: str | Path,
     *,
     on_epoch: Callable[[dict], None] | None = None,
@@ -102,7 +102,6 @@ def train_processes(
     processes on this machine (loopback), holding the run directory's lock meanwhile.
 
     Args:
-      keys: :func:`ensemble_core.runs.training.keys.split_keys` for the whole mesh.
       on_epoch: called with process 0's epoch records as they come.
       should_stop: polled every 0.2 s; True (or SIGTERM/SIGINT in the main thread) stops
         every process (SIGKILL: the run resumes from its latest checkpoint, as after a crash).
@@ -126,7 +125,7 @@ def train_processes(
         tempfile.TemporaryDirectory(prefix="ensemble-processes-") as tmp,
     ):
         spec = Path(tmp) / "spec.json"
-        inputs = {"config": cfg.model_dump(mode="json"), "dataset": dataset.model_dump(mode="json"), "keys": keys}
+        inputs = {"config": cfg.model_dump(mode="json"), "dataset": dataset.model_dump(mode="json")}
         spec.write_text(json.dumps(inputs))
         coordinator = f"127.0.0.1:{free_port()}"
         run.processes_dir.mkdir(exist_ok=True)

@@ -45,13 +45,11 @@ from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import EnsembleError
 from ensemble_core.processutil import die_with_parent
 from ensemble_core.runs.dataset import prepare
-from ensemble_core.runs.training.keys import split_keys
 from ensemble_core.runs.training.launcher import (
     HEARTBEAT_TIMEOUT_S,
     INIT_TIMEOUT_S,
 )
 from ensemble_core.runs.training.trainer import train
-from ensemble_core.setup import plan
 
 __all__ = ["main"]
 
@@ -62,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m ensemble_core.runs.training.processes", description=__doc__.split("\n")[0]
     )
     parser.add_argument("run_dir")
-    parser.add_argument("--spec", help="JSON file: config, dataset, keys (written by train_processes)")
+    parser.add_argument("--spec", help="JSON file: config, dataset (written by train_processes)")
     parser.add_argument("--config", help="without --spec: the run's YAML config (default: the built-in defaults)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--coordinator", default=None, help="host:port of process 0 (default: detected)")
@@ -101,11 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.spec:
             spec = json.loads(Path(args.spec).read_text())
             cfg = PipelineConfig.model_validate(spec["config"])
-            dataset, keys = DatasetInfo.model_validate(spec["dataset"]), spec["keys"]
+            dataset = DatasetInfo.model_validate(spec["dataset"])
         else:  # started by a cluster's launcher: every process reads the same config
             cfg = load_config(args.config, args.overrides)
-            dataset, keys = prepare(cfg.data), split_keys(cfg, plan(cfg).padded_members)
-        summary = train(cfg, dataset, keys, args.run_dir, on_epoch=on_epoch, own_run_dir=False)
+            dataset = prepare(cfg.data)
+        summary = train(cfg, dataset, args.run_dir, on_epoch=on_epoch, own_run_dir=False)
     except BaseException as err:  # noqa: BLE001  (every failure ends this process the same way)
         _exit_now(err)
     if first:

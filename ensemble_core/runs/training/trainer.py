@@ -23,11 +23,10 @@ import numpy as np
 from ensemble_core import diskspace, stopping
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
-from ensemble_core.errors import ConfigError, DivergenceError, PreemptedError, resume_fix
+from ensemble_core.ensemble_setup import EnsembleSetup, build, group_size
+from ensemble_core.errors import DivergenceError, PreemptedError, resume_fix
 from ensemble_core.mesh import host_value, replicated
-from ensemble_core.rngs import PURPOSES, keys_from_layout
 from ensemble_core.runs.dataset import load
-from ensemble_core.runs.preflight import check_against_dataset
 from ensemble_core.runs.results import TrainingSummary, TrainingTiming
 from ensemble_core.runs.storage.checkpoint import (
     EnsembleCheckpointer,
@@ -37,10 +36,9 @@ from ensemble_core.runs.storage.checkpoint import (
 )
 from ensemble_core.runs.storage.layout import RunDir
 from ensemble_core.runs.storage.lock import run_lock
+from ensemble_core.runs.storage.records import read_plan
 from ensemble_core.runs.storage.resume import check_resumable, config_changes, resumable_settings
-from ensemble_core.runs.training.keys import MemberKeyData, split_keys
 from ensemble_core.runs.training.summary import images_per_s, member_records, where_trained
-from ensemble_core.setup import EnsembleSetup, build, group_size
 from ensemble_core.train import DataPosition, EnsembleState, data_position, fit
 
 __all__ = ["Hooks", "TrainingRun", "train"]
@@ -62,7 +60,7 @@ class Hooks:
 
 @dataclasses.dataclass(frozen=True)
 class TrainingRun:
-    """What one training call trains, where, and on what (built by :func:`training_run`).
+    """What one training call trains, where, and on what (built by :func:`prepare_training`).
 
     ``run`` is the run directory, or member group ``group``'s directory in it;
     ``own_run_dir``: this call takes the run directory's lock and turns SIGTERM/SIGINT
@@ -89,12 +87,18 @@ class TrainingRun:
         return group_size(self.cfg) if self.group is not None else self.cfg.ensemble.size
 
     @property
+    def pool(self) -> RunDir:
+        """The pool's directory: the run directory (a member group's parent), or a
+        hyper-deep ensemble's ``<run>/stratified/``."""
+        return RunDir(self.run.path.parent.parent) if self.group is not None else self.run
+
+    @property
     def mesh(self) -> dict[str, int]:
         """``{"ensemble": axis size, "data": axis size}`` of this call's mesh."""
         return {"ensemble": self.setup.plan.ensemble, "data": self.setup.plan.data}
 
 
-def training_run(
+def prepare_training(
     cfg: PipelineConfig,
     dataset: DatasetInfo,
     run_dir: str | Path,
@@ -104,14 +108,13 @@ def training_run(
     worker: str | None = None,
     own_run_dir: bool = True,
 ) -> TrainingRun:
-    """Check the config against the dataset and build the mesh, model and step.
+    """Build the mesh, model and step of one training call (the config was checked
+    against the dataset by the preflight, :func:`ensemble_core.runs.preflight.preflight`).
 
     Raises:
-      ConfigError: the batch is larger than the training split (it would train nothing).
       MeshError: the mesh cannot hold the members or the batch.
     """
     run = RunDir(Path(run_dir))
-    check_against_dataset(cfg, dataset)
     setup = build(cfg, dataset.num_classes, strategy=strategy, group=group)
     return TrainingRun(cfg, dataset, run if group is None else run.group(group), setup, group, worker, own_run_dir)
 
@@ -204,8 +207,8 @@ class _Checkpoints:
             self.ckpt.wait()
             raise DivergenceError(
                 f"member(s) {record['diverged_members']} diverged (non-finite loss or parameters) in epoch "
-                f"{done}; train.on_divergence=fail stops the run; fix: lower train.learning_rate, or set "
-                f"train.on_divergence=freeze to train on without them"
+                f"{done}; train.on_divergence=fail stops the run",
+                fix="lower train.learning_rate, or set train.on_divergence=freeze to train on without them",
             )
 
     def finish(self, state, timing: dict) -> int | None:
@@ -229,15 +232,11 @@ class _Checkpoints:
         return self.ckpt.latest_step()
 
 
-def _member_keys(ctx: TrainingRun, keys: MemberKeyData) -> dict[str, jax.Array]:
-    padded = ctx.setup.plan.padded_members
-    if len(keys["init"]) != padded:
-        raise ConfigError(
-            f"{len(keys['init'])} member keys for {padded} members; fix: split_keys with num_members={padded}"
-        )
-    if set(keys) != set(PURPOSES):  # keys split before a purpose existed (a cached split_keys result)
-        keys = split_keys(ctx.cfg, padded, ctx.setup.first_member)
-    return keys_from_layout(keys)
+def _member_keys(ctx: TrainingRun) -> dict[str, jax.Array]:
+    """The keys of the members this call trains, derived where they are used: from
+    ``(seed, i)``, or ``(seed, setting, j)`` in a stratified pool (a pool directory with
+    a ``plan.json``, :func:`ensemble_core.runs.storage.records.read_plan`)."""
+    return ctx.setup.member_keys(read_plan(ctx.pool.path))
 
 
 def _lock_wait(ctx: TrainingRun) -> float:
@@ -246,11 +245,11 @@ def _lock_wait(ctx: TrainingRun) -> float:
     return ctx.cfg.distributed.group_lock_wait_s if ctx.group is not None else 0.0
 
 
-def run_training(ctx: TrainingRun, keys: MemberKeyData, hooks: Hooks = Hooks()) -> TrainingSummary:
+def execute_training(ctx: TrainingRun, hooks: Hooks = Hooks()) -> TrainingSummary:
     """:func:`train` on a built :class:`TrainingRun`: load, resume, the epoch loop with the
     checkpoint callbacks, the summary. Arguments, results and errors as :func:`train`."""
     cfg, setup = ctx.cfg, ctx.setup
-    member_key = _member_keys(ctx, keys)
+    member_key = _member_keys(ctx)
     images, labels = load(cfg, ctx.dataset, "train")
     validate = setup.validation(*load(cfg, ctx.dataset, "validation")) if cfg.has_validation else None
     state = setup.init_state(member_key["init"], ctx.dataset.image_shape)
@@ -313,7 +312,6 @@ def _summary(ctx: TrainingRun, state, timing: dict, record: _Record, step: int |
 def train(
     cfg: PipelineConfig,
     dataset: DatasetInfo,
-    keys: MemberKeyData,
     run_dir: str | Path,
     *,
     group: int | None = None,
@@ -336,8 +334,6 @@ def train(
     step boundary, after a checkpoint there has been written.
 
     Args:
-      keys: :func:`split_keys` for the mesh's ``padded_members`` members (with
-        ``group``: :func:`group_keys`).
       group: a member group index ``0..distributed.member_groups-1``.
       strategy: overrides ``mesh.member_strategy``.
       worker: the Dask worker's address running this call (the task layer's), recorded
@@ -351,8 +347,6 @@ def train(
       The :class:`~ensemble_core.runs.results.TrainingSummary`.
 
     Raises:
-      ConfigError: ``keys`` are for another number of members, or the batch is larger
-        than the training split.
       IncompatibleRunError: the run directory holds checkpoints of another config.
       RunLockedError: another process trains in this run directory.
       PreemptedError: stopped by SIGTERM / SIGINT / ``should_stop`` (a checkpoint was saved).
@@ -363,5 +357,7 @@ def train(
     if sig is not None:  # e.g. a member group queued behind one that stopped
         what = "training" if group is None else f"member group {group}"
         raise PreemptedError(f"stopped by {sig.name} before {what} started", fix=resume_fix(run_name))
-    ctx = training_run(cfg, dataset, run_dir, group=group, strategy=strategy, worker=worker, own_run_dir=own_run_dir)
-    return run_training(ctx, keys, Hooks(on_step=on_step, on_epoch=on_epoch, should_stop=should_stop))
+    ctx = prepare_training(
+        cfg, dataset, run_dir, group=group, strategy=strategy, worker=worker, own_run_dir=own_run_dir
+    )
+    return execute_training(ctx, Hooks(on_step=on_step, on_epoch=on_epoch, should_stop=should_stop))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
@@ -24,7 +25,7 @@ from ensemble_core.errors import ConfigError
 from ensemble_core.mesh import MeshPlan, make_mesh, plan_mesh
 from ensemble_core.models import build_model
 from ensemble_core.predict import make_predict
-from ensemble_core.rngs import member_keys
+from ensemble_core.rngs import member_keys, stratified_member_keys
 from ensemble_core.train import (
     EnsembleState,
     default_strategy,
@@ -34,6 +35,9 @@ from ensemble_core.train import (
     make_train_step,
     state_shardings,
 )
+
+if TYPE_CHECKING:
+    from ensemble_core.stratification import StratificationPlan
 
 
 def group_size(cfg: PipelineConfig) -> int:
@@ -90,11 +94,17 @@ class EnsembleSetup:
     strategy: str
     first_member: int = 0
 
-    def member_keys(self) -> dict[str, jax.Array]:
-        """Typed keys ``{"init": [E_padded], "data": [E_padded], "stochastic": [E_padded]}`` of members
-        ``first_member ..`` from ``(seed, i)`` (:func:`ensemble_core.rngs.member_keys`)."""
-        keys = member_keys(self.config.seed, self.first_member + self.plan.padded_members)
-        return {purpose: k[self.first_member :] for purpose, k in keys.items()}
+    def member_keys(self, stratification: StratificationPlan | None = None) -> dict[str, jax.Array]:
+        """Typed keys ``{"init": [E_padded], "data": [E_padded], "stochastic": [E_padded]}`` of
+        members ``first_member ..``: from ``(seed, i)`` (:func:`ensemble_core.rngs.member_keys`),
+        or, for a hyper-deep ensemble's stratified pool, from ``(seed, setting, j)`` of
+        ``stratification`` (:func:`ensemble_core.rngs.stratified_member_keys`). The one
+        source of member keys: any member group, process or resume derives the same ones."""
+        first, count = self.first_member, self.plan.padded_members
+        if stratification is not None:
+            return stratified_member_keys(self.config.seed, stratification.pairs(first, count))
+        keys = member_keys(self.config.seed, first + count)
+        return {purpose: k[first:] for purpose, k in keys.items()}
 
     def hyperparameters(self) -> list[dict]:
         """Every trained member's hyperparameters (``E_padded`` dicts, members
@@ -185,7 +195,7 @@ def build(
     """
     groups = cfg.distributed.member_groups
     if group is not None and not 0 <= group < groups:
-        raise ConfigError(f"member group {group} of distributed.member_groups={groups}; fix: use 0..{groups - 1}")
+        raise ConfigError(f"member group {group} of distributed.member_groups={groups}", fix=f"use 0..{groups - 1}")
     mesh_plan = plan(cfg, num_devices, group=group is not None)
     devices = None if num_devices is None else jax.devices()[:num_devices]
     return EnsembleSetup(
