@@ -5,12 +5,13 @@
 
 Runs, one after another (each writes its own result file under ``benchmarks/results/``):
 
-- ``tests``: the tests marked ``soak`` (``pytest -m soak``: SIGTERM at ten random moments
-  of every stage and of grouped training, the multi-host fault matrix, the repeated
-  orchestration faults, the other stop-signal variants), each test's outcome, wall and CPU
-  seconds in ``soak-tests-cpu-2core.json``;
-- ``sweep``: ``benchmarks.reliability_sweep --jobs 2`` (86 bad inputs and faults through
-  every entry point; as root, it mounts tmpfs file systems), ``reliability-sweep.json``;
+- ``tests``: the tests marked ``soak`` but not ``sweep`` (``pytest -m "soak and not
+  sweep"``: SIGTERM at ten random moments of every stage and of grouped training, the
+  multi-host fault matrix, the repeated orchestration faults, the other stop-signal
+  variants), each test's outcome, wall and CPU seconds in ``soak-tests-cpu-2core.json``;
+- ``sweep``: ``benchmarks.reliability_sweep --jobs 2`` (the tests marked ``sweep``,
+  ``tests/system/``: 86 bad inputs and faults through every entry point; as root, it
+  mounts tmpfs file systems), ``reliability-sweep.json``;
 - ``recovery``: ``benchmarks.recovery`` (lost machines and whole-stack restarts, killed
   and recovered again and again), ``recovery-cpu-2core.json``;
 - ``deployment-soak``: ``benchmarks.soak`` (consecutive deployment runs on one worker
@@ -67,7 +68,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown part {unknown[0]!r}; fix: pick from {', '.join(PARTS)}", file=sys.stderr)
         return 2
     commands = {
-        "tests": [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "-m", "soak", "tests"],
+        "tests": [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-n",
+            "2",
+            "--dist",
+            "loadfile",
+            "-m",
+            "soak and not sweep",
+            "tests",
+        ],
         "sweep": [sys.executable, "-m", "benchmarks.reliability_sweep", "--jobs", "2"],
         "recovery": [sys.executable, "-m", "benchmarks.recovery", "--tries", str(args.recovery_tries)],
         "deployment-soak": [sys.executable, "-m", "benchmarks.soak", "--runs", str(args.soak_runs)],

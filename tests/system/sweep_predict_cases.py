@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._sweep import Ctx, case, nothing_under
-from benchmarks._sweep_faults import garbage
 from ensemble_core.processutil import free_port
+from tests.system.sweep import Ctx, case_table, garbage, nothing_under
 
 PR, D = "predict CLI", "deployment run"
+CASES, case = case_table()
 RNG = np.random.default_rng(0)
 GOOD = RNG.integers(0, 256, (16, 28, 28, 1), dtype=np.uint8)
 

@@ -10,24 +10,15 @@ import signal
 import time
 from pathlib import Path
 
-from benchmarks._sweep import Ctx, case, listing, nothing_under
-from benchmarks._sweep_train import check_json, refused, rerun_base
 from ensemble_core.processutil import free_port
+from tests.system.sweep import Ctx, case_table, check_json, garbage, listing, nothing_under, refused, rerun_base
 
 T, G, J, P = "train CLI", "member groups", "JAX processes", "processes module"
+CASES, case = case_table()
 LONG = ("--set", "train.epochs=30", "--set", "data.max_train_examples=2048")
 # Two JAX processes of 4 simulated devices each: the 4 members of configs/tiny.yaml need
 # mesh.data=2 to span both (preflight refuses a mesh that leaves a process without devices).
 PROCS = ("--set", "distributed.num_processes=2", "--set", "mesh.data=2")
-
-
-def garbage(path: Path, how: str) -> None:
-    """Damage ``path`` the way a disk, an editor or a half-finished copy would."""
-    data = path.read_bytes() if path.exists() else b""
-    path.write_bytes(
-        {"garbage": b"\x00\xffnot json at all\x13", "truncated": data[: len(data) // 2], "empty": b""}.get(how)
-        or b'["a", "list"]'
-    )
 
 
 def resumed_ok(ctx: Ctx, out: Path, run: str, *args: str, timeout: float = 400):

@@ -1,14 +1,18 @@
-"""The reliability sweep's machinery: cases, the processes they run, and their verdicts.
+"""The reliability sweep's harness: cases, the processes they run, and their verdicts.
 
 A case is a function of a :class:`Ctx` (its own directory, the shared prepared data and
-finished run) registered with :func:`case`; it runs one or more real commands through
-:meth:`Ctx.cli` or :meth:`Ctx.start` and returns the primary command's :class:`Proc` and
-the result of its own "nothing lost / left behind" check. :func:`verdict` judges it.
+finished run) in a case module's table (:func:`case_table`); it runs one or more real
+commands through :meth:`Ctx.cli` or :meth:`Ctx.start` and returns the primary command's
+:class:`Proc` and the result of its own "nothing lost / left behind" check.
+:func:`verdict` judges it and :func:`assert_clean` fails the test that ran it
+(``tests/system/test_reliability_sweep.py``); :func:`row` is its line of
+``benchmarks/results/reliability-sweep.json`` (``benchmarks.reliability_sweep``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
@@ -25,7 +29,6 @@ from typing import IO
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 TINY = str(ROOT / "configs" / "tiny.yaml")
-CASES: list[Case] = []
 
 
 @dataclass
@@ -155,14 +158,48 @@ class Ctx:
             subprocess.run(["umount", "-l", str(m)], check=False)
 
 
-def case(entry: str, name: str, expect: int, what: str, stream: str = "err"):
-    """Register the decorated ``fn(ctx) -> (Proc, ok, note)`` as a case."""
+def case_table() -> tuple[list[Case], Callable[..., Callable]]:
+    """A case module's table and the decorator that fills it: ``CASES, case = case_table()``;
+    ``@case(entry, name, expect, what[, stream])`` on ``fn(ctx) -> (Proc, ok, note)``
+    appends it as a :class:`Case` (the test parametrises over the modules' tables)."""
+    cases: list[Case] = []
 
-    def register(fn):
-        CASES.append(Case(entry, name, what, expect, fn, stream))
-        return fn
+    def case(entry: str, name: str, expect: int, what: str, stream: str = "err") -> Callable:
+        def register(fn: Callable) -> Callable:
+            cases.append(Case(entry, name, what, expect, fn, stream))
+            return fn
 
-    return register
+        return register
+
+    return cases, case
+
+
+def base_env(tmp: Path) -> dict[str, str]:
+    """The user's environment without Prefect's settings (each CLI starts its own
+    temporary server) or XLA_FLAGS (the CLI sets the device count itself)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "XLA_FLAGS"}
+    env["ENSEMBLE_VENV"] = str(Path(sys.executable).parent.parent)  # scripts/deployment-run.sh's interpreter
+    return {**env, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "COLUMNS": "400", "TMPDIR": str(tmp / "tmp")}
+
+
+def prepare_base(tmp: Path) -> tuple[Path, Path]:
+    """The shared data dir and an output dir holding the finished, promoted run 'base'
+    (the training CLI on the tiny config and the test evaluator), and ``tmp/tiny.yaml``.
+
+    Raises:
+      RuntimeError: the base run failed (its stderr's end).
+    """
+    (tmp / "tmp").mkdir(parents=True, exist_ok=True)
+    data, base = tmp / "data", tmp / "base-runs"
+    # the tiny config on this data dir with the test evaluator, beside base: the processes cases' --config
+    text = Path(TINY).read_text().replace("data:\n", f"data:\n  data_dir: {data}\n") + "eval:\n  evaluators: [test]\n"
+    (tmp / "tiny.yaml").write_text(text)
+    ctx = Ctx(tmp / "setup", data, base, {**base_env(tmp), "PREFECT_HOME": str(tmp / "prefect-home-setup")})
+    ctx.dir.mkdir()
+    proc = ctx.train(out=base, run="base", timeout=600)
+    if proc.rc != 0:
+        raise RuntimeError(f"the base run failed (rc {proc.rc}):\n{proc.err[-3000:]}")
+    return data, base
 
 
 def error_lines(text: str, stream: str) -> list[str]:
@@ -190,6 +227,39 @@ def verdict(c: Case, ctx: Ctx, proc: Proc, ok: bool) -> str:
     return "clean"
 
 
+def row(c: Case, ctx: Ctx, proc: Proc, ok: bool, note: str, seconds: float) -> dict:
+    """The case's line of the sweep's table: entry point, case, expected and actual exit
+    code, :func:`verdict`, its one ``error:`` line, the commands it ran, seconds."""
+    lines = error_lines(proc.out if c.stream == "out" else proc.err, c.stream)
+    return {
+        "entry": c.entry,
+        "case": c.name,
+        "what": c.what,
+        "expected": c.expect,
+        "got": proc.rc,
+        "verdict": verdict(c, ctx, proc, ok),
+        "line": lines[0][:240] if lines else "",
+        "error_lines": len(lines),
+        "check": bool(ok),
+        "note": "; ".join([*ctx.notes, note] if note else ctx.notes),
+        "tracebacks_in": [p.argv[-1][:40] for p in ctx.procs if "Traceback" in p.out + p.err],
+        "stderr_tail": (proc.out if c.stream == "out" else proc.err).strip().splitlines()[-4:],
+        "commands": [" ".join(p.argv[1:])[-300:] for p in ctx.procs],
+        "seconds": round(seconds, 1),
+        "dir": str(ctx.dir),
+    }
+
+
+def assert_clean(line: dict) -> None:
+    """Fail unless the case's :func:`row` says ``clean``, naming what went wrong."""
+    assert line["verdict"] == "clean", (
+        f"{line['entry']}/{line['case']} ({line['what']}): {line['verdict']}: exit {line['got']} (expected "
+        f"{line['expected']}), {line['error_lines']} error line(s) {line['line']!r}, own check "
+        f"{'held' if line['check'] else 'failed'} ({line['note']}); tracebacks in {line['tracebacks_in']}; "
+        f"output ends {line['stderr_tail']}; commands {line['commands']}; kept in {line['dir']}"
+    )
+
+
 def listing(root: Path) -> list[str]:
     """Every path under ``root`` (relative), for before/after comparisons."""
     return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
@@ -198,3 +268,38 @@ def listing(root: Path) -> list[str]:
 def nothing_under(root: Path) -> bool:
     """No run directory or file was written under ``root`` (absent or empty)."""
     return not root.exists() or not any(root.iterdir())
+
+
+# MARK: what the cases share
+
+
+def refused(ctx: Ctx, *args: str, run: str = "r", **kw):
+    """The command refuses before compute: nothing under its output dir."""
+    out = ctx.dir / "runs"
+    proc = ctx.train(*args, out=out, run=run, **kw)
+    return proc, nothing_under(out), "nothing written" if nothing_under(out) else f"wrote {listing(out)[:3]}"
+
+
+def rerun_base(ctx: Ctx, *sets: str):
+    """Rerun the finished base run's name with ``--set`` ``sets``: the process, and whether
+    the output directory is left exactly as it was (a refusal writes nothing)."""
+    out = ctx.copy_base()
+    before = listing(out)
+    proc = ctx.train(*(a for kv in sets for a in ("--set", kv)), out=out, run="base", timeout=180)
+    return proc, listing(out) == before, ""
+
+
+def check_json(path: Path) -> bool:
+    try:
+        return isinstance(json.loads(path.read_text()), dict)
+    except (OSError, ValueError):
+        return False
+
+
+def garbage(path: Path, how: str) -> None:
+    """Damage ``path`` the way a disk, an editor or a half-finished copy would."""
+    data = path.read_bytes() if path.exists() else b""
+    path.write_bytes(
+        {"garbage": b"\x00\xffnot json at all\x13", "truncated": data[: len(data) // 2], "empty": b""}.get(how)
+        or b'["a", "list"]'
+    )

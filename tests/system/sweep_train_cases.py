@@ -3,22 +3,14 @@ and the run's own state (refused before compute: nothing written)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
-from pathlib import Path
 
-from benchmarks._sweep import Ctx, case, listing, nothing_under
 from ensemble_core.processutil import free_port
+from tests.system.sweep import Ctx, case_table, listing, nothing_under, refused, rerun_base
 
 T = "train CLI"
-
-
-def refused(ctx: Ctx, *args: str, run: str = "r", **kw):
-    """The command refuses before compute: nothing under its output dir."""
-    out = ctx.dir / "runs"
-    proc = ctx.train(*args, out=out, run=run, **kw)
-    return proc, nothing_under(out), "nothing written" if nothing_under(out) else f"wrote {listing(out)[:3]}"
+CASES, case = case_table()
 
 
 def _sets(*pairs: str) -> list[str]:
@@ -54,20 +46,17 @@ for _name, (_assignment, _what) in BAD_SETS.items():
     _bad_set(_name, _assignment, _what)
 
 
-@case(T, "model-function-raises", 2, "model.name=package.module:function whose function raises")
-def model_raises(ctx: Ctx):
-    (ctx.dir / "sweep_nets.py").write_text("def build(cfg, num_classes):\n    raise ValueError('no such width')\n")
-    out = ctx.dir / "runs"
-    proc = ctx.cli(ctx.train_args("--set", "model.name=sweep_nets:build", out=out), env={"PYTHONPATH": str(ctx.dir)})
-    return proc, nothing_under(out), ""
+def _user_model(name: str, module: str, body: str, what: str) -> None:
+    @case(T, name, 2, f"model.name=module:function {what}")
+    def run(ctx: Ctx):
+        (ctx.dir / f"{module}.py").write_text(f"def build(cfg, num_classes):\n    {body}\n")
+        out = ctx.dir / "runs"
+        proc = ctx.cli(ctx.train_args("--set", f"model.name={module}:build", out=out), env={"PYTHONPATH": str(ctx.dir)})
+        return proc, nothing_under(out), ""
 
 
-@case(T, "model-returns-dict", 2, "model.name=module:function returning a dict, not a Flax module")
-def model_dict(ctx: Ctx):
-    (ctx.dir / "sweep_nets2.py").write_text("def build(cfg, num_classes):\n    return {'w': 1}\n")
-    out = ctx.dir / "runs"
-    proc = ctx.cli(ctx.train_args("--set", "model.name=sweep_nets2:build", out=out), env={"PYTHONPATH": str(ctx.dir)})
-    return proc, nothing_under(out), ""
+_user_model("model-function-raises", "sweep_nets", "raise ValueError('no such width')", "whose function raises")
+_user_model("model-returns-dict", "sweep_nets2", "return {'w': 1}", "returning a dict, not a Flax module")
 
 
 @case(T, "data-dir-is-file", 2, "data.data_dir names a regular file")
@@ -173,15 +162,6 @@ def locked(ctx: Ctx):
     return proc, listing(out) == before, ""
 
 
-def rerun_base(ctx: Ctx, *sets: str):
-    """Rerun the finished base run's name with ``--set`` ``sets``: the process, and whether
-    the output directory is left exactly as it was (a refusal writes nothing)."""
-    out = ctx.copy_base()
-    before = listing(out)
-    proc = ctx.train(*(a for kv in sets for a in ("--set", kv)), out=out, run="base", timeout=180)
-    return proc, listing(out) == before, ""
-
-
 @case(T, "resume-changed-config", 2, "rerun a finished run's name with another learning rate")
 def resume_changed(ctx: Ctx):
     return rerun_base(ctx, "train.learning_rate=0.05")
@@ -208,13 +188,3 @@ def shard(ctx: Ctx):
     out = ctx.dir / "runs"
     proc = ctx.train("--set", f"data.data_dir={data}", out=out)
     return proc, nothing_under(out), ""
-
-
-def check_json(path: Path) -> bool:
-    try:
-        return isinstance(json.loads(path.read_text()), dict)
-    except (OSError, ValueError):
-        return False
-
-
-__all__ = ["check_json", "refused"]

@@ -1,0 +1,1 @@
+"""System tests: the reliability sweep, real commands through every entry point (make soak)."""
