@@ -35,7 +35,7 @@ def table(rows: list[dict]) -> str:
     out = ["| entry point | case | expected | got | verdict | line |", "| --- | --- | ---: | ---: | --- | --- |"]
     for r in rows:
         line = r.get("line", "")[:110].replace("|", "\\|").replace("\n", " ")
-        got = "hung" if r["got"] is None else r["got"]
+        got = r["got"] if r["got"] is not None else ("hung" if r["verdict"] == "hang" else "-")
         v = r["verdict"] if r["verdict"] == "clean" else f"**{r['verdict']}**"
         out.append(f"| {r['entry']} | {r['case']} | {r['expected']} | {got} | {v} | {f'`{line}`' if line else ''} |")
     return "\n".join(out)
