@@ -49,7 +49,7 @@ def validate(raw: dict[str, Any]) -> PipelineConfig:
     except ValidationError as err:
         raise config_error(_describe(err)) from None
     except RecursionError:
-        raise config_error("config nests too deeply; fix: use the layout of configs/default.yaml") from None
+        raise config_error("config nests too deeply", fix="use the layout of configs/default.yaml") from None
 
 
 # Kept by hand: the libraries that set a dotted key (OmegaConf.from_dotlist, glom.assign,
@@ -65,12 +65,12 @@ def _set_dotted(raw: dict[str, Any], assignment: str) -> None:
         value, or a value Python cannot build.
     """
     if "=" not in assignment:
-        raise config_error(f"override '{assignment}' has no '='; fix: write it as dotted.key=value")
+        raise config_error(f"override '{assignment}' has no '='", fix="write it as dotted.key=value")
     key, text = assignment.split("=", 1)
     key = key.strip()
     *sections, last = parts = key.split(".")
     if not all(parts):
-        raise config_error(f"override key '{key}' is malformed; fix: e.g. train.epochs=3")
+        raise config_error(f"override key '{key}' is malformed", fix="e.g. train.epochs=3")
     node = raw
     for depth, p in enumerate(sections):
         if node.get(p) is None:  # absent, or an empty section ('train:' in a file)
@@ -85,10 +85,12 @@ def _set_dotted(raw: dict[str, Any], assignment: str) -> None:
     try:
         node[last] = load_yaml(text) if text.strip() else None
     except DuplicateKeyError as err:
-        raise config_error(f"override '{key}' has key '{err.key}' twice; fix: give each key of '{key}' once") from None
+        raise config_error(
+            f"override '{key}' has key '{err.key}' twice", fix=f"give each key of '{key}' once"
+        ) from None
     except UnreadableValueError as err:
         raise config_error(
-            f"config key '{key}': override value cannot be read ({err.reason}); fix: set a valid '{key}'"
+            f"config key '{key}': override value cannot be read ({err.reason})", fix=f"set a valid '{key}'"
         ) from None
     except YAMLError:
         node[last] = text
@@ -109,7 +111,7 @@ def _read_text(p: Path) -> str:
     except OSError as err:
         reason = err.strerror or type(err).__name__
         raise config_error(
-            f"cannot read config file '{p}': {reason}; fix: pass an existing readable YAML file to config_path"
+            f"cannot read config file '{p}': {reason}", fix="pass an existing readable YAML file to config_path"
         ) from None
     except ValueError as err:  # e.g. a NUL byte in the path
         raise config_error(f"cannot read config file '{p}': {err}; {fix}") from None
@@ -156,14 +158,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             ) from None
         except YAMLError as err:
             raise config_error(
-                f"config file '{p}' is not valid YAML ({describe(err)}); fix: correct the syntax"
+                f"config file '{p}' is not valid YAML ({describe(err)})", fix="correct the syntax"
             ) from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
             raise config_error(
-                f"config file '{p}' must hold a mapping of sections, not "
-                f"{type(loaded).__name__}; fix: see configs/default.yaml"
+                f"config file '{p}' must hold a mapping of sections, not {type(loaded).__name__}",
+                fix="see configs/default.yaml",
             )
         raw = loaded
     for assignment in overrides or []:

@@ -22,9 +22,10 @@ _short.maxlevel, _short.maxstring, _short.maxother = 2, 80, 80
 _short.maxlist = _short.maxtuple = _short.maxdict = _short.maxset = 5
 
 
-def config_error(message: str) -> ConfigError:
-    """A :class:`ConfigError` whose message is ``message`` with every line break escaped."""
-    return ConfigError(message.translate(_ONE_LINE))
+def config_error(problem: str, fix: str | None = None) -> ConfigError:
+    """A :class:`ConfigError` of ``problem`` and ``fix`` with every line break escaped (a
+    value the user typed may hold one)."""
+    return ConfigError(problem.translate(_ONE_LINE), None if fix is None else fix.translate(_ONE_LINE))
 
 
 def show(value: Any) -> str:

@@ -129,29 +129,29 @@ class _Record:
     resumed_from: int | None = None  # the epoch of the checkpoint this call resumed from
 
 
-def _resume(ckpt: EnsembleCheckpointer, state: EnsembleState, ctx: TrainingRun) -> tuple[EnsembleState, _Record]:
+def _resume(ckpt: EnsembleCheckpointer, state: EnsembleState, training: TrainingRun) -> tuple[EnsembleState, _Record]:
     """The newest readable compatible checkpoint (or ``state`` from scratch), and a new
     training session: the keys that may change on resume, what changed since the
     checkpoint, and the devices."""
     record, changed = _Record(data_position(0)), {}
     if ckpt.latest_step() is not None:
-        padded = ctx.setup.plan.padded_members
+        padded = training.setup.plan.padded_members
         state, meta, _ = ckpt.restore_latest_valid(
-            state, check=lambda m: check_resumable(m, ctx.cfg, ctx.run.path, padded)
+            state, check=lambda m: check_resumable(m, training.cfg, training.run.path, padded)
         )
         sessions = training_sessions(meta)
         record = _Record(meta["data_position"], list(meta["history"]), sessions, int(meta["epoch"]))
-        changed = {k: [old, new] for k, (old, new) in config_changes(meta["config"], ctx.cfg).items()}
+        changed = {k: [old, new] for k, (old, new) in config_changes(meta["config"], training.cfg).items()}
     record.sessions.append(
         {
             "start_epoch": record.position["epoch"],
             "start_step": int(state.step),
             "end_epoch": None,
             "end_step": None,
-            "settings": resumable_settings(ctx.cfg),
+            "settings": resumable_settings(training.cfg),
             "changed": changed,
-            "mesh": ctx.mesh,
-            "strategy": ctx.setup.strategy,
+            "mesh": training.mesh,
+            "strategy": training.setup.strategy,
             "backend": jax.default_backend(),
             "devices": jax.device_count(),
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -164,8 +164,8 @@ class _Checkpoints:
     """The epoch loop's I/O: a checkpoint every ``checkpoint.every_epochs``, at the end, on
     divergence with ``train.on_divergence=fail`` and at a stop; the caller's ``on_epoch``."""
 
-    def __init__(self, ckpt: EnsembleCheckpointer, ctx: TrainingRun, record: _Record, on_epoch) -> None:
-        self.ckpt, self.ctx, self.record, self.on_epoch = ckpt, ctx, record, on_epoch
+    def __init__(self, ckpt: EnsembleCheckpointer, training: TrainingRun, record: _Record, on_epoch) -> None:
+        self.ckpt, self.training, self.record, self.on_epoch = ckpt, training, record, on_epoch
         self.saved: set[int] = set()
 
     def save(self, state, position: DataPosition) -> None:
@@ -175,12 +175,12 @@ class _Checkpoints:
         self.saved.add(step)
         self.record.sessions[-1].update(end_epoch=position["epoch"], end_step=step)
         meta = checkpoint_meta(
-            self.ctx.cfg,
+            self.training.cfg,
             step=step,
             position=position,
-            members_trained=self.ctx.setup.plan.padded_members,
+            members_trained=self.training.setup.plan.padded_members,
             healthy=host_value(state.healthy).tolist(),
-            dataset=dataset_record(self.ctx.dataset),
+            dataset=dataset_record(self.training.dataset),
             history=self.record.history,
             sessions=self.record.sessions,
         )
@@ -193,7 +193,7 @@ class _Checkpoints:
           DivergenceError: a member diverged and ``train.on_divergence`` is ``fail``
             (after a checkpoint of this epoch).
         """
-        cfg = self.ctx.cfg
+        cfg = self.training.cfg
         healthy = host_value(state.healthy)
         record["diverged_members"] = np.flatnonzero(~healthy).tolist()
         self.record.history.append(record)
@@ -226,41 +226,41 @@ class _Checkpoints:
             raise PreemptedError(
                 f"training stopped at epoch {stop['epoch'] + 1}, step {stop['step_in_epoch']} (global step "
                 f"{int(state.step)}); a checkpoint was saved there",
-                fix=resume_fix(self.ctx.run_name),
+                fix=resume_fix(self.training.run_name),
             )
         self.ckpt.wait()
         return self.ckpt.latest_step()
 
 
-def _member_keys(ctx: TrainingRun) -> dict[str, jax.Array]:
+def _member_keys(training: TrainingRun) -> dict[str, jax.Array]:
     """The keys of the members this call trains, derived where they are used: from
     ``(seed, i)``, or ``(seed, setting, j)`` in a stratified pool (a pool directory with
     a ``plan.json``, :func:`ensemble_core.runs.storage.records.read_plan`)."""
-    return ctx.setup.member_keys(read_plan(ctx.pool.path))
+    return training.setup.member_keys(read_plan(training.pool.path))
 
 
-def _lock_wait(ctx: TrainingRun) -> float:
+def _lock_wait(training: TrainingRun) -> float:
     """A member group waits for its lock (a trainer cut off from the cluster stopping,
     ``distributed.group_lock_wait_s``); a whole run refuses at once."""
-    return ctx.cfg.distributed.group_lock_wait_s if ctx.group is not None else 0.0
+    return training.cfg.distributed.group_lock_wait_s if training.group is not None else 0.0
 
 
-def execute_training(ctx: TrainingRun, hooks: Hooks = Hooks()) -> TrainingSummary:
+def execute_training(training: TrainingRun, hooks: Hooks = Hooks()) -> TrainingSummary:
     """:func:`train` on a built :class:`TrainingRun`: load, resume, the epoch loop with the
     checkpoint callbacks, the summary. Arguments, results and errors as :func:`train`."""
-    cfg, setup = ctx.cfg, ctx.setup
-    member_key = _member_keys(ctx)
-    images, labels = load(cfg, ctx.dataset, "train")
-    validate = setup.validation(*load(cfg, ctx.dataset, "validation")) if cfg.has_validation else None
-    state = setup.init_state(member_key["init"], ctx.dataset.image_shape)
+    cfg, setup = training.cfg, training.setup
+    member_key = _member_keys(training)
+    images, labels = load(cfg, training.dataset, "train")
+    validate = setup.validation(*load(cfg, training.dataset, "validation")) if cfg.has_validation else None
+    state = setup.init_state(member_key["init"], training.dataset.image_shape)
     with (
-        run_lock(ctx.run.path, _lock_wait(ctx)) if ctx.own_run_dir else contextlib.nullcontext(),
-        EnsembleCheckpointer(ctx.run.checkpoints, keep=cfg.checkpoint.keep) as ckpt,
-        stopping.stop_signals() if ctx.own_run_dir else contextlib.nullcontext(),
+        run_lock(training.run.path, _lock_wait(training)) if training.own_run_dir else contextlib.nullcontext(),
+        EnsembleCheckpointer(training.run.checkpoints, keep=cfg.checkpoint.keep) as ckpt,
+        stopping.stop_signals() if training.own_run_dir else contextlib.nullcontext(),
         stopping.outside_stage(),  # validation batches must not stop training before its checkpoint
     ):
-        state, record = _resume(ckpt, state, ctx)
-        checkpoints = _Checkpoints(ckpt, ctx, record, hooks.on_epoch)
+        state, record = _resume(ckpt, state, training)
+        checkpoints = _Checkpoints(ckpt, training, record, hooks.on_epoch)
         state, timing = fit(
             state,
             setup.train_step(),
@@ -281,21 +281,21 @@ def execute_training(ctx: TrainingRun, hooks: Hooks = Hooks()) -> TrainingSummar
             should_stop=lambda: stopping.requested() is not None or bool(hooks.should_stop and hooks.should_stop()),
         )
         step = checkpoints.finish(state, timing)
-    return _summary(ctx, state, timing, record, step)
+    return _summary(training, state, timing, record, step)
 
 
-def _summary(ctx: TrainingRun, state, timing: dict, record: _Record, step: int | None) -> TrainingSummary:
-    setup, members = ctx.setup, ctx.members
+def _summary(training: TrainingRun, state, timing: dict, record: _Record, step: int | None) -> TrainingSummary:
+    setup, members = training.setup, training.members
     timing["train_member_images_per_s"] = images_per_s(
-        timing["steps"], ctx.cfg.train.batch_size, members, timing["train_seconds"]
+        timing["steps"], training.cfg.train.batch_size, members, timing["train_seconds"]
     )
     trained = range(setup.first_member, setup.first_member + members)
     return TrainingSummary(
-        checkpoint_dir=str(ctx.run.checkpoints),
+        checkpoint_dir=str(training.run.checkpoints),
         checkpoint_step=step,
         history=record.history,
         timing=TrainingTiming(**timing),
-        mesh=ctx.mesh,
+        mesh=training.mesh,
         members_trained=setup.plan.padded_members,
         strategy=setup.strategy,
         backend=jax.default_backend(),
@@ -304,7 +304,7 @@ def _summary(ctx: TrainingRun, state, timing: dict, record: _Record, step: int |
         sessions=record.sessions,
         diverged_members=(setup.first_member + np.flatnonzero(~host_value(state.healthy)[:members])).tolist(),
         members=member_records(state, setup.hyperparameters()[:members], setup.first_member),
-        topology=[where_trained(ctx.group, trained, ctx.mesh, setup.strategy, timing, ctx.worker)],
+        topology=[where_trained(training.group, trained, training.mesh, setup.strategy, timing, training.worker)],
     )
 
 
@@ -357,7 +357,7 @@ def train(
     if sig is not None:  # e.g. a member group queued behind one that stopped
         what = "training" if group is None else f"member group {group}"
         raise PreemptedError(f"stopped by {sig.name} before {what} started", fix=resume_fix(run_name))
-    ctx = prepare_training(
+    training = prepare_training(
         cfg, dataset, run_dir, group=group, strategy=strategy, worker=worker, own_run_dir=own_run_dir
     )
-    return execute_training(ctx, Hooks(on_step=on_step, on_epoch=on_epoch, should_stop=should_stop))
+    return execute_training(training, Hooks(on_step=on_step, on_epoch=on_epoch, should_stop=should_stop))
