@@ -13,10 +13,14 @@ class EnsembleError(Exception):
     Args:
         problem: what is wrong, naming the value, file or process.
         fix: what the user does about it; the message is ``"<problem>; fix: <fix>"``.
+
+    Attributes:
+        problem, fix: as given (a caller that adds context keeps the fix or replaces it).
     """
 
     def __init__(self, problem: str, fix: str | None = None) -> None:
         super().__init__(problem if fix is None else f"{problem}; fix: {fix}")
+        self.problem, self.fix = problem, fix
 
 
 def resume_fix(run_name: str) -> str:

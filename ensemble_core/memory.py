@@ -36,7 +36,7 @@ from ensemble_core.errors import ConfigError
 from ensemble_core.mesh import MeshPlan
 from ensemble_core.models import build_model
 from ensemble_core.train.augment import augmentation_bytes
-from ensemble_core.train.forward import init_variables, split_variables
+from ensemble_core.train.forward import init_variables, split_variables, trace_train
 
 GIB = 1024**3
 OPTIMIZER_SLOTS = {"adam": 2, "adamw": 2}  # sgd: 1 with momentum, 0 without
@@ -94,14 +94,7 @@ def estimate(
     per_device_batch = max(1, cfg.train.batch_size // plan.data)
     batch = jax.ShapeDtypeStruct((per_device_batch, *image_shape), jnp.float32)
     _, inter = jax.eval_shape(
-        lambda v, b: model.apply(
-            v,
-            b,
-            train=True,
-            rngs={"dropout": jax.random.key(0)},
-            capture_intermediates=True,
-            mutable=["intermediates", *model_state],
-        ),
+        lambda v, b: trace_train(model, v, b, capture_intermediates=True, mutable=["intermediates", *model_state]),
         variables,
         batch,
     )

@@ -88,10 +88,24 @@ def _member_groups(config: PipelineConfig, dataset: DatasetInfo, run_dir: str) -
         )
 
 
-def log_members(config: PipelineConfig) -> None:
-    """Log, in the flow run, how the members differ: their keys' derivation, and the
-    hyperparameters ``ensemble.search`` draws for each."""
+def log_members(config: PipelineConfig, dataset: DatasetInfo) -> None:
+    """Log, in the flow run, the member network and the mode argument it is called with
+    (:data:`ensemble_core.train.forward.MODE_ARGUMENTS`), and how the members differ: their
+    keys' derivation, and the hyperparameters ``ensemble.search`` draws for each."""
+    from ensemble_core.models import build_model
+    from ensemble_core.train.forward import mode
+
     logger = get_run_logger()
+    model = build_model(config.model, dataset.num_classes)
+    training, inference = mode(model, True), mode(model, False)
+    logger.info(
+        "member network %s (%s): %s",
+        config.model.name,
+        type(model).__name__,
+        f"training mode {training}, inference mode {inference}"
+        if training
+        else "no mode argument: called the same way in training and inference",
+    )
     e = config.ensemble.size
     logger.info("seed %d -> %d members, member i keyed by fold_in(fold_in(key(seed), purpose), i)", config.seed, e)
     searched = sorted(config.ensemble.search or {})
@@ -106,7 +120,7 @@ def train_stage(config: PipelineConfig, dataset: DatasetInfo, run_dir: str) -> r
     """The flow's training stage: the ``train_members`` task with one member group, else
     the ``train-member-groups`` subflow on the configured task runner
     (:func:`train_on_runner`), after :func:`log_members`."""
-    log_members(config)
+    log_members(config, dataset)
     return train_on_runner(config, dataset, run_dir)
 
 

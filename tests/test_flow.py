@@ -150,10 +150,13 @@ def test_artifacts_and_task_runs(finished_run):
                 artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[*KEYS, "ensemble-eval-rotation"]))
             )
             runs = await client.read_task_runs()
-            return arts, runs
+            logs = await client.read_logs()
+            return arts, runs, logs
 
     KEYS = ["ensemble-report", "ensemble-members", "ensemble-eval-letters", "ensemble-pool"]  # noqa: N806
-    arts, runs = asyncio.run(read())
+    arts, runs, logs = asyncio.run(read())
+    # the run's log names the member network and how it is called in each mode
+    assert any("member network mlp (MLP): training mode {'train': True}" in log.message for log in logs)
     assert {a.key for a in arts} == {*KEYS, "ensemble-eval-rotation"}
     report_md = next(a for a in arts if a.key == "ensemble-report").data
     assert "Ensemble report: tiny" in report_md and "**Rotation**" in report_md and "**OOD: letters**" in report_md
@@ -450,15 +453,12 @@ class Net(nn.Module):
         x = nn.relu(norm()(nn.Conv(self.width, (3, 3))(x)))
         x = nn.Dropout(0.1, deterministic=not train)(jnp.mean(x, axis=(1, 2)))
         return nn.Dense(self.num_classes)(x)
-
-
-def build(cfg, num_classes):
-    return Net(num_classes=num_classes, **cfg.options)
 """
 
 
 def test_a_network_outside_the_repository_through_the_cli_and_predict(prefect_server, tfds_dir, tmp_path, monkeypatch):
-    """A user's file in their own directory: trained by the command line, its members'
+    """A user's file in their own directory, its class named with its options as the
+    README shows (no glue function): trained by the command line, its members'
     probabilities served by flows.predict, equal to the run's predictions."""
     from flows.predict import main as predict_main
     from flows.train_ensemble import main as train_main
@@ -470,11 +470,11 @@ def test_a_network_outside_the_repository_through_the_cli_and_predict(prefect_se
     monkeypatch.chdir(home)  # as a user runs it: from the directory that holds their package
     out = tmp_path / "runs"
     args = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", f"data.data_dir={tfds_dir}"]
-    args += ["--set", "model.name=my_nets.small:build", "--set", "model.options={width: 6}"]
+    args += ["--set", "model.name=my_nets.small:Net", "--set", "model.options={width: 6}"]
     assert train_main([*args, "--output-dir", str(out), "--run-name", "mine"]) == 0
     run_dir = out / "mine"
     report = json.loads((run_dir / "report.json").read_text())
-    assert report["config"]["model"] == {"name": "my_nets.small:build", "options": {"width": 6}, "hidden_sizes": [64]}
+    assert report["config"]["model"] == {"name": "my_nets.small:Net", "options": {"width": 6}, "hidden_sizes": [64]}
     with np.load(run_dir / "predictions.npz") as f:
         want = f["member_probs"]
     from ensemble_core import data

@@ -98,8 +98,8 @@ def test_sigterm_in_every_stage_at_a_controlled_moment(tmp_path, tfds_dir):
 
 @pytest.mark.soak
 def test_sigterm_at_random_moments_in_every_stage(tmp_path, tfds_dir):
-    first, tries, stderr = _stop_proc(tmp_path, tfds_dir, "prepare,train,evaluate", "train.epochs=2")
-    assert len(tries) == 3 * TRIES
+    first, tries, stderr = _stop_proc(tmp_path, tfds_dir, "prepare,train,select,evaluate", "train.epochs=2")
+    assert len(tries) == 4 * TRIES
     _check_tries(first, tries, stderr)
 
 

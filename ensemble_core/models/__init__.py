@@ -3,23 +3,28 @@
 ``model.name: foo`` is the module ``ensemble_core/models/foo.py``, which defines
 ``build(cfg: ModelConfig, num_classes: int) -> flax.linen.Module`` and, when it takes
 options, a frozen pydantic ``Options`` model of ``model.options``. ``model.name:
-package.module:function`` is the user's own ``function(cfg: ModelConfig, num_classes: int)
--> flax.linen.Module``, which validates ``cfg.options`` itself.
+package.module:Name`` is the user's own: a ``flax.linen.Module`` class or a function
+returning one, called with ``model.options`` as keyword arguments plus ``num_classes`` when
+its signature takes it; a function whose first parameter is ``cfg`` is called as
+``function(cfg: ModelConfig, num_classes: int)`` and validates ``cfg.options`` itself.
 
-Every member module follows the convention of Flax's own examples (``examples/imagenet``):
-``__call__(self, x, train: bool)`` on float32 images ``[B, H, W, C]`` in [0, 1], returning
-float32 logits ``[B, num_classes]``; ``nn.BatchNorm(use_running_average=not train)``;
-``nn.Dropout(deterministic=not train)`` on the ``'dropout'`` RNG stream
-(:mod:`ensemble_core.train.forward`). Adding a model to the registry is adding its file;
+A member module takes float32 images ``[B, H, W, C]`` in [0, 1] and returns float32 logits
+``[B, num_classes]``, written as Flax's examples write them (``examples/imagenet``):
+``nn.BatchNorm(use_running_average=not train)``, ``nn.Dropout(deterministic=not train)``
+on the ``'dropout'`` RNG stream, and a mode argument of ``__call__`` (``train``,
+``training``, ``is_training``, ``deterministic``, or none:
+:data:`ensemble_core.train.forward.MODE_ARGUMENTS`). Adding a model to the registry is adding its file;
 the config accepts every module found here (:data:`ensemble_core.config.MODEL_NAMES`).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import os
 import sys
+from collections.abc import Mapping
 from types import ModuleType
 
 import flax.linen as nn
@@ -93,6 +98,13 @@ def import_model_function(path: str):
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
+        missing = getattr(err, "name", None)
+        if missing and not module_name.startswith(missing) and not missing.startswith(module_name):
+            # the module was found, but a module it imports is missing (No module named 'tensorflow')
+            raise ConfigError(
+                f"model.name '{path}': module '{module_name}' imports '{missing}', which is not installed ({err})",
+                fix=f"install {missing.split('.')[0]} where the run runs, or remove that import",
+            ) from None
         raise ConfigError(
             f"model.name '{path}': cannot import module '{module_name}' ({err})",
             fix="install it or run from the directory that holds it (or add that directory to PYTHONPATH)",
@@ -110,8 +122,37 @@ def import_model_function(path: str):
             )
         fn = getattr(fn, part)
     if not callable(fn):
-        raise ConfigError(f"model.name '{path}' is a {type(fn).__name__}, not a function", fix="name a function")
+        raise ConfigError(
+            f"model.name '{path}' is a {type(fn).__name__}, not a function or class",
+            fix="name a module class or a function",
+        )
     return fn
+
+
+def _construct(path: str, fn, cfg: ModelConfig, num_classes: int):
+    """``fn`` called as a model: ``fn(cfg, num_classes)`` for the project's builder
+    convention (a first parameter named ``cfg``), else ``fn(**model.options)`` plus
+    ``num_classes=`` when its signature takes it (a module class, whose dataclass fields
+    are its constructor's arguments, or a function returning a module)."""
+    parameters: Mapping[str, inspect.Parameter]
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        parameters = {}
+    names = list(parameters)
+    if names and names[0] == "cfg":
+        return fn(cfg, num_classes)
+    options = dict(cfg.options)
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    if "num_classes" in parameters or takes_any:
+        options.setdefault("num_classes", num_classes)
+    elif isinstance(fn, type) and issubclass(fn, nn.Module):
+        raise ConfigError(
+            f"model.name '{path}': {fn.__name__} takes no num_classes, so its outputs cannot be set to the "
+            f"dataset's {num_classes} classes",
+            fix="add a field num_classes: int to the module, or name a function that builds it with that many outputs",
+        )
+    return fn(**options)
 
 
 def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
@@ -119,32 +160,27 @@ def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
 
     Raises:
       ConfigError: an unknown registry name, bad options (:func:`model_options`), an import
-        path that does not import or name a function, a function that raises, or one that
-        does not return a ``flax.linen.Module`` whose ``__call__`` takes ``train``; each one
-        line with the fix.
+        path that does not import (naming a missing dependency) or name a class or function,
+        a class without ``num_classes``, one that raises, or one that does not give a
+        ``flax.linen.Module``; each one line with the fix.
     """
     if not is_import_path(cfg.name):
         model_options(cfg)
         return _registry_module(cfg).build(cfg, num_classes)
     fn = import_model_function(cfg.name)
     try:
-        model = fn(cfg, num_classes)
+        model = _construct(cfg.name, fn, cfg, num_classes)
+    except ConfigError:
+        raise
     except Exception as err:  # noqa: BLE001  (the user's function validates model.options and may raise anything)
         raise ConfigError(
             f"model.name '{cfg.name}' raised {type(err).__name__}: {str(err)[:300]}",
-            fix="check model.options and that the function takes (cfg: ModelConfig, num_classes: int)",
+            fix="check model.options: they are the constructor's (or function's) keyword arguments",
         ) from None
     if not isinstance(model, nn.Module):
         raise ConfigError(
             f"model.name '{cfg.name}' returned a {type(model).__name__}, not a flax.linen.Module; "
             f"fix: return the network of one member"
-        )
-    from ensemble_core.train.forward import takes_train
-
-    if not takes_train(model):
-        raise ConfigError(
-            f"model.name '{cfg.name}': {type(model).__name__}.__call__ takes no 'train' argument",
-            fix="define __call__(self, x, train: bool) as Flax's examples do",
         )
     return model
 
@@ -160,7 +196,7 @@ def check_model(model: nn.Module, cfg: ModelConfig, image_shape: tuple[int, ...]
       ConfigError: initialisation or a forward pass fails, or the logits are not float
         ``[B, num_classes]``; one line naming the model and the fix.
     """
-    from ensemble_core.train.forward import apply_inference, init_variables, split_variables
+    from ensemble_core.train.forward import apply_inference, init_variables, split_variables, trace_train
 
     batch = jax.ShapeDtypeStruct((2, *image_shape), jnp.float32)
     try:
@@ -168,11 +204,7 @@ def check_model(model: nn.Module, cfg: ModelConfig, image_shape: tuple[int, ...]
         params, model_state = split_variables(variables)
         logits = jax.eval_shape(lambda v, x: apply_inference(model, v, x), variables, batch)
         trained = jax.eval_shape(
-            lambda v, x: model.apply(
-                v, x, train=True, rngs={"dropout": jax.random.key(0)}, mutable=list(model_state) or False
-            ),
-            variables,
-            batch,
+            lambda v, x: trace_train(model, v, x, mutable=list(model_state) or False), variables, batch
         )
     except ConfigError:
         raise
@@ -180,7 +212,7 @@ def check_model(model: nn.Module, cfg: ModelConfig, image_shape: tuple[int, ...]
         raise ConfigError(
             f"model '{cfg.name}' cannot run on images of shape {tuple(image_shape)} "
             f"({type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''})",
-            fix="make the network accept float32 [B, H, W, C] inputs and __call__(x, train)",
+            fix="make the network accept float32 [B, H, W, C] images in [0, 1] and return [B, num_classes] logits",
         ) from None
     for mode, out in (("inference", logits), ("training", trained[0] if model_state else trained)):
         shape = getattr(out, "shape", None)

@@ -75,6 +75,7 @@ def check_memory(cfg: PipelineConfig, dataset: DatasetInfo) -> memory_lib.Memory
     shape = tuple(dataset.image_shape)
     model = build_model(cfg.model, dataset.num_classes)
     check_model(model, cfg.model, shape, dataset.num_classes)
+
     est = memory_lib.estimate(
         cfg, plan(cfg), dataset.num_classes, shape, num_train(cfg, dataset), resolve_strategy(cfg), model=model
     )

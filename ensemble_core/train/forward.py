@@ -1,7 +1,8 @@
 """One member's forward pass, in training and in inference mode, with its mutable collections.
 
 A member is any Flax module written as Flax's own examples write them
-(``examples/imagenet/models.py``): ``__call__(self, x, train: bool)``, with
+(``examples/imagenet/models.py``): ``__call__(self, x, train: bool)`` (or another mode
+argument of :data:`MODE_ARGUMENTS`, or none), with
 ``nn.BatchNorm(use_running_average=not train)`` and ``nn.Dropout(deterministic=not train)``
 drawing from the ``'dropout'`` RNG collection. Its *variables* are ``{"params": ...}``
 plus its mutable collections (``"batch_stats"`` for BatchNorm), all on the member axis
@@ -49,21 +50,38 @@ def split_variables(variables: Any) -> tuple[Any, dict[str, Any]]:
     return params, variables
 
 
-def takes_train(model: nn.Module) -> bool:
-    """Whether ``model.__call__`` has a ``train`` argument (the Flax examples' convention)."""
-    return "train" in inspect.signature(type(model).__call__).parameters
+#: The mode arguments of ``__call__`` that Flax's examples and users write, each with its
+#: value in training mode: ``train`` (``examples/imagenet``), ``training``, ``is_training``,
+#: and ``deterministic`` (the inverse, as ``nn.Dropout`` takes it).
+MODE_ARGUMENTS = {"train": True, "training": True, "is_training": True, "deterministic": False}
+
+
+def mode_argument(model: nn.Module) -> str | None:
+    """The mode argument ``model.__call__`` takes (the first of :data:`MODE_ARGUMENTS` in
+    its signature, positional or keyword-only), or None for a module with no mode
+    argument (one whose layers are fixed in one mode, such as Flax's older MNIST CNN)."""
+    parameters = inspect.signature(type(model).__call__).parameters
+    return next((name for name in MODE_ARGUMENTS if name in parameters), None)
+
+
+def mode(model: nn.Module, train: bool) -> dict[str, Any]:
+    """The keyword argument that puts ``model`` in training (``train``) or inference mode:
+    ``{"train": train}`` for Flax's examples' convention, ``{"deterministic": not train}``
+    for that one, ``{}`` for a module without a mode argument."""
+    name = mode_argument(model)
+    return {} if name is None else {name: train if MODE_ARGUMENTS[name] else not train}
 
 
 def init_variables(model: nn.Module, key: Key[Array, ""], image_shape: tuple[int, ...]) -> dict[str, Any]:
     """One member's variables, initialised in inference mode (as Flax's examples do) on a
     float32 ``[1, *image_shape]`` dummy batch from ``key`` (the ``params`` stream)."""
-    return dict(model.init(key, jnp.zeros((1, *image_shape), jnp.float32), train=False))
+    return dict(model.init(key, jnp.zeros((1, *image_shape), jnp.float32), **mode(model, False)))
 
 
 def apply_inference(model: nn.Module, variables: Any, images: Float[Array, "B H W C"]) -> Float[Array, "B K"]:
     """One member's logits float32 ``[B, K]`` in inference mode (``train=False``: BatchNorm
     uses its running averages, dropout is off); ``images`` float32 ``[B, H, W, C]`` in [0, 1]."""
-    return model.apply(variables, images, train=False)  # type: ignore[return-value]
+    return model.apply(variables, images, **mode(model, False))  # type: ignore[return-value]
 
 
 def apply_train(
@@ -90,8 +108,28 @@ def apply_train(
     """
     variables = {PARAMS: params, **model_state}
     with nn.intercept_methods(_whole_batch(data_shards)):
-        logits, updates = model.apply(variables, images, train=True, rngs={DROPOUT: key}, mutable=list(model_state))
+        train = mode(model, True)
+        logits, updates = model.apply(variables, images, **train, rngs={DROPOUT: key}, mutable=list(model_state))
     return logits, {name: updates.get(name, model_state[name]) for name in model_state}
+
+
+def trace_train(model: nn.Module, variables: Any, images: Any, **apply_kwargs: Any) -> Any:
+    """``model.apply`` in training mode as the train step runs it (the whole-batch
+    interception of :func:`apply_train`, the mesh axis ``'data'`` bound, one shard), for
+    ``jax.eval_shape`` checks before any compute: a BatchNorm with its own ``axis_name``
+    (the ``'batch'`` of Flax's ImageNet example) traces as it will train. ``apply_kwargs``
+    go to ``apply`` (e.g. ``mutable``, ``capture_intermediates``); dropout draws from a
+    fixed key.
+
+    Returns:
+      What ``model.apply`` returns (no leading axis)."""
+
+    def one(v: Any, x: Any) -> Any:
+        with nn.intercept_methods(_whole_batch(1)):
+            return model.apply(v, x, **mode(model, True), rngs={DROPOUT: jax.random.key(0)}, **apply_kwargs)
+
+    out = jax.vmap(one, in_axes=(None, None), axis_size=1, axis_name=DATA_AXIS)(variables, images)
+    return jax.tree.map(lambda leaf: leaf[0], out)
 
 
 def _whole_batch(data_shards: int):

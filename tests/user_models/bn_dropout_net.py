@@ -53,14 +53,3 @@ class WrongOutput(nn.Module):
     @nn.compact
     def __call__(self, x: jnp.ndarray, train: bool) -> jnp.ndarray:
         return nn.Dense(3)(x.reshape((x.shape[0], -1)))
-
-
-class NoTrain(nn.Module):
-    @nn.compact
-    def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-        return nn.Dense(10)(x.reshape((x.shape[0], -1)))
-
-
-def no_train_argument(cfg, num_classes: int) -> nn.Module:
-    """A network whose __call__ takes no ``train`` (for the refusal test)."""
-    return NoTrain()

@@ -16,7 +16,7 @@ import numpy as np
 from ensemble_core import data as data_lib
 from ensemble_core import diskspace
 from ensemble_core.atomic import atomic_savez, atomic_write
-from ensemble_core.errors import CheckpointError, DataError
+from ensemble_core.errors import CheckpointError, ConfigError, DataError, EnsembleError
 from ensemble_core.runs.prediction.predict import predict_images
 from ensemble_core.runs.storage.champion_record import read_champion
 
@@ -113,6 +113,28 @@ def check_output(output: str | Path) -> None:
         ) from None
 
 
+def check_model_builds(meta: dict) -> None:
+    """The run's model (its checkpoint metadata's ``model`` section) can be built here: a
+    user's module that does not import where the prediction runs is refused in one line
+    (:func:`ensemble_core.models.build_model`'s, naming the module or its missing
+    dependency), never taken for a damaged checkpoint.
+
+    Raises:
+      ConfigError: the model cannot be built; the fix says to run where the module imports.
+    """
+    from ensemble_core.config import ModelConfig
+    from ensemble_core.models import build_model
+
+    try:
+        build_model(ModelConfig.model_validate(meta["config"]["model"]), int(meta["dataset"]["num_classes"]))
+    except ConfigError as err:
+        raise ConfigError(
+            f"the run's model cannot be built here: {err.problem}",
+            fix="predict where the run's model module imports (its directory as the current directory, or on "
+            "PYTHONPATH, with its dependencies installed)",
+        ) from None
+
+
 def preflight(
     images_npy: str | None,
     tfds_name: str | None,
@@ -126,7 +148,8 @@ def preflight(
     it before Prefect starts, so a refusal is one line.
 
     Raises:
-      DataError, CheckpointError: the first problem, in one line with its fix.
+      DataError, CheckpointError, ConfigError: the first problem, in one line with its fix
+        (ConfigError: the run's model does not import here, :func:`check_model_builds`).
     """
     from ensemble_core.runs.prediction.images import check_image_shape, check_image_values
     from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
@@ -140,6 +163,7 @@ def preflight(
         )
     with EnsembleCheckpointer(RunDir(Path(run)).checkpoints) as ckpt:
         meta = ckpt.read_meta()
+    check_model_builds(meta)
     if images_npy:
         images = read_images(images_npy)
         check_image_values(images)
@@ -164,6 +188,8 @@ def predict_file(run_dir: str | Path, images_npy: str | Path, output: str | Path
     images = read_images(images_npy)
     try:
         result = predict_images(run_dir, images)
+    except EnsembleError:
+        raise  # its own line (the run's model that does not import here is a ConfigError, not damage)
     except (ValueError, KeyError, TypeError) as err:  # orbax/tensorstore/json on damaged checkpoint files
         raise CheckpointError(
             f"the latest checkpoint of {run_dir} cannot be read ({type(err).__name__}: {str(err)[:200]})",

@@ -1,0 +1,145 @@
+"""A user's Linen network as Flax code writes it: named by class with its options (no glue
+file), in any of the mode conventions (``train``, keyword-only ``train``, ``training``,
+``deterministic``, none), with BatchNorm's own ``axis_name`` (Flax's ImageNet example's
+``'batch'``) traced by the preflight as the step runs it; and refusals that name the real
+cause (a missing dependency, a class that cannot be sized)."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ensemble_core import runs
+from ensemble_core.config import load_config
+from ensemble_core.errors import ConfigError
+from ensemble_core.models import build_model, check_model
+from ensemble_core.train.forward import apply_inference, init_variables, mode, mode_argument, trace_train
+from tests.ensembles import tiny_config
+
+CONVENTIONS = "tests.user_models.conventions"
+
+
+def _model(name: str, options: str = "{}"):
+    cfg = load_config(None, [f"model.name={CONVENTIONS}:{name}", f"model.options={options}"])
+    return cfg, build_model(cfg.model, 10)
+
+
+@pytest.mark.parametrize(
+    "name, argument, training",
+    [
+        ("TrainingArgNet", "training", {"training": True}),
+        ("KeywordTrainNet", "train", {"train": True}),
+        ("DeterministicNet", "deterministic", {"deterministic": False}),
+        ("FlaxMnistCNN", None, {}),
+    ],
+)
+def test_each_mode_convention_is_found_and_sets_the_mode(name, argument, training):
+    _, model = _model(name)
+    assert mode_argument(model) == argument
+    assert mode(model, True) == training
+    inference = {k: not v for k, v in training.items()}
+    assert mode(model, False) == inference
+
+
+@pytest.mark.parametrize("name", ["TrainingArgNet", "KeywordTrainNet", "DeterministicNet"])
+def test_dropout_is_on_in_training_and_off_in_inference_whatever_the_argument(name):
+    """The same module applied directly by Flax (the reference) and through the project's
+    mode: inference is deterministic and equal; training drops units (differs)."""
+    _, model = _model(name)
+    x = jax.random.uniform(jax.random.key(1), (8, 28, 28, 1))
+    variables = init_variables(model, jax.random.key(0), (28, 28, 1))
+    argument = mode_argument(model)
+    off = {argument: argument == "deterministic"}
+    want = model.apply(variables, x, **off)
+    np.testing.assert_array_equal(apply_inference(model, variables, x), want)
+    trained = trace_train(model, variables, x, mutable=[k for k in variables if k != "params"] or False)
+    logits = trained[0] if isinstance(trained, tuple) else trained
+    assert not np.allclose(np.asarray(logits), np.asarray(want))
+
+
+def test_a_class_path_takes_its_options_and_num_classes():
+    _, model = _model("TrainingArgNet", "{width: 4, rate: 0.1}")
+    assert isinstance(model, nn.Module) and (model.num_classes, model.width, model.rate) == (10, 4, 0.1)
+    cfg = load_config(None, ["model.name=tests.user_models.bn_dropout_net:BNDropoutNet", "model.options={width: 4}"])
+    net = build_model(cfg.model, 7)
+    assert (net.num_classes, net.width) == (7, 4)
+
+
+def test_a_batchnorm_with_its_own_axis_name_passes_the_model_check():
+    """Flax's ImageNet example names BatchNorm's axis 'batch' (its pmap axis). The check
+    traces training mode as the step runs it, the axis replaced by the mesh's: before, it
+    failed with 'unbound axis name: batch'."""
+    cfg = load_config(
+        None,
+        ["model.name=tests.user_models.bn_dropout_net:BNDropoutNet", "model.options={width: 4, axis_name: batch}"],
+    )
+    model = build_model(cfg.model, 10)
+    assert check_model(model, cfg.model, (28, 28, 1), 10) > 0
+    _, training = _model("TrainingArgNet")  # axis_name='batch' too, mode argument 'training'
+    assert check_model(training, cfg.model, (28, 28, 1), 10) > 0
+
+
+def test_refusals_name_the_real_cause():
+    with pytest.raises(ConfigError, match="imports 'a_package_nobody_installed', which is not installed") as err:
+        build_model(load_config(None, ["model.name=tests.user_models.needs_missing_dependency:build"]).model, 10)
+    assert "fix: install a_package_nobody_installed" in str(err.value)
+    with pytest.raises(ConfigError, match="NoClassesNet takes no num_classes"):
+        _model("NoClassesNet")
+    with pytest.raises(ConfigError, match=r"cannot import module 'tests\.user_models\.nowhere'"):
+        build_model(load_config(None, ["model.name=tests.user_models.nowhere:Net"]).model, 10)
+    cfg, model = _model("TrainingArgNet", "{width: 0}")  # a Dense of 0 units: refused by the check, one line
+    with pytest.raises(ConfigError, match="cannot run on images of shape"):
+        check_model(model, cfg.model, (28, 28, 1), 10)
+
+
+@pytest.mark.slow  # a run (about 10 s)
+def test_flax_s_older_mnist_cnn_trains_as_it_is_written(tmp_path, tfds_dir):
+    """The Linen CNN of Flax's older MNIST example (no mode argument), named by class:
+    preflight, training, evaluation and prediction from the run directory."""
+    cfg = tiny_config(tfds_dir, f"model.name={CONVENTIONS}:FlaxMnistCNN")
+    result = runs.run(cfg, tmp_path, "cnn")
+    assert result.evaluation.ensemble["accuracy"] > 0.3  # 1 epoch on 256 digits: far above chance
+    images = np.zeros((3, 28, 28, 1), np.uint8)
+    out = runs.predict_images(result.run_dir.path, images)
+    assert out["ensemble_probs"].shape == (3, 10)
+    np.testing.assert_allclose(out["ensemble_probs"].sum(-1), 1.0, rtol=1e-5)
+
+
+def test_the_default_convention_keeps_its_call():
+    """A module of Flax's examples' convention is called with train= as before."""
+    _, model = _model("KeywordTrainNet")
+    x = jnp.zeros((2, 28, 28, 1))
+    variables = init_variables(model, jax.random.key(0), (28, 28, 1))
+    np.testing.assert_array_equal(apply_inference(model, variables, x), model.apply(variables, x, train=False))
+
+
+@pytest.mark.slow  # a run (about 10 s)
+def test_predict_where_the_runs_model_does_not_import_says_so_once(tmp_path, tfds_dir, monkeypatch):
+    """A run trained with a user's module, predicted where that module does not import:
+    one ConfigError naming the module and the fix, from the prediction's preflight and from
+    the prediction itself; never a 'damaged checkpoint' (the checkpoint is intact)."""
+    import shutil
+    import sys
+
+    from ensemble_core.errors import CheckpointError
+    from ensemble_core.runs.prediction import files
+
+    nets = tmp_path / "nets"
+    nets.mkdir()
+    shutil.copy("tests/user_models/conventions.py", nets / "my_sweep_nets.py")
+    monkeypatch.syspath_prepend(str(nets))
+    cfg = tiny_config(tfds_dir, "model.name=my_sweep_nets:KeywordTrainNet")
+    result = runs.run(cfg, tmp_path / "runs", "r")
+    images = tmp_path / "images.npy"
+    np.save(images, np.zeros((2, 28, 28, 1), np.uint8))
+    monkeypatch.undo()  # elsewhere: the module is gone
+    sys.modules.pop("my_sweep_nets", None)
+    for call in (
+        lambda: files.preflight(str(images), None, str(result.run_dir.path), tmp_path / "runs", None),
+        lambda: files.predict_file(result.run_dir.path, images, tmp_path / "out.npz"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            call()
+        assert not isinstance(err.value, CheckpointError)
+        assert "cannot import module 'my_sweep_nets'" in str(err.value) and "PYTHONPATH" in str(err.value)
