@@ -88,9 +88,10 @@ def test_refusals_name_the_real_cause():
         _model("NoClassesNet")
     with pytest.raises(ConfigError, match=r"cannot import module 'tests\.user_models\.nowhere'"):
         build_model(load_config(None, ["model.name=tests.user_models.nowhere:Net"]).model, 10)
-    cfg, model = _model("TrainingArgNet", "{width: 0}")  # a Dense of 0 units: refused by the check, one line
-    with pytest.raises(ConfigError, match="cannot run on images of shape"):
+    cfg, model = _model("Cifar10Net")  # 32x32 RGB only: refused on the digits' shape by the check
+    with pytest.raises(ConfigError, match=r"cannot run on images of shape \(28, 28, 1\)"):
         check_model(model, cfg.model, (28, 28, 1), 10)
+    assert check_model(model, cfg.model, (32, 32, 3), 10) > 0
 
 
 @pytest.mark.slow  # a run (about 10 s)

@@ -7,7 +7,8 @@ tests.user_models.conventions:<Class>``, ``model.options`` its constructor's arg
 - ``TrainingArgNet``: ``__call__(self, x, training: bool)``, BatchNorm and Dropout;
 - ``KeywordTrainNet``: ``__call__(self, x, *, train)`` (keyword-only);
 - ``DeterministicNet``: ``__call__(self, x, deterministic: bool)`` (dropout's own convention);
-- ``NoClassesNet``: a module with no ``num_classes`` field that a run cannot size.
+- ``NoClassesNet``: a module with no ``num_classes`` field that a run cannot size;
+- ``Cifar10Net``: a network for 32x32 RGB images only (it reshapes to 32 * 32 * 3).
 """
 
 from __future__ import annotations
@@ -80,3 +81,13 @@ class NoClassesNet(nn.Module):
     @nn.compact
     def __call__(self, x):
         return nn.Dense(10)(x.reshape((x.shape[0], -1)))
+
+
+class Cifar10Net(nn.Module):
+    """A network written for 32x32 RGB images only."""
+
+    num_classes: int = 10
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        return nn.Dense(self.num_classes)(x.reshape((x.shape[0], 32 * 32 * 3)))
