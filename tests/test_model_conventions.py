@@ -94,19 +94,6 @@ def test_refusals_name_the_real_cause():
     assert check_model(model, cfg.model, (32, 32, 3), 10) > 0
 
 
-@pytest.mark.slow  # a run (about 10 s)
-def test_flax_s_older_mnist_cnn_trains_as_it_is_written(tmp_path, tfds_dir):
-    """The Linen CNN of Flax's older MNIST example (no mode argument), named by class:
-    preflight, training, evaluation and prediction from the run directory."""
-    cfg = tiny_config(tfds_dir, f"model.name={CONVENTIONS}:FlaxMnistCNN")
-    result = runs.run(cfg, tmp_path, "cnn")
-    assert result.evaluation.ensemble["accuracy"] > 0.3  # 1 epoch on 256 digits: far above chance
-    images = np.zeros((3, 28, 28, 1), np.uint8)
-    out = runs.predict_images(result.run_dir.path, images)
-    assert out["ensemble_probs"].shape == (3, 10)
-    np.testing.assert_allclose(out["ensemble_probs"].sum(-1), 1.0, rtol=1e-5)
-
-
 def test_the_default_convention_keeps_its_call():
     """A module of Flax's examples' convention is called with train= as before."""
     _, model = _model("KeywordTrainNet")
@@ -115,11 +102,13 @@ def test_the_default_convention_keeps_its_call():
     np.testing.assert_array_equal(apply_inference(model, variables, x), model.apply(variables, x, train=False))
 
 
-@pytest.mark.slow  # a run (about 10 s)
-def test_predict_where_the_runs_model_does_not_import_says_so_once(tmp_path, tfds_dir, monkeypatch):
-    """A run trained with a user's module, predicted where that module does not import:
-    one ConfigError naming the module and the fix, from the prediction's preflight and from
-    the prediction itself; never a 'damaged checkpoint' (the checkpoint is intact)."""
+@pytest.mark.slow  # one run (about 10 s)
+def test_flax_s_older_mnist_cnn_trains_and_predict_elsewhere_names_its_module(tmp_path, tfds_dir, monkeypatch):
+    """The Linen CNN of Flax's older MNIST example (no mode argument), in a user's own file
+    named by class: preflight, training, evaluation and prediction from the run directory.
+    Predicted where that module does not import: one ConfigError naming the module and the
+    fix, from the prediction's preflight and from the prediction itself; never a 'damaged
+    checkpoint' (the checkpoint is intact)."""
     import shutil
     import sys
 
@@ -130,8 +119,12 @@ def test_predict_where_the_runs_model_does_not_import_says_so_once(tmp_path, tfd
     nets.mkdir()
     shutil.copy("tests/user_models/conventions.py", nets / "my_sweep_nets.py")
     monkeypatch.syspath_prepend(str(nets))
-    cfg = tiny_config(tfds_dir, "model.name=my_sweep_nets:KeywordTrainNet")
-    result = runs.run(cfg, tmp_path / "runs", "r")
+    cfg = tiny_config(tfds_dir, "model.name=my_sweep_nets:FlaxMnistCNN")
+    result = runs.run(cfg, tmp_path / "runs", "cnn")
+    assert result.evaluation.ensemble["accuracy"] > 0.3  # 1 epoch on 256 digits: far above chance
+    out = runs.predict_images(result.run_dir.path, np.zeros((3, 28, 28, 1), np.uint8))
+    assert out["ensemble_probs"].shape == (3, 10)
+    np.testing.assert_allclose(out["ensemble_probs"].sum(-1), 1.0, rtol=1e-5)
     images = tmp_path / "images.npy"
     np.save(images, np.zeros((2, 28, 28, 1), np.uint8))
     monkeypatch.undo()  # elsewhere: the module is gone
