@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ensemble_core import metrics as metrics_lib
 from ensemble_core.errors import DivergenceError
 from ensemble_core.metrics import FLOAT64_TINY
 
@@ -291,10 +292,13 @@ def select_members(
         raise DivergenceError(f"{err} (diverged members are not eligible)") from None
 
 
-def selection_record(selection: Selection, member_nll: list[float], examples: int) -> dict[str, Any]:
-    """A selection as JSON: ``members``, ``multiplicities``, ``distinct``,
-    ``validation_nll`` (after each pick), ``weights`` (bagged: averaged multiplicities),
-    ``member_validation_nll`` (every pool member's), ``validation_examples``."""
+def selection_record(selection: Selection, member_probs: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
+    """A selection made on ``member_probs`` (float ``[E, N_val, C]``, the pool's validation
+    probabilities) and ``labels`` (int ``[N_val]``) as JSON: ``members``, ``multiplicities``,
+    ``distinct``, ``validation_nll`` (after each pick), ``weights`` (bagged: averaged
+    multiplicities), ``member_validation_nll`` (every pool member's NLL, nats, as
+    :func:`ensemble_core.metrics.nll`), ``validation_examples``."""
+    member_nll = [metrics_lib.nll(p, labels) for p in member_probs]
     return {
         "members": [int(m) for m in selection.members],
         "multiplicities": {str(m): n for m, n in selection.multiplicities.items()},
@@ -302,5 +306,5 @@ def selection_record(selection: Selection, member_nll: list[float], examples: in
         "validation_nll": [float(v) for v in selection.validation_nll],
         "weights": None if selection.weights is None else {str(m): w for m, w in selection.weights.items()},
         "member_validation_nll": [float(v) for v in member_nll],
-        "validation_examples": examples,
+        "validation_examples": len(labels),
     }

@@ -89,7 +89,7 @@ def select(
     picked = choose(pool_cfg, probs, labels, members.healthy)
     ensemble = metrics_lib.ensemble_probs(probs[picked.members])
     temperature = fit_temperature(ensemble, labels) if cfg.eval.temperature_scaling else None
-    record = selection_record(picked, [metrics_lib.nll(p, labels) for p in probs], len(labels))
+    record = selection_record(picked, probs, labels)
     record["temperature"] = temperature
     record["validation_nll_temperature_scaled"] = (
         None if temperature is None else temperature_nll(ensemble, labels, temperature)
@@ -118,5 +118,5 @@ def first_selection_on(
     members = all_members(cfg, state, setup)
     probs, labels = validation_predictions(cfg, dataset, members)
     picked = choose(cfg, probs, labels, members.healthy, first=True)
-    record = selection_record(picked, [metrics_lib.nll(p, labels) for p in probs], len(labels))
+    record = selection_record(picked, probs, labels)
     return picked, record, {"member_probs": probs, "labels": labels, "healthy": members.healthy}
