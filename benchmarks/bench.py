@@ -199,6 +199,10 @@ def _worker(args: argparse.Namespace) -> dict:
             strategy="vmap_patches" if patches else strategy, mesh={"ensemble": plan.ensemble, "data": plan.data}
         )
     else:
+        import flax.linen as nn
+
+        assert isinstance(model, nn.Module), "the per-member loop is Flax Linen's pattern: a registry model"
+
         # The seed's step, as a user writes it for one Flax model (Flax's examples): mutable
         # collections (BatchNorm's batch_stats) updated in training mode, dropout from a key.
         def single_step(params, model_state, opt_state, xb, yb, key):

@@ -14,7 +14,6 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import flax.linen as nn
 import jax
 import numpy as np
 import optax
@@ -35,6 +34,7 @@ from ensemble_core.train import (
     make_train_step,
     state_shardings,
 )
+from ensemble_core.train.forward import Network
 
 if TYPE_CHECKING:
     from ensemble_core.stratification import StratificationPlan
@@ -89,7 +89,7 @@ class EnsembleSetup:
     config: PipelineConfig
     plan: MeshPlan
     mesh: Mesh
-    model: nn.Module
+    model: Network
     optimizer: optax.GradientTransformation
     strategy: str
     first_member: int = 0

@@ -10,7 +10,7 @@ The estimate is a *lower bound* of what every device must hold at once while tra
 - the on-device augmentation of one batch (a padded and an augmented uint8 copy,
   :func:`ensemble_core.train.augment.augmentation_bytes`), per member mapped at once;
 - one batch of forward activations (the outputs of every layer, from Flax's
-  ``capture_intermediates``), float32, of one member when the members on a device are
+  ``capture_intermediates`` or NNX's ``nnx.capture``), float32, of one member when the members on a device are
   unrolled (they may run one after the other) or of all of them when vmapped (one batched
   computation); backpropagation keeps at least these;
 - the training split, which is placed on every device (uint8 images, int32 labels).
@@ -26,7 +26,6 @@ import dataclasses
 import math
 import os
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,7 +35,7 @@ from ensemble_core.errors import ConfigError
 from ensemble_core.mesh import MeshPlan
 from ensemble_core.models import build_model
 from ensemble_core.train.augment import augmentation_bytes
-from ensemble_core.train.forward import init_variables, split_variables, trace_train
+from ensemble_core.train.forward import Network, activation_elements, init_variables, split_variables
 
 GIB = 1024**3
 OPTIMIZER_SLOTS = {"adam": 2, "adamw": 2}  # sgd: 1 with momentum, 0 without
@@ -67,7 +66,7 @@ def estimate(
     image_shape,
     num_train: int,
     strategy: str = "unroll",
-    model: nn.Module | None = None,
+    model: Network | None = None,
 ) -> MemoryEstimate:
     """Lower bound of the training memory per device for ``cfg`` on ``plan``.
 
@@ -93,12 +92,7 @@ def estimate(
     mapped = m if strategy == "vmap" else 1  # members whose step runs as one computation
     per_device_batch = max(1, cfg.train.batch_size // plan.data)
     batch = jax.ShapeDtypeStruct((per_device_batch, *image_shape), jnp.float32)
-    _, inter = jax.eval_shape(
-        lambda v, b: trace_train(model, v, b, capture_intermediates=True, mutable=["intermediates", *model_state]),
-        variables,
-        batch,
-    )
-    act = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(inter.get("intermediates", {})))
+    act = activation_elements(model, variables, batch)
     augment, (height, width, channels) = cfg.data.augment, tuple(image_shape)
     return MemoryEstimate(
         params_per_member=count,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,10 +15,10 @@ from ensemble_core import stopping
 from ensemble_core.data import to_float
 from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS, host_value
 from ensemble_core.train import map_members
-from ensemble_core.train.forward import apply_inference
+from ensemble_core.train.forward import Network, apply_inference
 
 
-def make_predict(model: nn.Module, mesh: Mesh, strategy: str = "vmap"):
+def make_predict(model: Network, mesh: Mesh, strategy: str = "vmap"):
     """Build ``predict(variables, images) -> member_probs``, every member in inference mode
     (:func:`~ensemble_core.train.forward.apply_inference`: BatchNorm's running averages, no dropout).
 

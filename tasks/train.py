@@ -89,23 +89,15 @@ def _member_groups(config: PipelineConfig, dataset: DatasetInfo, run_dir: str) -
 
 
 def log_members(config: PipelineConfig, dataset: DatasetInfo) -> None:
-    """Log, in the flow run, the member network and the mode argument it is called with
-    (:data:`ensemble_core.train.forward.MODE_ARGUMENTS`), and how the members differ: their
+    """Log, in the flow run, the member network, its API (Linen or NNX) and how it is put
+    in training and inference mode (:func:`ensemble_core.train.forward.convention`), and how the members differ: their
     keys' derivation, and the hyperparameters ``ensemble.search`` draws for each."""
     from ensemble_core.models import build_model
-    from ensemble_core.train.forward import mode
+    from ensemble_core.train.forward import convention
 
     logger = get_run_logger()
     model = build_model(config.model, dataset.num_classes)
-    training, inference = mode(model, True), mode(model, False)
-    logger.info(
-        "member network %s (%s): %s",
-        config.model.name,
-        type(model).__name__,
-        f"training mode {training}, inference mode {inference}"
-        if training
-        else "no mode argument: called the same way in training and inference",
-    )
+    logger.info("member network %s, %s", config.model.name, convention(model))
     e = config.ensemble.size
     logger.info("seed %d -> %d members, member i keyed by fold_in(fold_in(key(seed), purpose), i)", config.seed, e)
     searched = sorted(config.ensemble.search or {})

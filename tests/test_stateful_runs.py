@@ -117,7 +117,7 @@ def test_sigkill_then_resume_is_bitwise_with_batchnorm_dropout_and_augmentation(
     [
         (["model.name=no_such_package.nets:build"], "cannot import module 'no_such_package.nets'"),
         (["model.name=tests.user_models.bn_dropout_net:nope"], "has no 'nope'; fix: name a function"),
-        (["model.name=tests.user_models.bn_dropout_net:not_a_model"], "returned a dict, not a flax.linen.Module"),
+        (["model.name=tests.user_models.bn_dropout_net:not_a_model"], "returned a dict, not a flax.linen or flax.nnx"),
         (["model.name=tests.user_models.bn_dropout_net:wrong_output"], "returns an array of shape (2, 3)"),
         (
             ["model.name=tests.user_models.bn_dropout_net:build", "model.options={depth: 3}"],

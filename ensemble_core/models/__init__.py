@@ -20,6 +20,8 @@ the config accepts every module found here (:data:`ensemble_core.config.MODEL_NA
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import importlib.util
 import inspect
 import math
 import os
@@ -27,14 +29,18 @@ import sys
 from collections.abc import Mapping
 from types import ModuleType
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pydantic
+from flax import nnx
 
 from ensemble_core.config import MODEL_NAMES, ModelConfig
 from ensemble_core.config.messages import show
 from ensemble_core.errors import ConfigError
+from ensemble_core.train.forward import Network
+from ensemble_core.train.nnx_member import NnxNetwork
 
 __all__ = ["MODEL_NAMES", "build_model", "check_model", "import_model_function", "is_import_path", "model_options"]
 
@@ -99,6 +105,14 @@ def import_model_function(path: str):
         module = importlib.import_module(module_name)
     except ImportError as err:
         missing = getattr(err, "name", None)
+        package = (missing or "").split(".")[0]
+        if package and "cannot import name" in str(err) and importlib.util.find_spec(package) is not None:
+            # installed, but without that name: written for another version (a newer flax.nnx)
+            raise ConfigError(
+                f"model.name '{path}': module '{module_name}' needs a newer {package} than the installed "
+                f"{_version(package)} ({str(err).split(' (')[0]})",
+                fix=f"upgrade it (pip install -U {package}) or write the module for the installed version",
+            ) from None
         if missing and not module_name.startswith(missing) and not missing.startswith(module_name):
             # the module was found, but a module it imports is missing (No module named 'tensorflow')
             raise ConfigError(
@@ -129,63 +143,119 @@ def import_model_function(path: str):
     return fn
 
 
-def _construct(path: str, fn, cfg: ModelConfig, num_classes: int):
-    """``fn`` called as a model: ``fn(cfg, num_classes)`` for the project's builder
-    convention (a first parameter named ``cfg``), else ``fn(**model.options)`` plus
-    ``num_classes=`` when its signature takes it (a module class, whose dataclass fields
-    are its constructor's arguments, or a function returning a module)."""
-    parameters: Mapping[str, inspect.Parameter]
+def _version(package: str) -> str:
     try:
-        parameters = inspect.signature(fn).parameters
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "version"
+
+
+def _is_nnx_class(fn) -> bool:
+    return isinstance(fn, type) and issubclass(fn, nnx.Module)
+
+
+def _parameters(fn) -> Mapping[str, inspect.Parameter]:
+    """The arguments ``fn`` is called with (an NNX class's ``__init__``'s without ``self``:
+    its metaclass hides them behind ``*args, **kwargs``)."""
+    try:
+        if _is_nnx_class(fn):
+            return dict(list(inspect.signature(fn.__init__).parameters.items())[1:])
+        return inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        parameters = {}
-    names = list(parameters)
-    if names and names[0] == "cfg":
-        return fn(cfg, num_classes)
+        return {}
+
+
+def _constructor(path: str, fn, cfg: ModelConfig, num_classes: int):
+    """``fn`` as a constructor of one member, called with ``model.options`` as keyword
+    arguments plus ``num_classes=`` when its signature takes it (a module class, whose
+    dataclass fields or ``__init__`` arguments are its constructor's, or a function
+    returning a module). Returns ``(construct, takes_rngs)``: ``construct(**extra)``."""
+    parameters = _parameters(fn)
     options = dict(cfg.options)
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     if "num_classes" in parameters or takes_any:
         options.setdefault("num_classes", num_classes)
-    elif isinstance(fn, type) and issubclass(fn, nn.Module):
+    elif isinstance(fn, type) and issubclass(fn, (nn.Module, nnx.Module)) and "num_classes" not in options:
         raise ConfigError(
             f"model.name '{path}': {fn.__name__} takes no num_classes, so its outputs cannot be set to the "
             f"dataset's {num_classes} classes",
-            fix="add a field num_classes: int to the module, or name a function that builds it with that many outputs",
+            fix="add an argument num_classes: int to the module, or name a function building it with that many outputs",
         )
-    return fn(**options)
+    return (lambda **extra: fn(**options, **extra)), "rngs" in parameters
 
 
-def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
-    """The Flax module of one member named by ``cfg.name``, with ``num_classes`` outputs.
+def _built(path: str, call):
+    """``call()``, with anything the user's code raises as one ConfigError."""
+    try:
+        return call()
+    except ConfigError:
+        raise
+    except (ImportError, AttributeError) as err:
+        if "flax" in str(err) and "nnx" in str(err):
+            raise ConfigError(
+                f"model.name '{path}' uses a part of flax.nnx that Flax {flax.__version__} does not have ({err})",
+                fix="upgrade Flax (pip install -U flax) or write the network for the installed version",
+            ) from None
+        raise _raised(path, err) from None
+    except Exception as err:  # noqa: BLE001  (the user's function validates model.options and may raise anything)
+        raise _raised(path, err) from None
+
+
+def _raised(path: str, err: Exception) -> ConfigError:
+    return ConfigError(
+        f"model.name '{path}' raised {type(err).__name__}: {str(err)[:300]}",
+        fix="check model.options: they are the constructor's (or function's) keyword arguments",
+    )
+
+
+def build_model(cfg: ModelConfig, num_classes: int) -> Network:
+    """The network of one member named by ``cfg.name``, with ``num_classes`` outputs: a
+    ``flax.linen.Module``, or an :class:`~ensemble_core.train.nnx_member.NnxNetwork` for a
+    ``flax.nnx.Module`` class (or a function taking ``rngs`` that returns one), which is
+    constructed abstractly here (no compute) and once per member, from the member's key,
+    when the ensemble is initialised.
 
     Raises:
       ConfigError: an unknown registry name, bad options (:func:`model_options`), an import
         path that does not import (naming a missing dependency) or name a class or function,
-        a class without ``num_classes``, one that raises, or one that does not give a
-        ``flax.linen.Module``; each one line with the fix.
+        a class without ``num_classes``, one that raises, an NNX module on a Flax too old
+        for it (or using a part of ``flax.nnx`` the installed Flax lacks), an NNX module
+        built without ``rngs`` (every member would start from the same weights), or
+        anything else than a Flax module; each one line with the fix.
     """
     if not is_import_path(cfg.name):
         model_options(cfg)
         return _registry_module(cfg).build(cfg, num_classes)
     fn = import_model_function(cfg.name)
-    try:
-        model = _construct(cfg.name, fn, cfg, num_classes)
-    except ConfigError:
-        raise
-    except Exception as err:  # noqa: BLE001  (the user's function validates model.options and may raise anything)
-        raise ConfigError(
-            f"model.name '{cfg.name}' raised {type(err).__name__}: {str(err)[:300]}",
-            fix="check model.options: they are the constructor's (or function's) keyword arguments",
-        ) from None
+    names = list(_parameters(fn))
+    if names and names[0] == "cfg":  # the project's builder convention: fn(cfg, num_classes)
+        model = _built(cfg.name, lambda: fn(cfg, num_classes))
+    else:
+        construct, takes_rngs = _constructor(cfg.name, fn, cfg, num_classes)
+        if _is_nnx_class(fn) or takes_rngs:
+            if not takes_rngs:
+                raise _without_rngs(cfg.name)
+            return _built(cfg.name, lambda: NnxNetwork.from_constructor(cfg.name, lambda rngs: construct(rngs=rngs)))
+        model = _built(cfg.name, construct)
+    if isinstance(model, nnx.Module):
+        raise _without_rngs(cfg.name)
     if not isinstance(model, nn.Module):
         raise ConfigError(
-            f"model.name '{cfg.name}' returned a {type(model).__name__}, not a flax.linen.Module; "
-            f"fix: return the network of one member"
+            f"model.name '{cfg.name}' returned a {type(model).__name__}, not a flax.linen or flax.nnx Module",
+            fix="return the network of one member",
         )
     return model
 
 
-def check_model(model: nn.Module, cfg: ModelConfig, image_shape: tuple[int, ...], num_classes: int) -> int:
+def _without_rngs(path: str) -> ConfigError:
+    return ConfigError(
+        f"model.name '{path}' builds a flax.nnx module without taking rngs, so every member would start "
+        f"from the same weights",
+        fix="give the class (or function) an argument rngs: nnx.Rngs and build its layers with it",
+    )
+
+
+def check_model(model: Network, cfg: ModelConfig, image_shape: tuple[int, ...], num_classes: int) -> int:
     """Initialise one member on a dummy batch of the dataset's shape and run it in training
     and inference mode, abstractly (``jax.eval_shape``: no compute, no memory).
 
@@ -196,16 +266,14 @@ def check_model(model: nn.Module, cfg: ModelConfig, image_shape: tuple[int, ...]
       ConfigError: initialisation or a forward pass fails, or the logits are not float
         ``[B, num_classes]``; one line naming the model and the fix.
     """
-    from ensemble_core.train.forward import apply_inference, init_variables, split_variables, trace_train
+    from ensemble_core.train.forward import apply_inference, init_variables, split_variables, train_unsharded
 
     batch = jax.ShapeDtypeStruct((2, *image_shape), jnp.float32)
     try:
         variables = jax.eval_shape(lambda: init_variables(model, jax.random.key(0), tuple(image_shape)))
-        params, model_state = split_variables(variables)
+        params, _ = split_variables(variables)
         logits = jax.eval_shape(lambda v, x: apply_inference(model, v, x), variables, batch)
-        trained = jax.eval_shape(
-            lambda v, x: trace_train(model, v, x, mutable=list(model_state) or False), variables, batch
-        )
+        trained, _ = jax.eval_shape(lambda v, x: train_unsharded(model, v, x), variables, batch)
     except ConfigError:
         raise
     except Exception as err:  # noqa: BLE001  (a user's network may raise anything while tracing)
@@ -214,7 +282,7 @@ def check_model(model: nn.Module, cfg: ModelConfig, image_shape: tuple[int, ...]
             f"({type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''})",
             fix="make the network accept float32 [B, H, W, C] images in [0, 1] and return [B, num_classes] logits",
         ) from None
-    for mode, out in (("inference", logits), ("training", trained[0] if model_state else trained)):
+    for mode, out in (("inference", logits), ("training", trained)):
         shape = getattr(out, "shape", None)
         if shape != (2, num_classes) or not jnp.issubdtype(out.dtype, jnp.floating):
             raise ConfigError(

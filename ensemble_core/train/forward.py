@@ -1,6 +1,9 @@
 """One member's forward pass, in training and in inference mode, with its mutable collections.
 
-A member is any Flax module written as Flax's own examples write them
+A member network is a Flax Linen module or an NNX network
+(:class:`~ensemble_core.train.nnx_member.NnxNetwork`, whose functional form lives in
+:mod:`ensemble_core.train.nnx_member`); the functions here take either. A Linen member is
+any module written as Flax's own examples write them
 (``examples/imagenet/models.py``): ``__call__(self, x, train: bool)`` (or another mode
 argument of :data:`MODE_ARGUMENTS`, or none), with
 ``nn.BatchNorm(use_running_average=not train)`` and ``nn.Dropout(deterministic=not train)``
@@ -25,15 +28,20 @@ unchanged.
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jaxtyping import Array, Float, Key
 
 from ensemble_core.mesh import DATA_AXIS
+from ensemble_core.train import nnx_member, whole_batch
+from ensemble_core.train.nnx_member import NnxNetwork
+
+#: A member network: a Linen module, or an NNX network.
+Network = nn.Module | NnxNetwork
 
 #: The collection that is the member's trainable parameters; every other collection the
 #: module creates at initialisation is mutable state updated in training mode.
@@ -56,15 +64,17 @@ def split_variables(variables: Any) -> tuple[Any, dict[str, Any]]:
 MODE_ARGUMENTS = {"train": True, "training": True, "is_training": True, "deterministic": False}
 
 
-def mode_argument(model: nn.Module) -> str | None:
+def mode_argument(model: Network) -> str | None:
     """The mode argument ``model.__call__`` takes (the first of :data:`MODE_ARGUMENTS` in
     its signature, positional or keyword-only), or None for a module with no mode
-    argument (one whose layers are fixed in one mode, such as Flax's older MNIST CNN)."""
-    parameters = inspect.signature(type(model).__call__).parameters
+    argument (one whose layers are fixed in one mode, such as Flax's older MNIST CNN, or
+    an NNX module switched by ``model.train()`` / ``model.eval()`` alone)."""
+    cls = model.module_type if isinstance(model, NnxNetwork) else type(model)
+    parameters = inspect.signature(cls.__call__).parameters
     return next((name for name in MODE_ARGUMENTS if name in parameters), None)
 
 
-def mode(model: nn.Module, train: bool) -> dict[str, Any]:
+def mode(model: Network, train: bool) -> dict[str, Any]:
     """The keyword argument that puts ``model`` in training (``train``) or inference mode:
     ``{"train": train}`` for Flax's examples' convention, ``{"deterministic": not train}``
     for that one, ``{}`` for a module without a mode argument."""
@@ -72,20 +82,40 @@ def mode(model: nn.Module, train: bool) -> dict[str, Any]:
     return {} if name is None else {name: train if MODE_ARGUMENTS[name] else not train}
 
 
-def init_variables(model: nn.Module, key: Key[Array, ""], image_shape: tuple[int, ...]) -> dict[str, Any]:
-    """One member's variables, initialised in inference mode (as Flax's examples do) on a
-    float32 ``[1, *image_shape]`` dummy batch from ``key`` (the ``params`` stream)."""
+def convention(model: Network) -> str:
+    """How the member is called, in words, for the run's log: the API and class, and the
+    mode argument in training and in inference."""
+    training, inference = mode(model, True), mode(model, False)
+    if isinstance(model, NnxNetwork):
+        api, switch = f"flax.nnx module {model.module_type.__name__}", "model.train() / model.eval()"
+        return f"{api}: {switch}" + (f", and {training} / {inference}" if training else "")
+    api = f"flax.linen module {type(model).__name__}"
+    if not training:
+        return f"{api}: no mode argument, called the same way in training and inference"
+    return f"{api}: training mode {training}, inference mode {inference}"
+
+
+def init_variables(model: Network, key: Key[Array, ""], image_shape: tuple[int, ...]) -> dict[str, Any]:
+    """One member's variables from ``key``: a Linen module initialised in inference mode
+    (as Flax's examples do) on a float32 ``[1, *image_shape]`` dummy batch (``key`` is
+    its ``params`` stream); an NNX network constructed from ``nnx.Rngs(key)``
+    (:func:`~ensemble_core.train.nnx_member.init_variables`)."""
+    if isinstance(model, NnxNetwork):
+        return nnx_member.init_variables(model, key)
     return dict(model.init(key, jnp.zeros((1, *image_shape), jnp.float32), **mode(model, False)))
 
 
-def apply_inference(model: nn.Module, variables: Any, images: Float[Array, "B H W C"]) -> Float[Array, "B K"]:
-    """One member's logits float32 ``[B, K]`` in inference mode (``train=False``: BatchNorm
-    uses its running averages, dropout is off); ``images`` float32 ``[B, H, W, C]`` in [0, 1]."""
+def apply_inference(model: Network, variables: Any, images: Float[Array, "B H W C"]) -> Float[Array, "B K"]:
+    """One member's logits float32 ``[B, K]`` in inference mode (``train=False``, or
+    ``model.eval()`` for NNX: BatchNorm uses its running averages, dropout is off);
+    ``images`` float32 ``[B, H, W, C]`` in [0, 1]."""
+    if isinstance(model, NnxNetwork):
+        return nnx_member.apply_inference(model, variables, images, mode(model, False))
     return model.apply(variables, images, **mode(model, False))  # type: ignore[return-value]
 
 
 def apply_train(
-    model: nn.Module,
+    model: Network,
     params: Any,
     model_state: dict[str, Any],
     images: Float[Array, "b H W C"],
@@ -106,6 +136,8 @@ def apply_train(
       float32 logits ``[b, K]`` and ``model_state`` updated (BatchNorm's running averages
       from the whole batch's statistics); ``{}`` stays ``{}``.
     """
+    if isinstance(model, NnxNetwork):
+        return nnx_member.apply_train(model, params, model_state, images, key, data_shards, mode(model, True))
     variables = {PARAMS: params, **model_state}
     with nn.intercept_methods(_whole_batch(data_shards)):
         train = mode(model, True)
@@ -113,23 +145,50 @@ def apply_train(
     return logits, {name: updates.get(name, model_state[name]) for name in model_state}
 
 
-def trace_train(model: nn.Module, variables: Any, images: Any, **apply_kwargs: Any) -> Any:
-    """``model.apply`` in training mode as the train step runs it (the whole-batch
-    interception of :func:`apply_train`, the mesh axis ``'data'`` bound, one shard), for
-    ``jax.eval_shape`` checks before any compute: a BatchNorm with its own ``axis_name``
-    (the ``'batch'`` of Flax's ImageNet example) traces as it will train. ``apply_kwargs``
-    go to ``apply`` (e.g. ``mutable``, ``capture_intermediates``); dropout draws from a
-    fixed key.
+def train_unsharded(model: Network, variables: Any, images: Any) -> tuple[Any, dict[str, Any]]:
+    """:func:`apply_train` as the train step runs it, outside the step: the mesh axis
+    ``'data'`` bound with one shard, dropout from a fixed key. For ``jax.eval_shape``
+    checks before any compute (a BatchNorm with its own ``axis_name``, the ``'batch'`` of
+    Flax's ImageNet example, traces as it will train) and for tests.
 
     Returns:
-      What ``model.apply`` returns (no leading axis)."""
+      float32 logits ``[B, K]`` and the updated mutable collections (``{}`` for none).
+    """
+    params, model_state = split_variables(variables)
+
+    def one(p: Any, ms: Any, x: Any) -> Any:
+        return apply_train(model, p, ms, x, jax.random.key(0), 1)
+
+    out = jax.vmap(one, in_axes=(None, None, None), axis_size=1, axis_name=DATA_AXIS)(params, model_state, images)
+    return jax.tree.map(lambda leaf: leaf[0], out)
+
+
+def activation_elements(model: Network, variables: Any, images: Any) -> int:
+    """The float elements of every layer's output in one training-mode forward pass of
+    ``images`` (Linen's ``capture_intermediates``; NNX's ``nnx.capture`` with
+    ``method_outputs``), traced as the step runs it, abstractly (``jax.eval_shape``: no
+    compute, no memory). ``variables``/``images`` may be ``jax.ShapeDtypeStruct``s."""
 
     def one(v: Any, x: Any) -> Any:
+        if isinstance(model, NnxNetwork):
+            return nnx_member.layer_outputs(model, v, x, mode(model, True))
+        model_state = [name for name in v if name != PARAMS]
         with nn.intercept_methods(_whole_batch(1)):
-            return model.apply(v, x, **mode(model, True), rngs={DROPOUT: jax.random.key(0)}, **apply_kwargs)
+            _, inter = model.apply(
+                v,
+                x,
+                **mode(model, True),
+                rngs={DROPOUT: jax.random.key(0)},
+                capture_intermediates=True,
+                mutable=["intermediates", *model_state],
+            )
+        return inter.get("intermediates", {})
 
-    out = jax.vmap(one, in_axes=(None, None), axis_size=1, axis_name=DATA_AXIS)(variables, images)
-    return jax.tree.map(lambda leaf: leaf[0], out)
+    outputs = jax.eval_shape(
+        lambda v, x: jax.vmap(one, in_axes=(None, None), axis_size=1, axis_name=DATA_AXIS)(v, x), variables, images
+    )
+    floats = (leaf for leaf in jax.tree.leaves(outputs) if jnp.issubdtype(leaf.dtype, jnp.floating))
+    return sum(math.prod(leaf.shape[1:]) for leaf in floats)
 
 
 def _whole_batch(data_shards: int):
@@ -162,24 +221,10 @@ def _batch_norm(module: nn.BatchNorm, next_fun, args, kwargs):
 
 
 def _dropout(module: nn.Dropout, data_shards: int, inputs, deterministic=None, rng=None):
-    """``nn.Dropout.__call__`` (flax 0.12) with the mask drawn for the member's whole batch
-    of ``data_shards * inputs.shape[0]`` rows and this shard's rows kept."""
+    """``nn.Dropout.__call__`` (flax 0.12) with the mask of the member's whole batch
+    (:func:`ensemble_core.train.whole_batch.dropout`)."""
     if nn.merge_param("deterministic", module.deterministic, deterministic) or module.rate == 0.0:
         return inputs
-    if module.rate == 1.0:
-        return jnp.zeros_like(inputs)
-    keep_prob = 1.0 - module.rate
-    if rng is None:
+    if rng is None and module.rate != 1.0:
         rng = module.make_rng(module.rng_collection)
-    shape = list(inputs.shape)
-    broadcast = {d % inputs.ndim for d in module.broadcast_dims}
-    for dim in broadcast:
-        shape[dim] = 1
-    rows = inputs.shape[0]
-    if 0 not in broadcast:
-        shape[0] = rows * data_shards
-    mask = jax.random.bernoulli(rng, p=keep_prob, shape=shape)
-    if 0 not in broadcast:
-        mask = lax.dynamic_slice_in_dim(mask, lax.axis_index(DATA_AXIS) * rows, rows, axis=0)
-    mask = jnp.broadcast_to(mask, inputs.shape)
-    return lax.select(mask, inputs / keep_prob, jnp.zeros_like(inputs))
+    return whole_batch.dropout(inputs, rng, module.rate, module.broadcast_dims, data_shards)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -15,7 +14,7 @@ from jaxtyping import Array, Bool, Float, Int, Key
 
 from ensemble_core.errors import ConfigError
 from ensemble_core.mesh import member_sharding, replicated
-from ensemble_core.train.forward import PARAMS, init_variables, split_variables
+from ensemble_core.train.forward import PARAMS, Network, init_variables, split_variables
 from ensemble_core.train.optimizer import set_hyperparameters
 
 
@@ -96,7 +95,7 @@ class EnsembleState:
 
 
 def init_ensemble(
-    model: nn.Module,
+    model: Network,
     tx: optax.GradientTransformation,
     init_keys: Key[Array, " E"],
     image_shape: tuple[int, ...],

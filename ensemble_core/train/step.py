@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -25,7 +24,7 @@ from jaxtyping import Array, Float, Int, Key, UInt8, UInt32
 from ensemble_core.data import to_float
 from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS
 from ensemble_core.train.augment import augment
-from ensemble_core.train.forward import apply_train
+from ensemble_core.train.forward import Network, apply_train
 from ensemble_core.train.members import map_members
 from ensemble_core.train.optimizer import set_hyperparameters
 from ensemble_core.train.state import EnsembleState
@@ -105,7 +104,7 @@ def train_compiler_options(platform: str, batch_norm: bool = False) -> dict[str,
 
 
 def make_train_step(
-    model: nn.Module,
+    model: Network,
     tx: optax.GradientTransformation,
     mesh: Mesh,
     strategy: str = "vmap",

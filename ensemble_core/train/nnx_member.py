@@ -1,0 +1,252 @@
+"""NNX members: a ``flax.nnx.Module`` as one member of the ensemble, in the functional
+form the train step stacks on the member axis.
+
+An NNX module is a Python object that holds its own arrays. The ensemble keeps every
+member's arrays as plain pytrees stacked on a leading member axis (struct of arrays,
+exactly as for Linen members), and runs a member the way Flax documents NNX under JAX
+transforms (the "NNX and JAX transformations" guide, functional API): ``nnx.merge`` the
+network's graph definition with the member's arrays, call the module, ``nnx.split`` the
+updated arrays out again. Under ``jax.jit`` this costs nothing at run time: the merge and
+the split happen while tracing.
+
+A member's *variables* are its arrays grouped as Linen names its collections, so that
+checkpoints, evaluation and every tool that reads them are the same for both APIs:
+
+- ``nnx.Param`` (and its subclasses): ``"params"``, trained;
+- ``nnx.BatchStat``: ``"batch_stats"``, BatchNorm's running averages;
+- any other ``nnx.Variable`` type the module creates (a user's own): a collection named
+  after the type in snake case (``MyCounter`` -> ``"my_counter"``), carried like
+  ``batch_stats``;
+- the RNG state (every ``nnx.RngStream``'s key and count) is *not* kept: each call seeds
+  every stream from the member's key for the step (:func:`apply_train`), so dropout masks
+  depend on the member and the step only, never on the mesh, a resume, or how often the
+  module was called before (as for Linen's ``'dropout'`` stream).
+
+Path keys are strings (a list index ``0`` is ``"0"``), so a checkpoint is a nested dict
+that stock orbax writes and reads.
+
+Inside the train step a member's batch may be split over mesh axis ``'data'``. As for
+Linen members (:mod:`ensemble_core.train.forward`), the member's whole batch is the unit
+of its batch-dependent and stochastic layers: every ``nnx.BatchNorm`` averages its
+statistics over ``'data'`` (its ``axis_name`` is set to the data axis; the ``'batch'`` of
+a network written for ``pmap`` is replaced), and every ``nnx.Dropout`` draws its mask for
+the whole batch and keeps this shard's rows (:class:`WholeBatchDropout`). NNX has no
+method interception; the merged module is a fresh object on every call, so these
+attributes are set on it directly and the user's code is used unchanged.
+
+Requires Flax >= :data:`MIN_FLAX` (``nnx.iter_modules``, ``Variable.set_value``,
+``nnx.capture``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+from jaxtyping import Array, Float, Key
+
+from ensemble_core.errors import ConfigError
+from ensemble_core.mesh import DATA_AXIS
+from ensemble_core.train import whole_batch
+
+#: The oldest Flax whose NNX API this module is written against (and tested with).
+MIN_FLAX = (0, 12)
+#: The collection of trainable parameters (as Linen names it).
+PARAMS = "params"
+#: Collections named as Linen names them; other variable types are named after their type.
+COLLECTIONS: tuple[tuple[type, str], ...] = ((nnx.Param, PARAMS), (nnx.BatchStat, "batch_stats"))
+
+
+def flax_version() -> tuple[int, ...]:
+    """The installed Flax's version as integers (``"0.12.8"`` -> ``(0, 12, 8)``)."""
+    return tuple(int(part) for part in re.findall(r"\d+", flax.__version__)[:3])
+
+
+def require_nnx(name: str) -> None:
+    """Refuse an NNX network on a Flax older than :data:`MIN_FLAX`.
+
+    Raises:
+      ConfigError: one line naming the installed version and the fix.
+    """
+    if flax_version() < MIN_FLAX:
+        need = ".".join(map(str, MIN_FLAX))
+        raise ConfigError(
+            f"model.name '{name}' is a flax.nnx network, and NNX members need Flax >= {need}; "
+            f"this environment has Flax {flax.__version__}",
+            fix=f"pip install 'flax>={need}' (the project's own install does), or write the network with flax.linen",
+        )
+
+
+def collection_name(variable_type: type) -> str:
+    """The collection of a variable type: ``"params"`` for ``nnx.Param`` (and subclasses),
+    ``"batch_stats"`` for ``nnx.BatchStat``, else the type's name in snake case."""
+    for base, name in COLLECTIONS:
+        if issubclass(variable_type, base):
+            return name
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", variable_type.__name__).lower()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class NnxNetwork:
+    """An NNX member network: how to construct it, and its structure.
+
+    Attributes:
+      name: ``model.name`` (for messages).
+      module_type: the class of the module the constructor returns.
+      construct: ``construct(rngs: nnx.Rngs) -> nnx.Module``: one member, initialised from
+        ``rngs`` (the user's class or function with ``model.options``, ``num_classes`` and
+        ``rngs=``).
+      graphdef: ``nnx.split``'s graph definition (the module's static structure).
+      template: the module's abstract non-RNG state (``jax.ShapeDtypeStruct`` values).
+      rng_template: its abstract RNG state (every ``nnx.RngStream``'s key and count).
+    """
+
+    name: str
+    module_type: type
+    construct: Callable[[nnx.Rngs], nnx.Module]
+    graphdef: Any
+    template: Any
+    rng_template: Any
+
+    @classmethod
+    def from_constructor(cls, name: str, construct: Callable[[nnx.Rngs], nnx.Module]) -> NnxNetwork:
+        """Trace ``construct`` abstractly (``nnx.eval_shape``: no compute, no memory) and
+        keep the structure it builds.
+
+        Raises:
+          ConfigError: Flax is older than :data:`MIN_FLAX`, or ``construct`` does not
+            return an ``nnx.Module``. Errors the user's constructor raises propagate.
+        """
+        require_nnx(name)
+        abstract = nnx.eval_shape(lambda: construct(nnx.Rngs(0)))
+        if not isinstance(abstract, nnx.Module):
+            raise ConfigError(
+                f"model.name '{name}' returned a {type(abstract).__name__}, not a flax.nnx.Module",
+                fix="return the network of one member",
+            )
+        graphdef, rng_template, template = nnx.split(abstract, nnx.RngState, ...)  # type: ignore[misc]
+        return cls(name, type(abstract), construct, graphdef, template, rng_template)
+
+    def variables(self, module: nnx.Module) -> dict[str, Any]:
+        """``module``'s arrays as collections (see the module docstring): ``{"params": {...},
+        "batch_stats": {...}, ...}``, nested dicts with string keys; a collection the
+        module has no variable of is absent."""
+        out: dict[str, Any] = {}
+        for path, variable in nnx.to_flat_state(nnx.state(module, nnx.Not(nnx.RngState))):
+            node = out.setdefault(collection_name(type(variable)), {})
+            for part in path[:-1]:
+                node = node.setdefault(str(part), {})
+            node[str(path[-1])] = variable.get_value()
+        return out
+
+    def merge(self, variables: dict[str, Any], key: Key[Array, ""]) -> nnx.Module:
+        """A module with ``variables``' arrays and every RNG stream seeded from ``key``:
+        stream ``i`` (in the state's path order) gets ``fold_in(key, i)`` (split to its
+        shape when a stream holds several keys) and a count of 0."""
+        flat = []
+        for path, variable in nnx.to_flat_state(self.template):
+            node = variables[collection_name(type(variable))]
+            for part in path:
+                node = node[str(part)]
+            flat.append((path, variable.replace(node)))
+        streams = 0
+        for path, variable in nnx.to_flat_state(self.rng_template):
+            if isinstance(variable, nnx.RngKey):
+                stream_key = jax.random.fold_in(key, streams)
+                streams += 1
+                shape = tuple(variable.get_value().shape)
+                value = jax.random.split(stream_key, shape) if shape else stream_key
+            else:  # nnx.RngCount
+                value = jnp.zeros(variable.get_value().shape, jnp.uint32)
+            flat.append((path, variable.replace(value)))
+        return nnx.merge(self.graphdef, nnx.from_flat_state(flat))
+
+
+def init_variables(net: NnxNetwork, key: Key[Array, ""]) -> dict[str, Any]:
+    """One member's variables, constructed from ``nnx.Rngs(key)`` (every stream the
+    module draws at construction, ``params`` included, derives from ``key``)."""
+    return net.variables(net.construct(nnx.Rngs(key)))
+
+
+def apply_inference(
+    net: NnxNetwork, variables: dict[str, Any], images: Float[Array, "B H W C"], call: dict[str, Any]
+) -> Float[Array, "B K"]:
+    """One member's logits float32 ``[B, K]`` in inference mode (``module.eval()``: BatchNorm
+    uses its running averages, dropout is off); ``call`` is the mode argument of
+    ``__call__`` when it takes one (:func:`ensemble_core.train.forward.mode`)."""
+    module = net.merge(variables, jax.random.key(0))
+    module.eval()
+    return module(images, **call)
+
+
+def training_module(net: NnxNetwork, variables: dict[str, Any], key: Key[Array, ""], data_shards: int) -> nnx.Module:
+    """The member merged from ``variables`` and ``key`` (:meth:`NnxNetwork.merge`) in
+    training mode (``module.train()``), its whole batch the unit of its batch-dependent
+    and stochastic layers: every ``nnx.BatchNorm`` averages over axis ``'data'``, and with
+    ``data_shards > 1`` every ``nnx.Dropout`` is a :class:`WholeBatchDropout`."""
+    module = net.merge(variables, key)
+    module.train()
+    for _, layer in nnx.iter_modules(module):
+        if isinstance(layer, nnx.BatchNorm):
+            layer.axis_name, layer.axis_index_groups = DATA_AXIS, None
+        elif type(layer) is nnx.Dropout and data_shards > 1:
+            object.__setattr__(layer, "__class__", WholeBatchDropout)  # this merged copy only
+    return module
+
+
+def apply_train(
+    net: NnxNetwork,
+    params: Any,
+    model_state: dict[str, Any],
+    images: Float[Array, "b H W C"],
+    key: Key[Array, ""],
+    data_shards: int,
+    call: dict[str, Any],
+) -> tuple[Float[Array, "b K"], dict[str, Any]]:
+    """One member's logits in training mode (``module.train()``) and its updated
+    collections; the contract of :func:`ensemble_core.train.forward.apply_train`.
+
+    ``key`` seeds every RNG stream of the module (its dropout). Must run where mesh axis
+    ``'data'`` is bound (the train step's ``shard_map``, or a ``vmap`` naming it).
+    """
+    module = training_module(net, {PARAMS: params, **model_state}, key, data_shards)
+    logits = module(images, **call)
+    updated = net.variables(module)
+    return logits, {name: updated[name] for name in model_state}
+
+
+def layer_outputs(net: NnxNetwork, variables: dict[str, Any], images: Any, call: dict[str, Any]) -> Any:
+    """Every layer's output in one training-mode forward pass (``nnx.capture`` with
+    ``method_outputs``: each submodule's ``__call__``), for the memory estimate. Axis
+    ``'data'`` must be bound."""
+    module = training_module(net, variables, jax.random.key(0), 1)
+    _, captured = nnx.capture(module, nnx.Intermediate, method_outputs=nnx.Intermediate)(images, **call)
+    return captured
+
+
+class WholeBatchDropout(nnx.Dropout):
+    """``nnx.Dropout`` (flax 0.12) with the mask of the member's whole batch over axis
+    ``'data'`` (:func:`ensemble_core.train.whole_batch.dropout`): an example gets the same
+    mask on 1 or 8 data shards."""
+
+    def __call__(self, inputs, *, deterministic: bool | None = None, rngs=None):
+        deterministic = self.deterministic if deterministic is None else deterministic
+        if self.rate == 0.0 or deterministic:
+            return inputs
+        if self.rate == 1.0:
+            return jnp.zeros_like(inputs)
+        source = self.rngs if rngs is None else rngs
+        if isinstance(source, nnx.Rngs):
+            key = source[self.rng_collection]()
+        elif isinstance(source, nnx.RngStream):
+            key = source()
+        else:
+            key = source
+        return whole_batch.dropout(inputs, key, self.rate, self.broadcast_dims, lax.axis_size(DATA_AXIS))
