@@ -22,6 +22,7 @@ from ensemble_core.runs.ensemble.load import restore
 from ensemble_core.runs.storage.lock import run_lock
 from ensemble_core.train import unstacked
 from tests.ensembles import predictions, small_setup, tiny_config, train_small
+from tests.prefect_api import cli_env
 from tests.xla_flags import xla_flags
 
 pytestmark = pytest.mark.slow  # training processes killed and resumed
@@ -75,15 +76,30 @@ def _wait_for_committed_checkpoint(run: Path, p, timeout: float = 120.0) -> None
     raise AssertionError(f"no committed checkpoint under {run} after {timeout} s")
 
 
-def test_sigkill_mid_training_then_resume_is_bitwise_identical(tmp_path, tfds_dir, reference):
+@pytest.mark.parametrize(
+    "network",
+    [
+        None,  # tests.train_proc's: flax.nnx with BatchNorm and Dropout
+        # make soak: the Linen conventions of a user's network (the same resume machinery)
+        pytest.param("PacedLinenNet", marks=pytest.mark.soak),  # __call__(x, training), axis_name='batch'
+        pytest.param("PacedNoModeNet", marks=pytest.mark.soak),  # __call__(x), no mode argument
+    ],
+)
+def test_sigkill_mid_training_then_resume_is_bitwise_identical(tmp_path, tfds_dir, reference, network, prefect_api):
     """SIGKILL while training (after a committed checkpoint): the rerun resumes from the
     latest checkpoint, loses at most one epoch, and ends bitwise equal to the run never
-    killed.
+    killed; the resumed run serves ``flows.predict`` from its directory (the ensemble's
+    probabilities equal the evaluation's on the same images).
 
     Why not shorter (about a minute under load, its fixture's reference run included):
     three training processes, two of them paced so that the kill lands mid-training."""
+    args = () if network is None else (f"model.name=tests.user_models.paced_nets:{network}",)
+    if network is not None:
+        reference = tmp_path / "reference"
+        rc, _out, err = _finish(_proc(reference, tfds_dir, *args))
+        assert rc == 0, err[-2000:]
     run = tmp_path / "run"
-    p = _proc(run, tfds_dir)
+    p = _proc(run, tfds_dir, *args)
     _wait_for_epoch(p, 1)  # the first checkpoint is being written
     # Under CPU load the first (asynchronous) save can take seconds to commit; kill only
     # once one is committed, at a random moment while training (and the next save) go on.
@@ -93,7 +109,7 @@ def test_sigkill_mid_training_then_resume_is_bitwise_identical(tmp_path, tfds_di
     p.wait()
     saved = sorted(int(d.name) for d in (run / "checkpoints").iterdir() if d.name.isdigit())
     assert saved[-1] < 4 * 16, f"the kill landed after training ended (checkpoints {saved})"
-    rc, out, err = _finish(_proc(run, tfds_dir))
+    rc, out, err = _finish(_proc(run, tfds_dir, *args))
     assert rc == 0, err[-2000:]
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["resumed_from"] is not None and summary["resumed_from"] >= 1
@@ -101,6 +117,25 @@ def test_sigkill_mid_training_then_resume_is_bitwise_identical(tmp_path, tfds_di
     assert saved and summary["resumed_from"] * 16 >= saved[-1] - 16
     got, want = predictions(run), predictions(reference)
     np.testing.assert_array_equal(got["member_probs"], want["member_probs"])
+    _predict_serves(run, tfds_dir, got["member_probs"], prefect_api)
+
+
+def _predict_serves(run: Path, tfds_dir: str, member_probs: np.ndarray, prefect_api: str) -> None:
+    """``python -m flows.predict --run-dir RUN`` (a Prefect flow run on the session's server)
+    on the first test images the run evaluated: the ensemble's probabilities are the mean
+    of the members' in ``predictions.npz``."""
+    from ensemble_core import data
+
+    images, _ = data.load_split(data.EMBEDDED, "test", data.prepare(data.EMBEDDED, tfds_dir).tfds_data_dir, limit=8)
+    np.save(run.parent / "images.npy", images)
+    out = run.parent / "predicted.npz"
+    cmd = [sys.executable, "-m", "flows.predict", "--images", str(run.parent / "images.npy"), "--run-dir", str(run)]
+    proc = subprocess.run(
+        [*cmd, "--output", str(out)], cwd=ROOT, env=cli_env(prefect_api), capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with np.load(out) as f:
+        np.testing.assert_allclose(f["ensemble_probs"], member_probs[:, :8].astype(np.float64).mean(0), atol=1e-5)
 
 
 def test_sigterm_saves_at_the_step_boundary_and_resumes(tmp_path, tfds_dir, reference):
@@ -243,7 +278,8 @@ def test_second_run_on_a_locked_directory_refuses(tmp_path):
 
 
 def test_stock_orbax_restores_on_one_device(tmp_path, tfds_dir, reference):
-    """No project code: CheckpointManager + StandardRestore, saved on 8 devices, 1 here."""
+    """No project code: CheckpointManager + StandardRestore, saved on 8 devices, 1 here; the
+    members are a flax.nnx network's (tests.train_proc), their arrays plain nested dicts."""
     script = f"""
 import os
 os.environ["XLA_FLAGS"] = "{xla_flags(1)}"
@@ -262,7 +298,7 @@ dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=dev), tree)
 out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
                                                   meta=ocp.args.JsonRestore()))
-kernel = out["state"]["params"]["Dense_1"]["kernel"]
+kernel = out["state"]["params"]["out"]["kernel"]
 print(json.dumps({{"devices": jax.device_count(), "step": step, "meta_step": out["meta"]["step"],
                   "shape": list(kernel.shape), "abs_sum": float(np.abs(np.asarray(kernel)).sum())}}))
 """
@@ -280,7 +316,7 @@ print(json.dumps({{"devices": jax.device_count(), "step": step, "meta_step": out
 
     cfg = load_config(None, [*BASE, f"data.data_dir={tfds_dir}"])
     state, _ = restore(cfg, reference, 10, (28, 28, 1))
-    expected = float(np.abs(np.asarray(state.params["Dense_1"]["kernel"])).sum())
+    expected = float(np.abs(np.asarray(state.params["out"]["kernel"])).sum())
     assert got["abs_sum"] == pytest.approx(expected, rel=1e-6)
 
 

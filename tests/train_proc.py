@@ -31,9 +31,11 @@ BASE = [
     "data.validation_fraction=0.2",
     "train.patience=2",
     "data.max_test_examples=200",
-    # An MLP whose training steps wait 0.1 s in a host callback: about 5 s of training
-    # after the first checkpoint for a kill to land in, without the CPU seconds of a CNN
-    "model.name=tests.user_models.paced_mlp:build",
+    # A user's flax.nnx network named by class (Linear - BatchNorm - Dropout - Linear: BatchNorm
+    # statistics and dropout in every checkpoint and resume) whose training steps wait 0.1 s
+    # in a host callback: about 5 s of training after the first checkpoint for a kill to
+    # land in, without the CPU seconds of a CNN
+    "model.name=tests.user_models.paced_nets:PacedNnxNet",
     "model.options={hidden: 64, pause_s: 0.1}",
     "ensemble.size=4",
     "train.batch_size=64",

@@ -204,7 +204,7 @@ def _built(path: str, call):
 def _raised(path: str, err: Exception) -> ConfigError:
     return ConfigError(
         f"model.name '{path}' raised {type(err).__name__}: {str(err)[:300]}",
-        fix="check model.options: they are the constructor's (or function's) keyword arguments",
+        fix="check model.options (the constructor's or function's keyword arguments) and the code it names",
     )
 
 

@@ -21,6 +21,16 @@ def _pause(seconds: float, value: np.ndarray) -> np.ndarray:
     return np.zeros_like(value)
 
 
+def paced(x: jnp.ndarray, seconds: float) -> jnp.ndarray:
+    """``x`` (float ``[B, ...]``) plus a zero that a host callback returns after waiting
+    ``seconds`` (once per member and step, also under ``vmap``); ``x`` when ``seconds`` is 0."""
+    if seconds <= 0:
+        return x
+    shape = jax.ShapeDtypeStruct((), x.dtype)
+    zero = jax.pure_callback(functools.partial(_pause, seconds), shape, x.reshape(-1)[0], vmap_method="sequential")
+    return x + zero
+
+
 class PacedMLP(nn.Module):
     """Flatten - Dense(hidden) - ReLU - Dense(num_classes); training waits ``pause_s`` s a step."""
 
@@ -31,10 +41,8 @@ class PacedMLP(nn.Module):
     @nn.compact
     def __call__(self, x: jnp.ndarray, train: bool) -> jnp.ndarray:
         x = x.reshape((x.shape[0], -1))
-        if train and self.pause_s > 0:
-            shape = jax.ShapeDtypeStruct((), x.dtype)
-            zero = jax.pure_callback(functools.partial(_pause, self.pause_s), shape, x[0, 0], vmap_method="sequential")
-            x = x + zero
+        if train:
+            x = paced(x, self.pause_s)
         x = nn.relu(nn.Dense(self.hidden)(x))
         return nn.Dense(self.num_classes)(x)
 
