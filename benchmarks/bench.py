@@ -8,7 +8,9 @@
 
 Models (``--models``, :data:`MODELS`): ``cnn``, ``mlp``, ``resnet20`` (the registry's
 ``resnet`` with its defaults: depth 20, width 16, BatchNorm) and ``resnet20-nobn``
-(``model.options: {batch_norm: false}``), all on the embedded MNIST's 28x28x1 images.
+(``model.options: {batch_norm: false}``), all on the embedded MNIST's 28x28x1 images, and
+``cnn-nnx``: the ``cnn`` written as a ``flax.nnx.Module`` (``tests.user_models.nnx_nets:CNN``),
+for method ``project`` only (the per-member loop is Linen's pattern; :mod:`benchmarks.nnx_vs_linen`).
 ``--strategy`` takes a comma-separated list (each strategy a row, against one loop
 measurement); ``vmap_patches`` is ``vmap`` with every ``nn.Conv`` computed as patches
 times a kernel matrix (:mod:`benchmarks.conv_patches`) while the step and the
@@ -65,7 +67,13 @@ MODELS = {
     "mlp": ("mlp", {}),
     "resnet20": ("resnet", {}),  # depth 20, width 16, BatchNorm (the registry's defaults)
     "resnet20-nobn": ("resnet", {"batch_norm": False}),  # convolutions with a bias instead of BatchNorm
+    # the registry's cnn written as a flax.nnx.Module (same layers and pooling), by class path;
+    # 'project' only: the per-member loop is Linen's pattern (benchmarks.nnx_vs_linen)
+    "cnn-nnx": ("tests.user_models.nnx_nets:CNN", {}),
 }
+#: MODELS without the per-member loop (Linen's pattern): measured by method 'project' only,
+#: so not in this module's table (main refuses them); benchmarks.nnx_vs_linen runs them
+PROJECT_ONLY = frozenset({"cnn-nnx"})
 #: --strategy values: the project's member strategies plus 'vmap_patches', vmap with every
 #: nn.Conv replaced by patches + one batched matmul over the members
 #: (:mod:`benchmarks.conv_patches`), applied around the step's and predict's tracing
@@ -282,7 +290,28 @@ def _worker(args: argparse.Namespace) -> dict:
 # MARK: driver
 
 
-def _run_worker(model: str, size: int, method: str, args, env: dict | None = None, strategy: str | None = None) -> dict:
+def run_worker(model: str, size: int, method: str, args, env: dict | None = None, strategy: str | None = None) -> dict:
+    """Measure one configuration in a fresh worker process (``python -m benchmarks.bench
+    --worker``), so that compile time, peak memory and the JAX state are its own.
+
+    Args:
+      model: a :data:`MODELS` name.
+      size: the ensemble size E.
+      method: ``"project"`` (the project's ensemble step and evaluation), ``"loop"`` (the
+        per-member Linen baseline) or ``"peak"`` (the matmul roofline).
+      args: a namespace with ``steps``, ``data_dir``, ``repeats`` and ``skip_same_options``
+        (as :func:`main` parses them).
+      env: the worker's environment (``XLA_FLAGS``, ``JAX_COMPILATION_CACHE_DIR``);
+        default: this process's.
+      strategy: a :data:`STRATEGY_CHOICES` value overriding the member strategy, or None.
+
+    Returns:
+      The worker's measurement: ``train_member_images_per_s``, ``eval_member_images_per_s``,
+      ``compile_seconds``, ``peak_host_mb``, the backend and device count, and more.
+
+    Raises:
+      SystemExit: the worker failed (its command and the tail of its stderr).
+    """
     cmd = [
         sys.executable,
         "-m",
@@ -420,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models.split(","):
         if name not in MODELS:
             parser.error(f"unknown model {name!r}; use one of {', '.join(MODELS)}")
+        if name in PROJECT_ONLY:
+            parser.error(f"{name!r} has no per-member loop to compare with; python -m benchmarks.nnx_vs_linen runs it")
     strategies = args.strategy.split(",") if args.strategy else [None]
     for st in strategies:
         if st is not None and st not in STRATEGY_CHOICES:
@@ -439,9 +470,9 @@ def main(argv: list[str] | None = None) -> int:
         for size in map(int, args.sizes.split(",")):
             loop = None
             for strategy in strategies:
-                project = _run_worker(model, size, "project", args, env, strategy)
+                project = run_worker(model, size, "project", args, env, strategy)
                 if loop is None:  # one loop measurement per model and size, whatever the strategies
-                    loop = _run_worker(model, size, "loop", args, env)
+                    loop = run_worker(model, size, "loop", args, env)
                 same = loop.get("train_member_images_per_s_same_options")
                 rows.append(
                     {
@@ -471,14 +502,14 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "xla_flags": env.get("XLA_FLAGS", ""),
         "command": "python -m benchmarks.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "peak": _run_worker("cnn", 1, "peak", args, env),
+        "peak": run_worker("cnn", 1, "peak", args, env),
         "rows": rows,
     }
     if args.compile_cache:
         warm_cache = tempfile.mkdtemp(prefix="ensemble-bench-jax-")
         env["JAX_COMPILATION_CACHE_DIR"] = warm_cache
-        cold = _run_worker("cnn", 8, "project", args, env)["compile_seconds"]
-        warm = _run_worker("cnn", 8, "project", args, env)["compile_seconds"]
+        cold = run_worker("cnn", 8, "project", args, env)["compile_seconds"]
+        warm = run_worker("cnn", 8, "project", args, env)["compile_seconds"]
         result["compile_cache"] = {
             "model": "cnn",
             "size": 8,

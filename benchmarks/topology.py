@@ -1,14 +1,25 @@
-"""Are a ResNet's members the same on any topology? ResNet-20 members with BatchNorm,
-dropout and crop augmentation trained for a few steps on 1 device, on 2 devices (members
-split), on 8 devices (4 x 2: members and each member's batch split) and as 2 member groups,
-compared with the 1-device run leaf by leaf.
+"""Are a ResNet's members the same on any topology? ResNet-20 members (or ``--model``'s)
+with BatchNorm, dropout and crop augmentation trained for a few steps on 1 device, on 2
+devices (members split), on 8 devices (4 x 2: members and each member's batch split) and as
+2 member groups, compared with the 1-device run leaf by leaf.
 
     python -m benchmarks.topology [--steps 2] [--depth 20] [--out benchmarks/results/topology-resnet20.json]
+    python -m benchmarks.topology --model tests.user_models.flax_resnets:NnxResNet \
+        --out benchmarks/results/topology-nnx-resnet.json
+
+``--model`` is any ``model.name`` (default the registry ``resnet``); ``--options`` its
+``model.options`` as a JSON (or YAML) mapping, by default ``{"depth": <--depth>,
+"dropout_rate": 0.1}`` for the registry ``resnet`` and ``{}`` for any other model (a
+class path's own defaults).
 
 Reports, per layout, the largest difference of any parameter or batch statistic, absolute
 and relative to how far that leaf moved from its initial value (the size of the training
 update): float32 rounding shows as 1e-7..1e-5 of an update, a semantic difference (e.g.
-per-shard statistics, dropout masks or augmentations) as 1e-2 or more.
+per-shard statistics, dropout masks or augmentations) as 1e-2 or more. ``leaf`` names the
+leaf of the largest relative difference and ``leaf_update`` how far it moved: a leaf that
+barely moved in a few steps (a conv behind a zero-initialised BatchNorm scale) turns one
+float32 ulp into a larger fraction. ``differing_leaves`` lists every leaf that differs, the
+largest relative difference first, with the float32 spacing (ulp) at its largest value.
 """
 
 from __future__ import annotations
@@ -29,6 +40,31 @@ import numpy as np
 from benchmarks._provenance import stamp
 
 
+def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+    """``model.options``: ``--options`` parsed, or the default for ``--model``."""
+    if args.options is None:
+        return {"depth": args.depth, "dropout_rate": 0.1} if args.model == "resnet" else {}
+    from ensemble_core.config.strict_yaml import YAMLError, describe, load_yaml
+
+    try:
+        options = load_yaml(args.options)
+    except YAMLError as e:
+        parser.error(f"--options is not JSON/YAML: {describe(e)}")
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        parser.error(f"--options must be a mapping, got {args.options!r}")
+    return options
+
+
+def _describe(model: str, options: dict) -> str:
+    """The result's one-line ``model``: today's wording for the registry resnet."""
+    if model == "resnet" and set(options) == {"depth", "dropout_rate"}:
+        return f"resnet depth {options['depth']}, BatchNorm, dropout {options['dropout_rate']:g}, crop_padding 2"
+    shown = ", ".join(f"{k}={v!r}" for k, v in options.items())
+    return f"{model}({shown}), crop_padding 2"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2)
@@ -36,8 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--members", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--model", default="resnet", help="model.name: a registry name or package.module:Class")
+    parser.add_argument(
+        "--options",
+        default=None,
+        help='model.options, a JSON/YAML mapping (default: {"depth": DEPTH, "dropout_rate": 0.1} for resnet, else {})',
+    )
     parser.add_argument("--out", default="benchmarks/results/topology-resnet20.json")
     args = parser.parse_args(argv)
+    options = _options(args, parser)
 
     from ensemble_core import data as data_lib
     from ensemble_core import ensemble_setup as setup
@@ -53,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     def train(devices: int, ensemble: int | None, data: int, group: int | None = None, groups: int = 1):
         cfg = PipelineConfig.model_validate(
             {
-                "model": {"name": "resnet", "options": {"depth": args.depth, "dropout_rate": 0.1}},
+                "model": {"name": args.model, "options": options},
                 "data": {"augment": {"crop_padding": 2}},
                 "ensemble": {"size": e},
                 "train": {"batch_size": args.batch_size, "learning_rate": 0.05},
@@ -96,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, run in layouts.items():
         t0 = time.perf_counter()
         got = run()
-        worst_abs, worst_rel, where = 0.0, 0.0, ""
+        worst_abs, worst_rel, where, where_moved = 0.0, 0.0, "", 0.0
+        differing = []
         for (path, a), b, i in zip(
             jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(reference), jax.tree.leaves(initial), strict=True
         ):
@@ -105,20 +149,35 @@ def main(argv: list[str] | None = None) -> int:
             rel = diff / moved if moved else 0.0
             worst_abs = max(worst_abs, diff)
             if rel > worst_rel:
-                worst_rel, where = rel, jax.tree_util.keystr(path)
+                worst_rel, where, where_moved = rel, jax.tree_util.keystr(path), moved
+            if diff:
+                ulp = float(np.spacing(np.abs(b).max().astype(np.float32)))
+                differing.append(
+                    {
+                        "leaf": jax.tree_util.keystr(path),
+                        "max_abs_diff": diff,
+                        "update": moved,
+                        "diff_over_update": rel,
+                        "ulp_of_largest": ulp,
+                    }
+                )
         rows.append(
             {
                 "layout": name,
                 "max_abs_diff": worst_abs,
                 "max_diff_over_update": worst_rel,
                 "leaf": where,
+                "leaf_update": where_moved,
                 "seconds": round(time.perf_counter() - t0, 1),
+                "differing_leaves": sorted(differing, key=lambda d: -d["diff_over_update"]),
             }
         )
-        print(json.dumps(rows[-1]), flush=True)
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "differing_leaves"}), flush=True)
     result = {
         **stamp(),
-        "model": f"resnet depth {args.depth}, BatchNorm, dropout 0.1, crop_padding 2",
+        "model": _describe(args.model, options),
+        "model_name": args.model,
+        "model_options": options,
         "members": e,
         "steps": args.steps,
         "batch_size": args.batch_size,

@@ -31,6 +31,7 @@ def _cfg(*extra):
         (["model.name=mlp", "model.hidden_sizes=[16]", "train.optimizer=sgd", "train.momentum=0"], 0),
         (["model.name=mlp", "model.hidden_sizes=[16]", "data.validation_fraction=0"], 1),
         (["model.name=tests.user_models.bn_dropout_net:build", "model.options={width: 8}"], 1),
+        (["model.name=tests.user_models.nnx_nets:BNDropoutNet", "model.options={width: 8}"], 1),  # flax.nnx
         (["model.name=resnet", "model.options={depth: 8, width: 4}", "data.validation_fraction=0"], 1),
     ],
 )

@@ -136,3 +136,17 @@ def test_flax_s_older_mnist_cnn_trains_and_predict_elsewhere_names_its_module(tm
             call()
         assert not isinstance(err.value, CheckpointError)
         assert "cannot import module 'my_sweep_nets'" in str(err.value) and "PYTHONPATH" in str(err.value)
+
+
+def test_flax_s_imagenet_resnet18_by_class_path_and_its_nnx_twin_pass_the_check():
+    """ResNet18 as Flax's ImageNet example defines it (``stage_sizes=[2, 2, 2, 2]``, 64
+    filters, BatchNorm with ``axis_name='batch'``), given as a class path with options, in
+    Linen and in NNX: both pass the check on the digits' shape, with the same parameter
+    count (11,175,370 for 10 classes on one input channel, as ResNet-18's 11.2M)."""
+    options = "{stage_sizes: [2, 2, 2, 2], num_filters: 64}"
+    counts = []
+    for name in ("LinenResNet", "NnxResNet"):
+        cfg = load_config(None, [f"model.name=tests.user_models.flax_resnets:{name}", f"model.options={options}"])
+        counts.append(check_model(build_model(cfg.model, 10), cfg.model, (28, 28, 1), 10))
+    assert counts[0] == counts[1]
+    assert 11_000_000 < counts[0] < 11_300_000

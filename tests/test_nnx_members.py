@@ -102,7 +102,8 @@ def test_dropout_masks_come_from_the_member_key_and_step_only():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["unroll", "vmap"])
+# make soak: vmap too (make test: unroll here, and vmap in the topology test below)
+@pytest.mark.parametrize("strategy", ["unroll", pytest.param("vmap", marks=pytest.mark.soak)])
 def test_an_nnx_member_equals_the_network_trained_alone_with_nnx_optimizer(mnist_train, strategy):
     """Each member of the ensemble equals the user's network constructed from the
     member's init key and trained alone the NNX way: ``nnx.Optimizer``,
@@ -152,6 +153,23 @@ def test_nnx_members_do_not_depend_on_how_their_batches_are_split(mnist_train):
     _close(got.variables, ref.variables, atol=5e-4)
     a, b = (np.asarray(unstacked(got.params, m)["head"]["kernel"]) for m in (0, 1))
     assert np.abs(a - b).max() > 1e-3  # members differ
+
+
+def test_the_memory_estimate_of_an_nnx_network_is_that_of_the_same_linen_network():
+    """The registry's Linen CNN and the same CNN in NNX (``nnx_nets.CNN``): the same
+    parameters, and the same layer outputs (NNX's ``nnx.capture`` against Linen's
+    ``capture_intermediates``: each layer's output and the network's)."""
+    from ensemble_core import ensemble_setup as setup
+    from ensemble_core import memory
+
+    estimates = []
+    for name in ("cnn", f"{NETS}:CNN"):
+        cfg = load_config(None, [f"model.name={name}", "ensemble.size=8", "train.batch_size=32"])
+        estimates.append(memory.estimate(cfg, setup.plan(cfg), 10, (28, 28, 1), 1000, "vmap"))
+    linen, nnx_cnn = estimates
+    assert nnx_cnn == linen
+    # conv 28x28x32, conv 14x14x64, dense 256, dense 10, the network's 10: per image
+    assert linen.activation_bytes == linen.members_per_device * 32 * (28 * 28 * 32 + 14 * 14 * 64 + 256 + 10 + 10) * 4
 
 
 def test_refusals_name_the_cause():
