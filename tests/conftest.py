@@ -74,21 +74,24 @@ def prefect_api(tmp_path_factory):
 # order, with --no-loadscope-reorder): the modules that mostly wait on real processes start
 # at once, beside the CPU-bound ones, and the last module to start is a short one, so no
 # worker is left running a long module after the others have finished. Seconds of wall
-# time measured by benchmarks.suite (2 cores, one held busy, 2026-11-26); the rest follow
+# time measured by benchmarks.suite (2 cores, one held busy, 2026-11-26, at the NNX
+# members' change); the rest follow
 # in file order.
 _LONGEST_FIRST = (
-    "test_deployment.py",  # 400 s: a Prefect stack on PostgreSQL, scheduled runs
-    "test_multihost.py",  # 370 s: simulated hosts, a host cut off
-    "test_deployment_faults.py",  # 240 s: a Prefect stack on PostgreSQL, faults
-    "test_stateful_members.py",  # 250 s
-    "test_flow.py",  # 180 s
-    "test_cli_process.py",  # 175 s
-    "test_reliability.py",  # 170 s
-    "test_processes.py",  # 150 s
-    "test_stop_signals.py",  # 120 s
-    "test_groups.py",  # 105 s
-    "test_conv_patches.py",  # 75 s
-    "test_full_disk.py",  # 70 s
+    "test_deployment.py",  # 460 s: a Prefect stack on PostgreSQL, scheduled runs
+    "test_multihost.py",  # 350 s: simulated hosts, a host cut off
+    "test_reliability.py",  # 270 s: training processes killed and resumed
+    "test_deployment_faults.py",  # 250 s: a Prefect stack on PostgreSQL, faults
+    "test_flow.py",  # 250 s
+    "test_processes.py",  # 175 s
+    "test_cli_process.py",  # 160 s
+    "test_stateful_members.py",  # 155 s
+    "test_groups.py",  # 130 s
+    "test_stop_signals.py",  # 105 s
+    "test_full_disk.py",  # 105 s
+    "test_checkpoint.py",  # 70 s
+    "test_conv_patches.py",  # 55 s
+    "test_nnx_members.py",  # 45 s
 )
 
 

@@ -95,7 +95,7 @@ def test_cli_stop_signal_checkpoints_and_exits_75(tmp_path, tfds_dir, signals, p
         "--set",
         "model.name=tests.user_models.paced_nets:PacedNnxNet",
         "--set",
-        "model.options={hidden: 64, pause_s: 0}",
+        "model.options={hidden: 16, pause_s: 0}",
         "--output-dir",
         str(out),
         "--run-name",

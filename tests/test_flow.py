@@ -156,7 +156,8 @@ def test_artifacts_and_task_runs(finished_run):
     KEYS = ["ensemble-report", "ensemble-members", "ensemble-eval-letters", "ensemble-pool"]  # noqa: N806
     arts, runs, logs = asyncio.run(read())
     # the run's log names the member network and how it is called in each mode
-    assert any("member network mlp (MLP): training mode {'train': True}" in log.message for log in logs)
+    convention = "member network mlp, flax.linen module MLP: training mode {'train': True}"
+    assert any(convention in log.message for log in logs)
     assert {a.key for a in arts} == {*KEYS, "ensemble-eval-rotation"}
     report_md = next(a for a in arts if a.key == "ensemble-report").data
     assert "Ensemble report: tiny" in report_md and "**Rotation**" in report_md and "**OOD: letters**" in report_md

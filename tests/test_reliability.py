@@ -22,7 +22,6 @@ from ensemble_core.runs.ensemble.load import restore
 from ensemble_core.runs.storage.lock import run_lock
 from ensemble_core.train import unstacked
 from tests.ensembles import predictions, small_setup, tiny_config, train_small
-from tests.prefect_api import cli_env
 from tests.xla_flags import xla_flags
 
 pytestmark = pytest.mark.slow  # training processes killed and resumed
@@ -85,11 +84,11 @@ def _wait_for_committed_checkpoint(run: Path, p, timeout: float = 120.0) -> None
         pytest.param("PacedNoModeNet", marks=pytest.mark.soak),  # __call__(x), no mode argument
     ],
 )
-def test_sigkill_mid_training_then_resume_is_bitwise_identical(tmp_path, tfds_dir, reference, network, prefect_api):
+def test_sigkill_mid_training_then_resume_is_bitwise_identical(tmp_path, tfds_dir, reference, network):
     """SIGKILL while training (after a committed checkpoint): the rerun resumes from the
     latest checkpoint, loses at most one epoch, and ends bitwise equal to the run never
-    killed; the resumed run serves ``flows.predict`` from its directory (the ensemble's
-    probabilities equal the evaluation's on the same images).
+    killed; the resumed run serves predictions from its directory (``flows.predict``'s
+    computation: the ensemble's probabilities equal the evaluation's on the same images).
 
     Why not shorter (about a minute under load, its fixture's reference run included):
     three training processes, two of them paced so that the kill lands mid-training."""
@@ -117,25 +116,19 @@ def test_sigkill_mid_training_then_resume_is_bitwise_identical(tmp_path, tfds_di
     assert saved and summary["resumed_from"] * 16 >= saved[-1] - 16
     got, want = predictions(run), predictions(reference)
     np.testing.assert_array_equal(got["member_probs"], want["member_probs"])
-    _predict_serves(run, tfds_dir, got["member_probs"], prefect_api)
+    _predict_serves(run, tfds_dir, got["member_probs"])
 
 
-def _predict_serves(run: Path, tfds_dir: str, member_probs: np.ndarray, prefect_api: str) -> None:
-    """``python -m flows.predict --run-dir RUN`` (a Prefect flow run on the session's server)
-    on the first test images the run evaluated: the ensemble's probabilities are the mean
-    of the members' in ``predictions.npz``."""
+def _predict_serves(run: Path, tfds_dir: str, member_probs: np.ndarray) -> None:
+    """``flows.predict``'s computation on a run directory (``runs.predict_images``: the run's
+    network rebuilt from its config, its checkpoint, selection and temperature; the command
+    line around it is tested in test_flow.py) on the first test images the run evaluated:
+    the ensemble's probabilities are the mean of the members' in ``predictions.npz``."""
     from ensemble_core import data
 
     images, _ = data.load_split(data.EMBEDDED, "test", data.prepare(data.EMBEDDED, tfds_dir).tfds_data_dir, limit=8)
-    np.save(run.parent / "images.npy", images)
-    out = run.parent / "predicted.npz"
-    cmd = [sys.executable, "-m", "flows.predict", "--images", str(run.parent / "images.npy"), "--run-dir", str(run)]
-    proc = subprocess.run(
-        [*cmd, "--output", str(out)], cwd=ROOT, env=cli_env(prefect_api), capture_output=True, text=True, timeout=180
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    with np.load(out) as f:
-        np.testing.assert_allclose(f["ensemble_probs"], member_probs[:, :8].astype(np.float64).mean(0), atol=1e-5)
+    out = runs.predict_images(run, images)
+    np.testing.assert_allclose(out["ensemble_probs"], member_probs[:, :8].astype(np.float64).mean(0), atol=1e-5)
 
 
 def test_sigterm_saves_at_the_step_boundary_and_resumes(tmp_path, tfds_dir, reference):
