@@ -437,29 +437,26 @@ def test_stage_tasks_retry_only_transient_failures(prefect_server):
         assert state.is_failed() and len(calls) == runs, (exc, calls)
 
 
-NETWORK = """
-from functools import partial
-
-import flax.linen as nn
-import jax.numpy as jnp
-
-
-class Net(nn.Module):
-    num_classes: int
-    width: int = 4
-
-    @nn.compact
-    def __call__(self, x, train: bool):
-        norm = partial(nn.BatchNorm, use_running_average=not train, momentum=0.9, epsilon=1e-5)
-        x = nn.relu(norm()(nn.Conv(self.width, (3, 3))(x)))
-        x = nn.Dropout(0.1, deterministic=not train)(jnp.mean(x, axis=(1, 2)))
-        return nn.Dense(self.num_classes)(x)
-"""
+def _readme_network() -> str:
+    """The user's file of the README's "Train your own network" (its first python block):
+    an NNX ``Net`` and a Linen ``LinenNet``."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Train your own network") :]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-def test_a_network_outside_the_repository_through_the_cli_and_predict(prefect_server, tfds_dir, tmp_path, monkeypatch):
-    """A user's file in their own directory, its class named with its options as the
-    README shows (no glue function): trained by the command line, its members'
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Net",  # flax.nnx
+        pytest.param("LinenNet", marks=pytest.mark.soak),  # make soak: the Linen class of the same file
+    ],
+)
+def test_a_network_outside_the_repository_through_the_cli_and_predict(
+    prefect_server, tfds_dir, tmp_path, monkeypatch, name
+):
+    """The README's user file in the user's own directory, a class named with its options
+    as the README shows (no glue function): trained by the command line, its members'
     probabilities served by flows.predict, equal to the run's predictions."""
     from flows.predict import main as predict_main
     from flows.train_ensemble import main as train_main
@@ -467,15 +464,16 @@ def test_a_network_outside_the_repository_through_the_cli_and_predict(prefect_se
     home = tmp_path / "home"
     (home / "my_nets").mkdir(parents=True)
     (home / "my_nets" / "__init__.py").write_text("")
-    (home / "my_nets" / "small.py").write_text(NETWORK)
+    (home / "my_nets" / "small.py").write_text(_readme_network())
     monkeypatch.chdir(home)  # as a user runs it: from the directory that holds their package
     out = tmp_path / "runs"
     args = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", f"data.data_dir={tfds_dir}"]
-    args += ["--set", "model.name=my_nets.small:Net", "--set", "model.options={width: 6}"]
+    args += ["--set", f"model.name=my_nets.small:{name}", "--set", "model.options={width: 6}"]
     assert train_main([*args, "--output-dir", str(out), "--run-name", "mine"]) == 0
     run_dir = out / "mine"
     report = json.loads((run_dir / "report.json").read_text())
-    assert report["config"]["model"] == {"name": "my_nets.small:Net", "options": {"width": 6}, "hidden_sizes": [64]}
+    model = {"name": f"my_nets.small:{name}", "options": {"width": 6}, "hidden_sizes": [64]}
+    assert report["config"]["model"] == model
     with np.load(run_dir / "predictions.npz") as f:
         want = f["member_probs"]
     from ensemble_core import data

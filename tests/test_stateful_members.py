@@ -35,7 +35,8 @@ def _train(mnist_train, built, epochs=1):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["unroll", "vmap"])
+# make soak: vmap too (make test: unroll here; the vmapped step in the any-mesh test below)
+@pytest.mark.parametrize("strategy", ["unroll", pytest.param("vmap", marks=pytest.mark.soak)])
 def test_a_batchnorm_dropout_member_equals_flax_trainstate_alone(mnist_train, strategy):
     """Each member equals the same network trained alone with Flax's TrainState +
     batch_stats pattern, its dropout and augmentation keys fold_in(fold_in(key, step), 0|1).

@@ -38,7 +38,17 @@ def test_stacked_ensemble_equals_members_trained_alone(mnist_train, model_name, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ensemble_axis, data_axis", [(1, 1), (2, 1), (4, 1), (2, 2), (1, 4)])
+@pytest.mark.parametrize(
+    "ensemble_axis, data_axis",
+    [
+        # make soak: the reference's own layout again, and the members split four ways
+        pytest.param(1, 1, marks=pytest.mark.soak),
+        (2, 1),
+        pytest.param(4, 1, marks=pytest.mark.soak),
+        (2, 2),
+        (1, 4),
+    ],
+)
 def test_same_members_on_any_mesh(mnist_train, ensemble_axis, data_axis):
     images, labels = mnist_train[0][:N_TRAIN], mnist_train[1][:N_TRAIN]
     ref, _ = train_small(small_setup("cnn", 4, "unroll", devices=1), images, labels)
