@@ -367,9 +367,9 @@ def test_concurrent_runs_in_different_directories_share_caches(tmp_path, tfds_di
         **{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
         "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "shared-jax-cache"),
     }
-    # Without the pause (sharing caches does not need a long training): the reference is
-    # the same config run in this process, with its own compilation cache.
-    mlp = ("model.options={hidden: 64, pause_s: 0}",)
+    # Without the pause, one epoch (sharing caches does not need a long training): the
+    # reference is the same config run in this process, with its own compilation cache.
+    mlp = ("model.options={hidden: 64, pause_s: 0}", "train.epochs=1")
     procs = [_proc(tmp_path / name, tfds_dir, *mlp, env=env) for name in ("a", "b")]
     from tests.train_proc import BASE
 
