@@ -38,14 +38,11 @@ from jaxtyping import Array, Float, Key
 
 from ensemble_core.mesh import DATA_AXIS
 from ensemble_core.train import nnx_member, whole_batch
-from ensemble_core.train.nnx_member import NnxNetwork
+from ensemble_core.train.nnx_member import PARAMS, NnxNetwork
 
 #: A member network: a Linen module, or an NNX network.
 Network = nn.Module | NnxNetwork
 
-#: The collection that is the member's trainable parameters; every other collection the
-#: module creates at initialisation is mutable state updated in training mode.
-PARAMS = "params"
 #: The RNG stream of dropout (Flax's ``nn.Dropout.rng_collection`` default).
 DROPOUT = "dropout"
 

@@ -58,7 +58,9 @@ from ensemble_core.train import whole_batch
 
 #: The oldest Flax whose NNX API this module is written against (and tested with).
 MIN_FLAX = (0, 12)
-#: The collection of trainable parameters (as Linen names it).
+#: The collection that is a member's trainable parameters, Linen's name, for both APIs
+#: (:mod:`ensemble_core.train.forward` reads it from here); every other collection is
+#: mutable state updated in training mode.
 PARAMS = "params"
 #: Collections named as Linen names them; other variable types are named after their type.
 COLLECTIONS: tuple[tuple[type, str], ...] = ((nnx.Param, PARAMS), (nnx.BatchStat, "batch_stats"))

@@ -14,7 +14,8 @@ from jaxtyping import Array, Bool, Float, Int, Key
 
 from ensemble_core.errors import ConfigError
 from ensemble_core.mesh import member_sharding, replicated
-from ensemble_core.train.forward import PARAMS, Network, init_variables, split_variables
+from ensemble_core.train.forward import Network, init_variables, split_variables
+from ensemble_core.train.nnx_member import PARAMS
 from ensemble_core.train.optimizer import set_hyperparameters
 
 
