@@ -115,6 +115,12 @@ def available_bytes() -> tuple[int, str]:
     if device.platform != "cpu":
         stats = device.memory_stats() or {}
         return int(stats.get("bytes_limit", 0)), f"{device.device_kind} memory per device"
+    return host_available_bytes()
+
+
+def host_available_bytes() -> tuple[int, str]:
+    """(bytes, what): the host's available memory (``MemAvailable`` of ``/proc/meminfo``,
+    else the free pages), whatever the accelerator. ``(0, ...)`` when unknown."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:

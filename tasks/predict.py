@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from prefect import get_run_logger, task
 
 from ensemble_core.runs.prediction import files as prediction
@@ -40,4 +41,6 @@ def predict_images(run_dir: str, images_npy: str, output: str) -> str:
         float(result["mutual_information"].mean()),
         output,
     )
+    names, counts = np.unique(result["predicted_name"], return_counts=True)
+    get_run_logger().info("predicted classes: %s", ", ".join(f"{n}: {c}" for n, c in zip(names, counts, strict=True)))
     return output

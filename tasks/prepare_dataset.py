@@ -11,7 +11,6 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CacheKeyFnPolicy
 
-from ensemble_core import data as data_lib
 from ensemble_core import runs
 from ensemble_core.config import DataConfig
 from ensemble_core.data import DatasetInfo
@@ -25,7 +24,7 @@ def snapshot_key(context: Any, parameters: dict[str, Any]) -> str:
     one-line error."""
     cfg: DataConfig = parameters["data"]
     try:
-        return data_lib.fingerprint_source(cfg.name, cfg.data_dir, cfg.manual_dir).fingerprint
+        return runs.dataset_fingerprint(cfg)
     except Exception:  # noqa: BLE001  (the task itself raises the right one-line error)
         return f"unfingerprinted-{uuid.uuid4()}"
 

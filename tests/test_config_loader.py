@@ -128,7 +128,8 @@ def _evaluators_by_name(dump: dict) -> dict:
     return dump
 
 
-#: Keys added since the recording, at their defaults (no stratification; the selection's
+#: Keys added since the recording, at their defaults (no stratification; the data source
+#: TFDS, as before the image folder and arrays sources; the selection's
 #: variant only matters with ensemble.select_size, which only hyper.yaml sets; the group
 #: lock's wait only matters when a member group's task runs again after its host was cut off).
 NEW_KEYS = {
@@ -138,6 +139,18 @@ NEW_KEYS = {
         "stratify": None,
     },
     "distributed": {"group_lock_wait_s": 120.0},
+    # a user's own images (data.source image_folder/arrays) and its class-map policy
+    "data": {
+        "source": "tfds",
+        "path": None,
+        "builder": None,
+        "image_size": None,
+        "channels": None,
+        "class_names": None,
+        "test_fraction": 0.2,
+        "on_bad_image": "fail",
+    },
+    "nightly": {"when_classes_change": "refuse"},
 }
 
 #: Config files whose meaning changed on purpose: {file: {dotted key: value now}}, with why.

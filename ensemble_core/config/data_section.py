@@ -3,9 +3,29 @@ on-device augmentation."""
 
 from __future__ import annotations
 
-from pydantic import Field
+import re
+from pathlib import PurePath
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
 
 from ensemble_core.config.base import Section
+
+#: The names TFDS accepts for a dataset (``tensorflow_datasets.core.naming``): snake_case.
+DATASET_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+#: Where each source gets its images (``data.source``).
+SOURCES = ("tfds", "image_folder", "arrays")
+
+
+def snake_case(text: str) -> str:
+    """``text`` as a TFDS dataset name: CamelCase split as TFDS's
+    ``naming.camelcase_to_snakecase`` does, every other run of characters outside
+    ``[a-z0-9]`` one ``_``, a leading digit prefixed with ``d`` (``"Parts 2024"`` ->
+    ``parts_2024``, ``"MyParts"`` -> ``my_parts``)."""
+    text = re.sub(r"(.)([A-Z][a-z0-9]+)", r"\1_\2", text)
+    text = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", text).lower()
+    text = re.sub(r"[^a-z0-9]+", "_", text).strip("_") or "dataset"
+    return f"d{text}" if text[0].isdigit() else text
 
 
 class AugmentConfig(Section):
@@ -31,13 +51,67 @@ class AugmentConfig(Section):
 class DataConfig(Section):
     """Which dataset to train and evaluate on."""
 
+    source: Literal["tfds", "image_folder", "arrays"] = Field(
+        "tfds",
+        description="Where the images come from. 'tfds': a TFDS dataset named by data.name (the embedded "
+        "mnist5k, mnist/fashion_mnist from their IDX files, the TFDS catalog, or data.builder). "
+        "'image_folder': <data.path>/<split>/<class>/<image file> (PNG, JPEG and whatever Pillow reads), the "
+        "layout of torchvision's ImageFolder; split 'train' is required, 'test' optional. 'arrays': "
+        "<data.path>/train.npz and optionally test.npz, each with 'image' uint8 [N, H, W, C] or [N, H, W] and "
+        "'label' integer [N] (read without pickles).",
+    )
     name: str = Field(
         "mnist5k",
         min_length=1,
         pattern=r"^[^\x00-\x1f\x7f]+$",
         description="TFDS dataset name. 'mnist5k' is the embedded offline MNIST subset "
         "(4,000 train / 1,000 test); any TFDS catalog image dataset (mnist, "
-        "fashion_mnist, cifar10, ...) works when prepared in data_dir.",
+        "fashion_mnist, cifar10, ...) works when prepared in data_dir. For image_folder and arrays: the "
+        "name the snapshots are kept under (snake_case; default: data.path's last directory, snake_cased); "
+        "with data.builder: the builder's dataset name (default: its class name, snake_cased, as TFDS names it).",
+    )
+    path: str | None = Field(
+        None,
+        min_length=1,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="The directory of an image_folder or arrays source (required there, refused with tfds).",
+    )
+    builder: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="package.module:Class of your own TFDS builder (a tfds.core.GeneratorBasedBuilder), imported "
+        "before preparation so that TFDS knows it; the dataset is then prepared like a catalog one (with "
+        "data.manual_dir for its files). Only with source 'tfds'.",
+    )
+    image_size: tuple[int, int] | None = Field(
+        None,
+        description="[H, W]: resize every image of an image_folder or arrays source to H x W pixels, with Pillow's "
+        "bilinear filter, antialiased when shrinking (Image.resize with Resampling.BILINEAR, the method of "
+        "torchvision.transforms.Resize). None: every image must already have the same size.",
+    )
+    channels: Literal[1, 3] | None = Field(
+        None,
+        description="Convert every image of an image_folder or arrays source to 1 (grey, Pillow's 'L': ITU-R "
+        "601-2 luma) or 3 (RGB) channels. None: every image must already have the same channels (grey or RGB).",
+    )
+    class_names: tuple[str, ...] | None = Field(
+        None,
+        description="The classes of an arrays source, label 0 first (None: '0', '1', ... up to the largest "
+        "label). An image_folder's classes are its class folders' names, sorted.",
+    )
+    test_fraction: float = Field(
+        0.2,
+        gt=0,
+        lt=1,
+        description="Without a test split (no <path>/test folder, no test.npz): this fraction of the training "
+        "images, stratified by class with a fixed seed, is the test split -- the same images while the files "
+        "are unchanged.",
+    )
+    on_bad_image: Literal["fail", "skip"] = Field(
+        "fail",
+        description="An image_folder file Pillow cannot read (truncated, damaged, not an image): 'fail' refuses "
+        "the preparation naming the file; 'skip' leaves it out, logs each and records the count in the "
+        "snapshot's lineage.",
     )
     data_dir: str | None = Field(
         None,
@@ -69,3 +143,52 @@ class DataConfig(Section):
     augment: AugmentConfig = Field(
         default_factory=AugmentConfig, description="On-device augmentation of the training split (off by default)."
     )
+
+    @field_validator("image_size")
+    @classmethod
+    def _image_size_positive(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not all(1 <= side <= 16384 for side in value):
+            raise ValueError(f"data.image_size {list(value)} must be two sides in 1..16384 pixels, [H, W]")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, data: Any) -> Any:
+        """A name for a source that has none: data.path's last directory, or the builder's class."""
+        if not isinstance(data, dict) or "name" in data:
+            return data
+        if data.get("source", "tfds") != "tfds" and isinstance(data.get("path"), str) and data["path"].strip():
+            return {**data, "name": snake_case(PurePath(data["path"]).name or "dataset")}
+        if isinstance(data.get("builder"), str) and ":" in data["builder"]:
+            return {**data, "name": snake_case(data["builder"].rsplit(":", 1)[1])}
+        return data
+
+    @model_validator(mode="after")
+    def _source_settings_agree(self) -> DataConfig:
+        files = self.source != "tfds"
+        if files and self.path is None:
+            raise ValueError(f"data.source={self.source} needs data.path, the directory of your images")
+        if not files and self.path is not None:
+            raise ValueError("data.path is only read by data.source image_folder or arrays; fix: set data.source")
+        if files and self.builder is not None:
+            raise ValueError("data.builder is a TFDS builder: it needs data.source=tfds, not " + self.source)
+        for key in ("image_size", "channels"):
+            if not files and getattr(self, key) is not None:
+                raise ValueError(
+                    f"data.{key} applies to image_folder and arrays sources; fix: drop it or set data.source"
+                )
+        if self.class_names is not None and self.source != "arrays":
+            raise ValueError(
+                "data.class_names names the labels of an arrays source (an image_folder's classes are its folders); "
+                "fix: drop it or set data.source=arrays"
+            )
+        if self.class_names is not None and (
+            len(set(self.class_names)) != len(self.class_names) or len(self.class_names) < 2
+        ):
+            raise ValueError(f"data.class_names must be two or more distinct names, not {list(self.class_names)}")
+        if (files or self.builder is not None) and not DATASET_NAME.match(self.name):
+            raise ValueError(
+                f"data.name '{self.name}' is not a TFDS dataset name; fix: use snake_case, e.g. "
+                f"'{snake_case(self.name)}'"
+            )
+        return self

@@ -57,6 +57,13 @@ class NightlyConfig(Section):
         "(with the same seed on CPU that reproduces the champion bit for bit; change seed to get new members). "
         "The nightly deployment uses 'skip'.",
     )
+    when_classes_change: Literal["refuse", "retrain"] = Field(
+        "refuse",
+        description="When the data's class map differs from the champion's (a class folder appeared or "
+        "disappeared, data.class_names changed): 'refuse' stops the run before training with one line naming the "
+        "class; 'retrain' trains members with a new head for the new classes, and the challenger, having no "
+        "common label space with the champion, replaces it unless promotion.metric is unavailable.",
+    )
     drift: DriftConfig = Field(default_factory=DriftConfig, description="The drift signal computed before training.")
 
 

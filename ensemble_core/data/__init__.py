@@ -1,5 +1,6 @@
 """Datasets through TFDS: the embedded offline MNIST subset, MNIST and Fashion-MNIST from
-their original IDX files, and any TFDS catalog dataset.
+their original IDX files, any TFDS catalog dataset or builder of the user's, and the user's
+own labelled images (an image folder or arrays).
 
 Everything is read with ``tfds.data_source`` from array_record files, which needs no
 TensorFlow. Images are kept as uint8 ``[N, H, W, C]`` on the host and on device (4x less
@@ -8,7 +9,9 @@ memory than float32) and become float32 in [0, 1] inside the jitted step
 
 One concern per module: :mod:`.sources` (the datasets known without the catalog and
 where their files are), :mod:`.mnist5k` (the embedded dataset and its builder),
-:mod:`.idx` (the IDX reader and builder), :mod:`.integrity` (damage checks of prepared
+:mod:`.idx` (the IDX reader and builder), :mod:`.image_folder` and :mod:`.npz_arrays` (a
+user's image folder and arrays), :mod:`.user_source` (either as train and test splits of one
+geometry), :mod:`.user_builder` (prepared as a TFDS dataset), :mod:`.integrity` (damage checks of prepared
 datasets), :mod:`.preparation` (prepare in a TFDS data dir, load a split), :mod:`.snapshot`
 (the data snapshots' layout, fingerprints, lineage), :mod:`.prepare_snapshot` (prepare as a
 snapshot) and :mod:`.validation_split`.
@@ -32,10 +35,11 @@ import tensorflow_datasets.core.dataset_metadata  # noqa: F401  (see above)
 from ensemble_core.data.idx import idx_dir, idx_files_available, read_idx, read_idx_split, write_idx, write_idx_dataset
 from ensemble_core.data.integrity import verify_prepared
 from ensemble_core.data.mnist5k import mnist5k_split_indices, read_mnist5k_csv
-from ensemble_core.data.preparation import DatasetInfo, check_examples, load_split, to_float
+from ensemble_core.data.preparation import DatasetInfo, check_examples, import_builder, load_split, to_float
 from ensemble_core.data.prepare_snapshot import fingerprint_source, prepare, tfds_root
 from ensemble_core.data.snapshot import DataSnapshot, SourceFingerprint
 from ensemble_core.data.sources import EMBEDDED, FASHION_MNIST_CLASSES, FILE_FORMAT, IDX_FILES, IDX_SOURCES
+from ensemble_core.data.user_source import UserSource, UserSplits, carve_test_split, read_user_source
 from ensemble_core.data.validation_split import VALIDATION_SEED, validation_size, validation_split
 
 __all__ = [
@@ -48,16 +52,21 @@ __all__ = [
     "DataSnapshot",
     "DatasetInfo",
     "SourceFingerprint",
+    "UserSource",
+    "UserSplits",
+    "carve_test_split",
     "check_examples",
     "fingerprint_source",
     "idx_dir",
     "idx_files_available",
+    "import_builder",
     "load_split",
     "mnist5k_split_indices",
     "prepare",
     "read_idx",
     "read_idx_split",
     "read_mnist5k_csv",
+    "read_user_source",
     "tfds_root",
     "to_float",
     "validation_size",

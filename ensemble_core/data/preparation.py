@@ -6,6 +6,7 @@ memory than float32) and become float32 in [0, 1] inside the jitted step
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from pathlib import Path
 
@@ -41,7 +42,9 @@ class DatasetInfo(pydantic.BaseModel):
     ``data_dir``: the prepared variant's directory (``<tfds_data_dir>/<name>/<version>``);
     ``tfds_data_dir``: the TFDS data directory it was prepared in (the data snapshot's
     directory), what :func:`load_split` takes; ``image_shape``: ``(H, W, C)``;
-    ``snapshot``: the data snapshot's lineage (:class:`~ensemble_core.data.snapshot.DataSnapshot`).
+    ``class_names``: label ``i`` is ``class_names[i]`` (TFDS's ``ClassLabel.names``; the
+    digits ``'0'``.. for a dataset without names); ``snapshot``: the data snapshot's lineage
+    (:class:`~ensemble_core.data.snapshot.DataSnapshot`).
     """
 
     model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
@@ -53,7 +56,56 @@ class DatasetInfo(pydantic.BaseModel):
     image_shape: tuple[int, int, int]
     num_train: int
     num_test: int
+    class_names: tuple[str, ...] = ()
     snapshot: DataSnapshot | None = None
+
+
+def is_registered(name: str) -> bool:
+    """Whether TFDS knows a builder called ``name`` in this process (its catalog, or a user
+    builder whose module was imported)."""
+    return name in tfds.list_builders(with_community_datasets=False)
+
+
+def prepared_variant(name: str, data_dir: str | None) -> Path | None:
+    """The directory ``<data_dir>/<name>/<version>`` (or ``.../<config>/<version>``) of
+    ``name`` prepared in ``data_dir`` (the newest version when several are), or None."""
+    if data_dir is None or not (Path(data_dir) / name).is_dir():
+        return None
+    found = sorted(Path(data_dir, name).glob("*/dataset_info.json")) or sorted(
+        Path(data_dir, name).glob("*/*/dataset_info.json")
+    )
+    return found[-1].parent if found else None
+
+
+def import_builder(path: str, name: str) -> type:
+    """Import ``package.module:Class``, the user's TFDS builder (``data.builder``), which
+    registers it with TFDS, and check that it is the builder of dataset ``name``.
+
+    Raises:
+      DataError: the module cannot be imported, the class is missing or not a
+        ``tfds.core.DatasetBuilder``, or it builds a dataset of another name than ``name``.
+    """
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # noqa: BLE001  (a user's module may raise anything at import)
+        raise DataError(
+            f"data.builder {path}: cannot import {module_name} ({one_line(err)})",
+            fix="install the package that holds it (pip install -e <your package>) or fix the import",
+        ) from None
+    cls = getattr(module, attr, None)
+    if not (isinstance(cls, type) and issubclass(cls, tfds.core.DatasetBuilder)):
+        raise DataError(
+            f"data.builder {path} is not a TFDS builder class ({type(cls).__name__})",
+            fix="name a subclass of tfds.core.GeneratorBasedBuilder",
+        )
+    built = getattr(cls, "name", None)
+    if built != name:
+        raise DataError(
+            f"data.builder {path} builds dataset '{built}', not data.name '{name}'",
+            fix=f"set data.name: {built} (or leave data.name out)",
+        )
+    return cls
 
 
 def tfds_builder(name: str, data_dir: str | None):
@@ -69,6 +121,10 @@ def tfds_builder(name: str, data_dir: str | None):
             return mnist5k_builder_class()(data_dir=data_dir, file_format=FILE_FORMAT)
         if name in IDX_SOURCES:  # before the catalog builders of the same names (they need TensorFlow)
             return idx_builder_class(name)(data_dir=data_dir, file_format=FILE_FORMAT)
+        if not is_registered(name):
+            prepared = prepared_variant(name, data_dir)
+            if prepared is not None:  # an image folder, arrays, or a builder not imported in this process
+                return tfds.builder_from_directory(str(prepared))
         return tfds.builder(name, data_dir=data_dir, file_format=FILE_FORMAT)
     except Exception as err:  # tfds raises DatasetNotFoundError, ParseError and others
         frame = frame_of(err, READ_METADATA)
@@ -161,6 +217,18 @@ def prepare_locked(name: str, data_dir: str | None, manual_dir: str | None, root
                 f"cannot prepare '{name}' ({type(err).__name__}: {str(err)[:200]}); "
                 f"offline fix: put {files} in {manual} (or set data.manual_dir) and rerun"
             ) from None
+    return describe_prepared(builder, name, data_dir)
+
+
+def describe_prepared(builder, name: str, data_dir: str | None) -> DatasetInfo:
+    """The :class:`DatasetInfo` of ``builder``'s prepared dataset, after checking its files
+    (:func:`verify_prepared`) and that it is an image classification dataset the models
+    take.
+
+    Raises:
+      DataError: damage; no train or test split; no ``image``/``label`` features; images
+        not of one fixed ``(H, W, C)`` shape with C 1 (grey) or 3 (RGB).
+    """
     verify_prepared(builder, name)
     for split in ("train", "test"):
         if split not in builder.info.splits:
@@ -187,6 +255,7 @@ def prepare_locked(name: str, data_dir: str | None, manual_dir: str | None, root
         data_dir=str(builder.data_dir),
         tfds_data_dir=None if data_dir is None else str(data_dir),
         num_classes=int(features["label"].num_classes),
+        class_names=tuple(features["label"].names),
         image_shape=shape,
         num_train=int(builder.info.splits["train"].num_examples),
         num_test=int(builder.info.splits["test"].num_examples),

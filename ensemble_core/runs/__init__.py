@@ -40,7 +40,13 @@ from ensemble_core.config import PipelineConfig
 from ensemble_core.errors import resume_fix
 from ensemble_core.runs.champion.promotion import promote
 from ensemble_core.runs.champion.retention import RetentionReport, apply_retention
-from ensemble_core.runs.champion.retraining import detect_drift, record_snapshot, unchanged_since_champion
+from ensemble_core.runs.champion.retraining import (
+    check_class_map,
+    detect_drift,
+    record_snapshot,
+    unchanged_since_champion,
+)
+from ensemble_core.runs.dataset import fingerprint as dataset_fingerprint
 from ensemble_core.runs.dataset import prepare
 from ensemble_core.runs.ensemble.load import Ensemble, load_ensemble
 from ensemble_core.runs.ensemble.select import select
@@ -75,6 +81,8 @@ __all__ = [
     "StratificationSummary",
     "TrainingSummary",
     "apply_retention",
+    "check_class_map",
+    "dataset_fingerprint",
     "detect_drift",
     "evaluate",
     "gather_groups",
@@ -176,6 +184,7 @@ def _run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Sta
     dataset = stage("dataset preparation", stages.prepare, cfg.data)
     skipped = None
     if not run_dir.has_checkpoint():
+        stage("the class-map check", check_class_map, cfg, dataset, str(output_dir))
         skipped = stage("the unchanged-data check", stages.check_unchanged, cfg, dataset, str(output_dir))
     if skipped is not None:
         retention = stages.retain(cfg, str(output_dir))

@@ -7,23 +7,55 @@ import numpy as np
 from ensemble_core import data as data_lib
 from ensemble_core import diskspace
 from ensemble_core.config import DataConfig, PipelineConfig
-from ensemble_core.data import DatasetInfo
+from ensemble_core.data import DatasetInfo, UserSource
 
 
 def _data_dir(data_cfg: DataConfig) -> str:
     return str(data_lib.tfds_root(data_cfg.name, data_cfg.data_dir))
 
 
-@diskspace.output_errors(_data_dir, setting="data.data_dir")
-def prepare(data_cfg: DataConfig) -> DatasetInfo:
-    """Prepare (or find) ``data_cfg.name`` as array_record files (:func:`ensemble_core.data.prepare`).
+def user_source(data_cfg: DataConfig) -> UserSource | None:
+    """The image folder or arrays ``data_cfg`` names (None for ``data.source=tfds``)."""
+    if data_cfg.source == "tfds" or data_cfg.path is None:
+        return None
+    return UserSource(
+        kind=data_cfg.source,
+        path=data_cfg.path,
+        image_size=data_cfg.image_size,
+        channels=data_cfg.channels,
+        class_names=data_cfg.class_names,
+        test_fraction=data_cfg.test_fraction,
+        on_bad_image=data_cfg.on_bad_image,
+    )
+
+
+def fingerprint(data_cfg: DataConfig) -> str:
+    """The fingerprint of what ``data_cfg``'s dataset is prepared from
+    (:func:`ensemble_core.data.fingerprint_source`; ``data.builder`` imported first).
 
     Raises:
-      DataError: an unknown dataset, files that cannot be found or are damaged.
+      DataError: see :func:`ensemble_core.data.fingerprint_source` and :func:`ensemble_core.data.import_builder`.
+    """
+    if data_cfg.builder is not None:
+        data_lib.import_builder(data_cfg.builder, data_cfg.name)
+    return data_lib.fingerprint_source(
+        data_cfg.name, data_cfg.data_dir, data_cfg.manual_dir, user_source(data_cfg)
+    ).fingerprint
+
+
+@diskspace.output_errors(_data_dir, setting="data.data_dir")
+def prepare(data_cfg: DataConfig) -> DatasetInfo:
+    """Prepare (or find) ``data_cfg``'s dataset as array_record files (:func:`ensemble_core.data.prepare`):
+    a TFDS dataset (``data.builder`` imported first, which registers it), an image folder or arrays.
+
+    Raises:
+      DataError: an unknown dataset, files that cannot be found, are damaged or refused.
       DiskFullError, OutputError: the TFDS data dir is full or read-only
         (:mod:`ensemble_core.diskspace`).
     """
-    return data_lib.prepare(data_cfg.name, data_cfg.data_dir, data_cfg.manual_dir)
+    if data_cfg.builder is not None:
+        data_lib.import_builder(data_cfg.builder, data_cfg.name)
+    return data_lib.prepare(data_cfg.name, data_cfg.data_dir, data_cfg.manual_dir, user_source(data_cfg))
 
 
 SPLITS = ("train", "validation", "test")

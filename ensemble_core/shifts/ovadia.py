@@ -38,7 +38,9 @@ def rotate(images: np.ndarray, degrees: float) -> np.ndarray:
     canvas, which coincides with the 28x28 image's centre up to the half pixel of the
     integer crop; ``reshape=False`` would rotate about the exact centre but is not what the
     paper's code ran. For any other ``[H, W]`` the central ``H x W`` is cropped the same way
-    (rows from ``size // 2 - H // 2``, columns from ``size // 2 - W // 2``), and each of the
+    (rows from ``size // 2 - H // 2``, columns from ``size // 2 - W // 2``; a non-square
+    image's canvas, shorter than H or narrower than W near 90 degrees, is first padded with
+    zeros around its centre), and each of the
     C channels is rotated on its own (``scipy.ndimage.rotate`` rotates every plane of the
     (width, height) axes separately). ``axes=[-2, -3]`` (width, height) fixes the direction: a positive
     angle turns the digit counterclockwise as displayed (row 0 at the top). Degrees that are 0 return the input
@@ -61,6 +63,12 @@ def rotate(images: np.ndarray, degrees: float) -> np.ndarray:
     h, w = images.shape[1:3]
     x = images.astype(np.float32) / 255.0
     x = ndi.rotate(x, degrees, axes=(-2, -3))
+    # A non-square image's rotated canvas can be shorter than H or narrower than W (at 90
+    # degrees H and W swap): pad it with zeros (cval) around the centre before the crop.
+    grow_h, grow_w = max(0, h - x.shape[1]), max(0, w - x.shape[2])
+    if grow_h or grow_w:
+        pad = ((0, 0), (grow_h // 2, grow_h - grow_h // 2), (grow_w // 2, grow_w - grow_w // 2), (0, 0))
+        x = np.pad(x, pad)
     i0 = x.shape[1] // 2 - h // 2
     j0 = x.shape[2] // 2 - w // 2
     x = x[:, i0 : i0 + h, j0 : j0 + w]

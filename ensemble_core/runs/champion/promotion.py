@@ -34,7 +34,7 @@ from ensemble_core.runs.storage.layout import CHAMPION_FILE, RunDir
 if TYPE_CHECKING:
     from ensemble_core.data import DatasetInfo
 
-__all__ = ["champion_snapshot", "figure_value", "promote"]
+__all__ = ["champion_class_names", "champion_snapshot", "class_map_changed", "figure_value", "promote"]
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,10 @@ def promote(
     """Champion/challenger: promote this run if it is not worse than the champion on
     ``promotion.metric`` (:func:`ensemble_core.figures.decide_promotion`).
 
-    Both are scored on this run's test split: when the champion was measured on another
+    When the class map changed since the champion (``nightly.when_classes_change=retrain``;
+    otherwise the run was refused before training), there is no common label space: the
+    challenger is judged as if there were no champion, and the reason says so. Otherwise
+    both are scored on this run's test split: when the champion was measured on another
     data config or another data snapshot (the same config, new source files), its
     checkpoint is re-evaluated on this one first, and the reason says so. The champion
     record carries this run's data snapshot and config (what ``nightly.when_unchanged``
@@ -86,6 +89,10 @@ def promote(
     champion_metrics, champion_value = None, None
     snapshot = None if dataset is None else dataset.snapshot
     snapshots = (_fingerprint(snapshot), None if current is None else champion_snapshot(current))
+    replaced = current if current is not None and class_map_changed(current, dataset) else None
+    if replaced is not None:  # nightly.when_classes_change=retrain: no common label space to compare on
+        log.warning("the class map changed since champion %s: the challenger is judged alone", replaced["run_name"])
+        current = None
     if current is not None:
         figures = {**current["metrics"], **(current.get("figures") or {})}
         same_snapshot = snapshots[0] == snapshots[1]  # both None: no lineage known, the data config decides
@@ -117,7 +124,13 @@ def promote(
                 )
                 current, champion_metrics, champion_value = None, None, None
     promoted, reason = decide_promotion(challenger_value, champion_value, metric)
-    if current is not None and snapshots[0] != snapshots[1]:
+    if replaced is not None and dataset is not None:
+        reason += (
+            f" (the class map changed since champion {replaced['run_name']}: "
+            f"{', '.join(champion_class_names(replaced) or ())} -> {', '.join(dataset.class_names)}; "
+            "nightly.when_classes_change=retrain trains a new head, which replaces the champion)"
+        )
+    elif current is not None and snapshots[0] != snapshots[1]:
         reason += (
             f" (trained on different data snapshots: challenger {snapshots[0] or 'unknown'}, champion "
             f"{snapshots[1] or 'unknown'}; both measured on the challenger's test split)"
@@ -150,6 +163,21 @@ def champion_snapshot(record: dict) -> str | None:
     snap = record.get("snapshot")
     fp = snap.get("fingerprint") if isinstance(snap, dict) else None
     return fp if isinstance(fp, str) and fp else None
+
+
+def champion_class_names(record: dict) -> tuple[str, ...] | None:
+    """The class map of the champion's data snapshot (label ``i`` is the ``i``-th name;
+    None: a record that predates class maps)."""
+    snap = record.get("snapshot")
+    names = snap.get("class_names") if isinstance(snap, dict) else None
+    return tuple(str(n) for n in names) if isinstance(names, list | tuple) and names else None
+
+
+def class_map_changed(record: dict, dataset: DatasetInfo | None) -> bool:
+    """Whether ``dataset``'s class map differs from that of the champion ``record`` (False
+    when either is unknown)."""
+    names = champion_class_names(record)
+    return names is not None and dataset is not None and bool(dataset.class_names) and names != dataset.class_names
 
 
 def figure_value(evaluation: Evaluation, metric: str) -> float:

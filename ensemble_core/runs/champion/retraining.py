@@ -23,7 +23,8 @@ from ensemble_core import drift as drift_lib
 from ensemble_core.atomic import atomic_write_json
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo, DataSnapshot, load_split
-from ensemble_core.runs.champion.promotion import champion_snapshot
+from ensemble_core.errors import DataError
+from ensemble_core.runs.champion.promotion import champion_class_names, champion_snapshot, class_map_changed
 from ensemble_core.runs.dataset import load
 from ensemble_core.runs.results import DriftReport, SkipDecision
 from ensemble_core.runs.storage.champion_record import read_champion
@@ -77,6 +78,42 @@ def unchanged_since_champion(cfg: PipelineConfig, dataset: DatasetInfo, output_d
 
 
 @diskspace.output_errors("run_dir")
+def check_class_map(cfg: PipelineConfig, dataset: DatasetInfo, output_dir: str | Path) -> None:
+    """Refuse a run whose class map differs from the champion's (a class folder appeared or
+    disappeared, or ``data.class_names`` changed): its members would be compared with, and
+    replace, a champion that predicts other classes. Never remapped silently; training a
+    new head is the user's choice, ``nightly.when_classes_change: retrain``.
+
+    Nothing is checked without promotion, without a champion, or for a champion record
+    that predates class maps.
+
+    Raises:
+      DataError: one line naming the first class that appeared (or else disappeared, or
+        moved to another label), the champion's run and the fix.
+    """
+    current = read_champion(output_dir) if cfg.promotion.enabled else None
+    if current is None or not class_map_changed(current, dataset):
+        return
+    before, now = champion_class_names(current) or (), dataset.class_names
+    if cfg.nightly.when_classes_change == "retrain":
+        log.warning("class map %s -> %s: a new head (nightly.when_classes_change=retrain)", before, now)
+        return
+    added, removed = [c for c in now if c not in before], [c for c in before if c not in now]
+    if added:
+        what = f"class '{added[0]}' is new"
+    elif removed:
+        what = f"class '{removed[0]}' is gone"
+    else:
+        moved = next(c for i, c in enumerate(now) if i >= len(before) or before[i] != c)
+        what = f"class '{moved}' has another label"
+    raise DataError(
+        f"{what} since champion {current['run_name']} ({len(before)} classes: {', '.join(before)}; now "
+        f"{len(now)}: {', '.join(now)}), so this run's members would predict other classes than the champion's",
+        fix="restore the class folders (or data.class_names), or set nightly.when_classes_change: retrain "
+        "to train a new head that replaces the champion",
+    )
+
+
 def record_snapshot(run_dir: str | Path, dataset: DatasetInfo) -> None:
     """Write the run's data snapshot to ``<run>/data_snapshot.json`` (before training), so
     that retention keeps the snapshot while the run may still need it."""
@@ -113,6 +150,8 @@ def detect_drift(cfg: PipelineConfig, dataset: DatasetInfo, output_dir: str | Pa
     report: dict[str, Any] = {"label_shift": None, "uncertainty": None, "not_computed": []}
     if champion is None or dataset.snapshot is None:
         report["not_computed"].append("label shift: the champion's record has no data snapshot (older release)")
+    elif class_map_changed(current, dataset):
+        report["not_computed"].append("label shift: the class map changed since the champion")
     elif "train" not in champion.class_counts or "train" not in dataset.snapshot.class_counts:
         report["not_computed"].append("label shift: class counts of a training split are missing")
     else:

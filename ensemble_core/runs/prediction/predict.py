@@ -29,8 +29,11 @@ def predict_images(run_dir: str | Path, images: np.ndarray, *, batch_size: int |
       temperature), ``predictive_entropy`` (of ``ensemble_probs``) and
       ``mutual_information`` float32 ``[N]`` (nats), ``member_probs`` float32 ``[K, N, C]``
       of the ensemble's healthy members (the selection's picks, one row each, when the
-      run selects), ``predicted_class`` int32 ``[N]``, ``members`` int32 ``[K]`` (pool
-      index of each row) and ``temperature`` (float32 scalar, NaN when not fitted).
+      run selects), ``predicted_class`` int32 ``[N]``, ``class_names`` str ``[C]`` (the
+      run's class map: folder names, ``data.class_names`` or TFDS's label names; the
+      digits ``'0'``.. for a run that predates class maps), ``predicted_name`` str ``[N]``,
+      ``members`` int32 ``[K]`` (pool index of each row) and ``temperature`` (float32
+      scalar, NaN when not fitted).
 
     Raises:
       DataError: images of the wrong shape, or values :func:`check_image_values` refuses.
@@ -53,12 +56,17 @@ def predict_images(run_dir: str | Path, images: np.ndarray, *, batch_size: int |
     ensemble = metrics_lib.ensemble_probs(probs)
     if temperature is not None:
         ensemble = apply_temperature(ensemble, temperature)
+    num_classes = int(meta["dataset"]["num_classes"])
+    names = np.asarray(meta["dataset"].get("class_names") or [str(c) for c in range(num_classes)], dtype=str)
+    predicted = np.argmax(ensemble, -1).astype(np.int32)
     return {
+        "class_names": names,
+        "predicted_name": names[predicted],
         "ensemble_probs": ensemble.astype(np.float32),
         "predictive_entropy": metrics_lib.entropy(ensemble).astype(np.float32),
         "mutual_information": metrics_lib.mutual_information(probs).astype(np.float32),
         "member_probs": probs,
-        "predicted_class": np.argmax(ensemble, -1).astype(np.int32),
+        "predicted_class": predicted,
         "members": members.rows[members.healthy].astype(np.int32),
         "temperature": np.float32(np.nan if temperature is None else temperature),
     }

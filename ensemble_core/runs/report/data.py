@@ -8,9 +8,17 @@ def _counts(counts: list[int]) -> str:
     return ", ".join(f"{c}: {n}" for c, n in enumerate(counts))
 
 
+def _named_counts(snapshot: dict, counts: list[int]) -> str:
+    names = snapshot.get("class_names")
+    if not names or len(names) != len(counts):
+        return _counts(counts)
+    return ", ".join(f"{name}: {n}" for name, n in zip(names, counts, strict=True))
+
+
 def snapshot_rows(snapshot: dict | None) -> list[dict]:
-    """The lineage as table rows (``field``, ``value``): fingerprint, source, prepared,
-    examples and class counts per split."""
+    """The lineage as table rows (``field``, ``value``): fingerprint, source, its path and
+    file count (an image folder or arrays), prepared, classes, examples and class counts
+    per split (by class name where the snapshot has a class map), files left out."""
     if not snapshot:
         return []
     rows = [
@@ -19,10 +27,18 @@ def snapshot_rows(snapshot: dict | None) -> list[dict]:
         {"field": "prepared at", "value": snapshot["prepared_at"]},
         {"field": "snapshot directory", "value": snapshot["path"]},
     ]
+    if snapshot.get("source_path"):
+        rows.append({"field": "source path", "value": snapshot["source_path"]})
+    if snapshot.get("file_count") is not None:
+        rows.append({"field": "source files", "value": str(snapshot["file_count"])})
+    if snapshot.get("class_names"):
+        rows.append({"field": "classes", "value": ", ".join(snapshot["class_names"])})
     for split, n in snapshot["splits"].items():
         rows.append({"field": f"{split} examples", "value": str(n)})
     for split, counts in snapshot["class_counts"].items():
-        rows.append({"field": f"{split} class counts", "value": _counts(counts)})
+        rows.append({"field": f"{split} class counts", "value": _named_counts(snapshot, counts)})
+    if snapshot.get("skipped_files"):
+        rows.append({"field": "files left out (undecodable)", "value": str(len(snapshot["skipped_files"]))})
     return rows
 
 
@@ -35,7 +51,15 @@ def snapshot_lines(snapshot: dict | None) -> list[str]:
         f"**Data snapshot** `{snapshot['fingerprint']}` of `{snapshot['name']}`: {splits} examples, from "
         f"{snapshot['source']}, prepared {snapshot['prepared_at']}.",
         "",
-        *(f"- {split} class counts: {_counts(counts)}" for split, counts in snapshot["class_counts"].items()),
+        *(
+            f"- {split} class counts: {_named_counts(snapshot, counts)}"
+            for split, counts in snapshot["class_counts"].items()
+        ),
+        *(
+            [f"- {len(snapshot['skipped_files'])} file(s) left out as undecodable (data.on_bad_image=skip)"]
+            if snapshot.get("skipped_files")
+            else []
+        ),
         "",
     ]
 
