@@ -13,6 +13,8 @@ from ensemble_core.config.base import Section
 
 #: The names TFDS accepts for a dataset (``tensorflow_datasets.core.naming``): snake_case.
 DATASET_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+#: The embedded dataset's name, data.name's default.
+EMBEDDED_NAME = "mnist5k"
 #: Where each source gets its images (``data.source``).
 SOURCES = ("tfds", "image_folder", "arrays")
 
@@ -61,13 +63,14 @@ class DataConfig(Section):
         "'label' integer [N] (read without pickles).",
     )
     name: str = Field(
-        "mnist5k",
+        EMBEDDED_NAME,
         min_length=1,
         pattern=r"^[^\x00-\x1f\x7f]+$",
         description="TFDS dataset name. 'mnist5k' is the embedded offline MNIST subset "
         "(4,000 train / 1,000 test); any TFDS catalog image dataset (mnist, "
         "fashion_mnist, cifar10, ...) works when prepared in data_dir. For image_folder and arrays: the "
-        "name the snapshots are kept under (snake_case; default: data.path's last directory, snake_cased); "
+        "name the snapshots are kept under (snake_case; default, also in place of 'mnist5k': data.path's last "
+        "directory, snake_cased); "
         "with data.builder: the builder's dataset name (default: its class name, snake_cased, as TFDS names it).",
     )
     path: str | None = Field(
@@ -155,10 +158,15 @@ class DataConfig(Section):
     @classmethod
     def _default_name(cls, data: Any) -> Any:
         """A name for a source that has none: data.path's last directory, or the builder's class."""
-        if not isinstance(data, dict) or "name" in data:
+        if not isinstance(data, dict):
             return data
-        if data.get("source", "tfds") != "tfds" and isinstance(data.get("path"), str) and data["path"].strip():
+        files = data.get("source", "tfds") != "tfds" and isinstance(data.get("path"), str) and data["path"].strip()
+        # The embedded dataset's name, the default that configs/default.yaml spells out, is no
+        # name for a user's images: a config that switches data.source keeps working.
+        if files and data.get("name", EMBEDDED_NAME) == EMBEDDED_NAME:
             return {**data, "name": snake_case(PurePath(data["path"]).name or "dataset")}
+        if "name" in data:
+            return data
         if isinstance(data.get("builder"), str) and ":" in data["builder"]:
             return {**data, "name": snake_case(data["builder"].rsplit(":", 1)[1])}
         return data

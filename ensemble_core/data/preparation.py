@@ -141,6 +141,12 @@ def tfds_builder(name: str, data_dir: str | None):
             ) from err
         if name == EMBEDDED or name in IDX_SOURCES:
             raise
+        if is_registered(name):  # a builder TFDS knows, which fails to construct (e.g. a user's data.builder)
+            raise DataError(
+                f"the TFDS builder of '{name}' cannot be constructed ({one_line(err)})",
+                fix="fix the builder class (tfds.core.GeneratorBasedBuilder needs _info, _split_generators and "
+                "_generate_examples)",
+            ) from None
         raise DataError(
             f"unknown dataset '{name}' ({type(err).__name__})",
             fix=f"set data.name to '{EMBEDDED}' or a TFDS catalog name such as mnist, fashion_mnist, cifar10",
@@ -197,7 +203,8 @@ def prepare_locked(name: str, data_dir: str | None, manual_dir: str | None, root
                 fix=f"check that {Path(builder.data_dir).parents[1]} is writable and has room, then run again",
             ) from err
     if not builder.is_prepared():
-        if name != EMBEDDED and importlib.util.find_spec("tensorflow") is None:
+        catalog = type(builder).__module__.startswith("tensorflow_datasets.")  # not a user's data.builder
+        if catalog and importlib.util.find_spec("tensorflow") is None:
             raise DataError(
                 f"preparing TFDS catalog dataset '{name}' needs TensorFlow",
                 fix=""

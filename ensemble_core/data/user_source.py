@@ -111,6 +111,13 @@ def carve_test_split(keys: list[str], labels: np.ndarray, fraction: float) -> np
     return mask
 
 
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
 def check_memory(count: int, shape: tuple[int, int, int], where: str) -> None:
     """Refuse, before decoding, ``count`` images of ``shape`` that cannot fit in
     :data:`MEMORY_SHARE` of the host's available memory.
@@ -122,8 +129,8 @@ def check_memory(count: int, shape: tuple[int, int, int], where: str) -> None:
     have, what = host_available_bytes()
     if have and need > MEMORY_SHARE * have:
         raise DataError(
-            f"{where}: {count:,} images of {shape[0]}x{shape[1]}x{shape[2]} decode to {need / 2**30:.1f} GiB, "
-            f"more than half the {have / 2**30:.1f} GiB of {what}",
+            f"{where}: {count:,} images of {shape[0]}x{shape[1]}x{shape[2]} decode to {_bytes(need)}, "
+            f"more than half the {_bytes(have)} of {what}",
             fix="set data.image_size to a smaller [H, W], or prepare on a machine with more memory",
         )
 
