@@ -521,3 +521,17 @@ def test_idx_image_folder_and_arrays_of_the_same_digits_train_bit_for_bit_alike(
     assert sum(counts["idx"][0].values()) == 800
     figures = {s: (r["ensemble"], r["members"]) for s, r in reports.items()}
     assert figures["idx"] == figures["image_folder"] == figures["arrays"]  # exact floats
+
+
+def test_a_folder_smaller_than_one_batch_is_refused_before_training(tmp_path):
+    from ensemble_core.config import load_config
+    from ensemble_core.errors import ConfigError
+    from ensemble_core.runs.preflight import check_against_dataset
+
+    write_folder(tmp_path / "few", {"a": 5, "b": 5})
+    cfg = load_config(
+        None, ["data.source=image_folder", f"data.path={tmp_path / 'few'}", f"data.data_dir={tmp_path / 'tfds'}"]
+    )
+    dataset = prepare_config(cfg.data)
+    with pytest.raises(ConfigError, match=r"train.batch_size=128 is larger than the 7 training examples"):
+        check_against_dataset(cfg, dataset)
