@@ -39,15 +39,18 @@ def prepare_dataset(data: DataConfig) -> DatasetInfo:
     """Prepare ``data.name`` as a data snapshot; returns its :class:`DatasetInfo`."""
     info = runs.prepare(data)
     snapshot = info.snapshot
+    names = ", ".join(info.class_names)
     get_run_logger().info(
-        "dataset %s snapshot %s: %d train / %d test, %d classes, images %s, in %s",
+        "dataset %s snapshot %s: %d train / %d test, %d classes (%s), images %s, in %s%s",
         info.name,
         snapshot.fingerprint if snapshot else "-",
         info.num_train,
         info.num_test,
         info.num_classes,
+        names if len(names) <= 200 else names[:200] + "...",
         tuple(info.image_shape),
         info.tfds_data_dir,
+        f"; {len(snapshot.skipped_files)} undecodable file(s) left out" if snapshot and snapshot.skipped_files else "",
     )
     return info
 

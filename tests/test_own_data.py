@@ -535,3 +535,20 @@ def test_a_folder_smaller_than_one_batch_is_refused_before_training(tmp_path):
     dataset = prepare_config(cfg.data)
     with pytest.raises(ConfigError, match=r"train.batch_size=128 is larger than the 7 training examples"):
         check_against_dataset(cfg, dataset)
+
+
+def test_a_file_added_while_the_folder_is_read_is_refused(tmp_path, monkeypatch):
+    root, tfds = tmp_path / "busy", tmp_path / "tfds"
+    write_folder(root, {"a": 3, "b": 3})
+    real = folder_lib.decode_one
+
+    def decode_while_exporting(path, *args):
+        late = root / "train/b/late.png"
+        if not late.exists():
+            shutil.copy(root / "train/b/0000.png", late)  # the export adds a file meanwhile
+        return real(path, *args)
+
+    monkeypatch.setattr(folder_lib, "decode_one", decode_while_exporting)
+    with pytest.raises(DataError, match=r"changed while it was read: .*late\.png \(added\)"):
+        data.prepare("busy", str(tfds), None, folder_source(root))
+    assert snapshots_of(tfds, "busy") == []

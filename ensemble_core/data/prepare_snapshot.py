@@ -211,6 +211,9 @@ def prepare(
                 shutil.rmtree(record_dir, ignore_errors=True)  # nothing half-prepared stays
             raise
         changed = snap.changed_files(source.files) if fresh else []
+        if fresh and user is not None:  # a file added since the fingerprint was decoded too
+            known = {f.path for f in source.files}
+            changed += [f"{p} (added)" for p in sorted(str(p.resolve()) for p in source_files(user)) if p not in known]
         if changed:
             shutil.rmtree(record_dir, ignore_errors=True)
             raise DataError(
