@@ -171,35 +171,42 @@ _scheduled_night.seen = set()  # type: ignore[attr-defined]
 
 
 def test_three_nights_replayed_by_the_scheduler(two_runs):
-    """The nightly deployment replayed by the real scheduler over three nights of a data
-    export in data.manual_dir: night 1 on 1,000 training digits, night 2 on 3,000 (a new
-    snapshot: trained, the champion compared on the new test split), night 3 on the same
-    3,000 (skipped with nightly.when_unchanged=skip; trained with train).
+    """The nightly deployment replayed by the real scheduler over three nights of a user's
+    image folder (data.source=image_folder: <path>/train/<digit>/<index>.png, 300 test
+    PNGs in <path>/test): night 1 on 1,500 training PNGs, night 2 on all 3,000 (files
+    added to the same folder: a new snapshot, trained, the champion compared on the new
+    test split), night 3 on the unchanged folder (skipped with nightly.when_unchanged=skip;
+    trained with train).
 
     Why not shorter (2-3 min): four runs created by the real scheduler (its loop is 5 s
     here), each a new flow-run process; the nights are the behaviour."""
-    from tests._idx_export import write_mnist_export
+    from tests._image_export import write_digit_folder
 
     tmp, env, _ = two_runs
     dep = api(env, "GET", "/deployments/name/train-ensemble/nightly")
     assert dep["parameters"]["config"]["nightly"]["when_unchanged"] == "skip"  # what prefect.yaml ships
     for s in dep["schedules"]:
         api(env, "DELETE", f"/deployments/{dep['id']}/schedules/{s['id']}")
-    export, out = tmp / "export", tmp / "nightly-runs"
+    folder, out = tmp / "digits", tmp / "nightly-runs"  # data.name: the folder's name, 'digits'
     params = small_params(tmp, out=out.name)
-    params["config"]["data"] = {"name": "mnist", "manual_dir": str(export), "data_dir": str(tmp / "tfds")}
+    params["config"]["data"] = {"source": "image_folder", "path": str(folder), "data_dir": str(tmp / "tfds")}
     params["config"]["nightly"] = {"when_unchanged": "skip"}
 
-    write_mnist_export(export, 1000, 300)
+    files1 = write_digit_folder(folder, 1500, 300)
     night1 = _scheduled_night(env, dep["id"], params)
-    write_mnist_export(export, 3000, 300)
+    files2 = write_digit_folder(folder, 3000, 300)  # 1,500 PNGs added beside the first
     night2 = _scheduled_night(env, dep["id"], params)
     dirs = [assert_complete_records(env, fr) for fr in (night1, night2)]
     night3 = _scheduled_night(env, dep["id"], params)
     rep1, rep2 = (json.loads((d / "report.json").read_text()) for d in dirs)
     snap1, snap2 = rep1["data_snapshot"], rep2["data_snapshot"]
-    assert (snap1["splits"]["train"], snap2["splits"]["train"]) == (1000, 3000)
+    assert (snap1["splits"]["train"], snap2["splits"]["train"]) == (1500, 3000)
+    assert snap1["splits"]["test"] == snap2["splits"]["test"] == 300  # the folder's own test/: nothing carved
     assert sum(snap2["class_counts"]["train"]) == 3000 and snap1["fingerprint"] != snap2["fingerprint"]
+    for snap, files in ((snap1, files1), (snap2, files2)):
+        assert snap["kind"] == "image_folder" and snap["name"] == "digits"
+        assert snap["class_names"] == [str(d) for d in range(10)]
+        assert snap["file_count"] == files and snap["source_path"] == str(folder.resolve())
     promo = rep2["promotion"]
     assert (promo["champion_snapshot"], promo["challenger_snapshot"]) == (snap1["fingerprint"], snap2["fingerprint"])
     assert "different data snapshots" in promo["reason"]
@@ -210,7 +217,7 @@ def test_three_nights_replayed_by_the_scheduler(two_runs):
     assert sorted(d.name for d in out.iterdir() if d.is_dir()) == sorted(d.name for d in dirs)
     assert not any(d.name.endswith(night3["name"]) for d in out.iterdir())
     champion = json.loads((out / "champion.json").read_text())
-    body = {"filter": {"event": {"name": ["ensemble.skipped"]}, "resource": {"id": ["ensemble-pipeline.data.mnist"]}}}
+    body = {"filter": {"event": {"name": ["ensemble.skipped"]}, "resource": {"id": ["ensemble-pipeline.data.digits"]}}}
     skipped = wait_until(lambda: api(env, "POST", "/events/filter", body)["events"], 90, "ensemble.skipped")
     assert len(skipped) == 1 and skipped[0]["payload"]["fingerprint"] == snap2["fingerprint"]
     assert skipped[0]["payload"]["champion_run"] == champion["run_name"] == dirs[1].name
@@ -219,11 +226,12 @@ def test_three_nights_replayed_by_the_scheduler(two_runs):
     trained = {t["name"].rsplit("-", 1)[0] for t in task_runs(env, night3["id"])}
     assert "train_members" not in trained and "check_unchanged" in trained
 
-    # the same night with when_unchanged=train trains again
+    # the same night with when_unchanged=train trains again, on the same snapshot
     params["config"]["nightly"] = {"when_unchanged": "train"}
     night3_train = _scheduled_night(env, dep["id"], params)
     rep3 = json.loads((assert_complete_records(env, night3_train) / "report.json").read_text())
     assert rep3["data_snapshot"]["fingerprint"] == snap2["fingerprint"]
+    assert rep3["data_snapshot"]["path"] == snap2["path"]  # the prepared snapshot reused, not prepared again
 
 
 # MARK: bad parameters

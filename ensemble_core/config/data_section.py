@@ -3,6 +3,7 @@ on-device augmentation."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import PurePath
 from typing import Any, Literal
@@ -164,7 +165,8 @@ class DataConfig(Section):
         # The embedded dataset's name, the default that configs/default.yaml spells out, is no
         # name for a user's images: a config that switches data.source keeps working.
         if files and data.get("name", EMBEDDED_NAME) == EMBEDDED_NAME:
-            return {**data, "name": snake_case(PurePath(data["path"]).name or "dataset")}
+            # abspath: "." or "shelf/.." name the folder they mean, not "dataset"
+            return {**data, "name": snake_case(PurePath(os.path.abspath(data["path"])).name or "dataset")}
         if "name" in data:
             return data
         if isinstance(data.get("builder"), str) and ":" in data["builder"]:

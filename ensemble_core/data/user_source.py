@@ -208,7 +208,8 @@ def _convert(images: np.ndarray, source: UserSource, where: Path) -> np.ndarray:
     channels = source.channels or (c if c in (1, 3) else 3)
     out = np.empty((len(images), height, width, channels), np.uint8)
     for i, array in enumerate(images):
-        image = Image.fromarray(array[..., 0] if c == 1 else array, modes[c]).convert(folder.CHANNEL_MODES[channels])
+        # uint8 [H, W] is mode L, [H, W, 2|3|4] LA, RGB, RGBA (Pillow infers it from the shape)
+        image = Image.fromarray(array[..., 0] if c == 1 else array).convert(folder.CHANNEL_MODES[channels])
         if (image.height, image.width) != (height, width):
             image = image.resize((width, height), Image.Resampling.BILINEAR)
         out[i] = np.asarray(image, np.uint8).reshape(height, width, channels)
