@@ -76,7 +76,7 @@ def test_png_folder_decodes_to_the_pixels_written_in_file_order(tmp_path):
     lineage = info.snapshot
     assert lineage.kind == "image_folder" and lineage.file_count == 18 and lineage.class_names == info.class_names
     assert lineage.class_counts == {"train": [5, 4, 3], "test": [2, 2, 2]}
-    assert lineage.source_path == str((tmp_path / "parts").resolve())
+    assert lineage.source_path == str(tmp_path / "parts")
 
 
 def test_jpeg_and_png_grey_and_rgb_of_mixed_sizes_with_image_size_and_channels(tmp_path):
@@ -567,3 +567,23 @@ def test_arrays_are_resized_and_converted_like_image_files(tmp_path):
     with Image.open(tmp_path / "one.png") as f:
         expected = np.asarray(f.convert("L").resize((6, 5), Image.Resampling.BILINEAR))
     assert any(np.array_equal(im[..., 0], expected) for im in images)
+
+
+def test_swapped_class_folder_links_are_a_new_snapshot(tmp_path):
+    """Class folders that are symlinks name their files by the class: swapping the links
+    swaps the labels, so it must not reuse the snapshot (nor the cached hashes)."""
+    write_folder(tmp_path / "store", {"x": 3, "y": 4})
+    root, tfds = tmp_path / "linked", str(tmp_path / "tfds")
+    (root / "train").mkdir(parents=True)
+    os.symlink(tmp_path / "store/train/x", root / "train/cat")
+    os.symlink(tmp_path / "store/train/y", root / "train/dog")
+    before = data.prepare("linked", tfds, None, folder_source(root))
+    for link in ("cat", "dog"):
+        (root / "train" / link).unlink()
+    os.symlink(tmp_path / "store/train/y", root / "train/cat")
+    os.symlink(tmp_path / "store/train/x", root / "train/dog")
+    after = data.prepare("linked", tfds, None, folder_source(root))
+    assert after.snapshot.fingerprint != before.snapshot.fingerprint
+    counts = before.snapshot.class_counts, after.snapshot.class_counts
+    total = [sum(c[s][i] for s in ("train", "test")) for c in counts for i in (0, 1)]
+    assert total == [3, 4, 4, 3]

@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -242,8 +243,11 @@ def decode_images(
     workers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[np.ndarray, list[int]]:
-    """Decode ``paths`` with Pillow on ``workers`` threads (default: every core; Pillow
-    releases the GIL while it decodes) into one uint8 ``[N, H, W, C]`` array.
+    """Decode ``paths`` with Pillow on ``workers`` threads (default: one per core) into one
+    uint8 ``[N, H, W, C]`` array, in contiguous blocks. Pillow releases the GIL while it
+    decodes pixel data, so large images decode in parallel; for small ones (28x28) the
+    per-file Python work dominates and a second thread gains little
+    (``benchmarks/own_data.py`` measures it).
 
     Args:
       shape: ``(H, W, C)`` every image decodes to (:func:`image_geometry` of the first).
@@ -265,25 +269,41 @@ def decode_images(
     first_error: dict[int, BaseException] = {}
     workers = workers or os.cpu_count() or 1
 
-    def work(i: int) -> None:
-        try:
-            images[i] = decode_one(paths[i], image_size, channels, shape)
-            ok[i] = True
-        except (UnreadableImageError, DataError, FileNotFoundError) as err:
-            first_error[i] = err
+    stop = threading.Event()  # a refusal: the other blocks end early
 
-    last = time.monotonic()
-    done = 0
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="decode") as pool:
-        chunk = max(1, min(4096, total // (workers * 8) or 1))
-        for start in range(0, total, chunk):
-            list(pool.map(work, range(start, min(start + chunk, total))))
-            done = min(start + chunk, total)
+    def work(block: range) -> int:
+        for i in block:
+            if stop.is_set():
+                break
+            try:
+                images[i] = decode_one(paths[i], image_size, channels, shape)
+                ok[i] = True
+            except (UnreadableImageError, DataError, FileNotFoundError) as err:
+                first_error[i] = err
+                if not isinstance(err, UnreadableImageError) or on_bad_image == "fail":
+                    stop.set()
+        return len(block)
+
+    # Contiguous blocks, one task each: a task per image costs more than decoding a small one.
+    size = max(64, min(2048, total // (workers * 16) or 1))
+    blocks = [range(start, min(start + size, total)) for start in range(0, total, size)]
+    last, done = time.monotonic(), 0
+    finished: Iterator[int]
+    if workers == 1:
+        finished = map(work, blocks)
+    else:
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="decode")
+        finished = (future.result() for future in as_completed([pool.submit(work, b) for b in blocks]))
+    try:
+        for n in finished:
+            done += n
             if progress is not None and time.monotonic() - last >= 1.0:
                 progress(done, total)
                 last = time.monotonic()
-            if any(not isinstance(e, UnreadableImageError) or on_bad_image == "fail" for e in first_error.values()):
-                break
+    finally:
+        stop.set()
+        if workers != 1:
+            pool.shutdown(wait=True)
     for i in sorted(first_error):
         err = first_error[i]
         if isinstance(err, FileNotFoundError):

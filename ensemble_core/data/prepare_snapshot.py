@@ -9,6 +9,7 @@ dataset directory as prepared and never read the new files).
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def _fingerprint_user(name: str, user: UserSource, cache: Path | None) -> snap.S
             f"cannot read the source of '{name}' ({one_line(err)})",
             fix="check the files' permissions; if an export is writing them, rerun once it has finished",
         ) from None
-    root = str(Path(user.path).resolve())
+    root = os.path.abspath(user.path)  # as hash_files names the files: symlinks kept
     settings = user.settings()
     return snap.SourceFingerprint(
         name=name,
@@ -213,7 +214,7 @@ def prepare(
         changed = snap.changed_files(source.files) if fresh else []
         if fresh and user is not None:  # a file added since the fingerprint was decoded too
             known = {f.path for f in source.files}
-            changed += [f"{p} (added)" for p in sorted(str(p.resolve()) for p in source_files(user)) if p not in known]
+            changed += [f"{p} (added)" for p in sorted(map(os.path.abspath, source_files(user))) if p not in known]
         if changed:
             shutil.rmtree(record_dir, ignore_errors=True)
             raise DataError(

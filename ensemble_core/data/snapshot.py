@@ -111,8 +111,9 @@ def _digest(path: Path) -> str:
 
 
 def hash_files(paths: list[Path], cache_dir: Path | None) -> tuple[SourceFile, ...]:
-    """Each file's size, mtime and SHA-256, the hash computed once per (path, size, mtime)
-    and cached in ``<cache_dir>/.source-hashes.json`` (None: no cache).
+    """Each file's size, mtime and SHA-256, the hash computed once per (absolute path as
+    given, size, mtime, device and inode) and cached in ``<cache_dir>/.source-hashes.json``
+    (None: no cache).
 
     Raises:
       OSError: a file cannot be read (FileNotFoundError when it is missing).
@@ -128,15 +129,19 @@ def hash_files(paths: list[Path], cache_dir: Path | None) -> tuple[SourceFile, .
             cache = {}
     out, changed = [], False
     for path in paths:
-        real = str(path.resolve())
-        st = path.stat()
-        hit = cache.get(real)
-        if isinstance(hit, dict) and hit.get("size") == st.st_size and hit.get("mtime_ns") == st.st_mtime_ns:
+        # The absolute path as the file was found, symlinks kept: a class folder that is a
+        # link names its files by the class, and a swapped link is another file (its
+        # inode differs, so the cached hash is not reused). os.path.abspath touches no disk.
+        name = os.path.abspath(path)
+        st = os.stat(name)
+        hit = cache.get(name)
+        stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": [st.st_dev, st.st_ino]}
+        if isinstance(hit, dict) and all(hit.get(k) == v for k, v in stamp.items()):
             sha = str(hit.get("sha256"))
         else:
-            sha, changed = _digest(path), True
-            cache[real] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
-        out.append(SourceFile(path=real, size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=sha))
+            sha, changed = _digest(Path(name)), True
+            cache[name] = {**stamp, "sha256": sha}
+        out.append(SourceFile(path=name, size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=sha))
     if changed and cache_file is not None:
         with contextlib.suppress(OSError):  # a cache that cannot be written only costs hashing again
             atomic_write_json(cache_file, cache)
@@ -154,8 +159,12 @@ def fingerprint(
     """The fingerprint of a source (see :class:`SourceFingerprint`); with ``root``, files
     are named by their path below it, else by their base name."""
 
+    prefix = None if root is None else root.rstrip(os.sep) + os.sep
+
     def file_name(path: str) -> str:
-        return Path(os.path.relpath(path, root)).as_posix() if root is not None else Path(path).name
+        if prefix is not None and path.startswith(prefix):
+            return path[len(prefix) :].replace(os.sep, "/")
+        return Path(path).name
 
     identity = {
         "name": name,
