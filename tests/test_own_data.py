@@ -18,7 +18,7 @@ from PIL import Image
 from ensemble_core import data
 from ensemble_core.config import DataConfig
 from ensemble_core.data import UserSource, carve_test_split
-from ensemble_core.data import image_folder as folder_lib
+from ensemble_core import image_decoding
 from ensemble_core.errors import DataError
 from ensemble_core.runs.dataset import prepare as prepare_config
 from tests.prefect_api import cli_env
@@ -244,16 +244,16 @@ def test_on_bad_image_skip_leaves_out_and_counts_the_undecodable(tmp_path):
 def test_a_file_that_changes_while_the_folder_is_read_is_refused(tmp_path, monkeypatch):
     root, tfds = tmp_path / "busy", tmp_path / "tfds"
     write_folder(root, {"a": 3, "b": 3})
-    real = folder_lib.decode_one
+    real = image_decoding.decode_file
     victim = root / "train/b/0002.png"
 
     def decode_while_exporting(path, *args):
-        if path.name == "0000.png" and path.parent.name == "a":
+        if path.endswith("a/0000.png"):
             Image.fromarray(np.full((12, 10), 7, np.uint8)).save(victim)  # the export rewrites a file meanwhile
             os.utime(victim, ns=(1, 1))
         return real(path, *args)
 
-    monkeypatch.setattr(folder_lib, "decode_one", decode_while_exporting)
+    monkeypatch.setattr(image_decoding, "decode_file", decode_while_exporting)
     with pytest.raises(DataError, match=r"changed while it was read: .*0002\.png .*rerun once the files are complete"):
         data.prepare("busy", str(tfds), None, folder_source(root))
     assert snapshots_of(tfds, "busy") == []
@@ -265,7 +265,7 @@ def test_a_folder_too_large_for_memory_is_refused_before_decoding(tmp_path, monk
     root = tmp_path / "big"
     write_folder(root, {"a": 2, "b": 2})
     monkeypatch.setattr(user_source, "host_available_bytes", lambda: (600, "available host memory"))
-    monkeypatch.setattr(folder_lib, "decode_images", lambda *a, **k: pytest.fail("decoded"))
+    monkeypatch.setattr(image_decoding, "decode_block", lambda *a, **k: pytest.fail("decoded"))
     with pytest.raises(
         DataError,
         match=r"4 images of 12x10x1 decode to 480 B, more than half the 600 B of available host memory"
@@ -540,7 +540,7 @@ def test_a_folder_smaller_than_one_batch_is_refused_before_training(tmp_path):
 def test_a_file_added_while_the_folder_is_read_is_refused(tmp_path, monkeypatch):
     root, tfds = tmp_path / "busy", tmp_path / "tfds"
     write_folder(root, {"a": 3, "b": 3})
-    real = folder_lib.decode_one
+    real = image_decoding.decode_file
 
     def decode_while_exporting(path, *args):
         late = root / "train/b/late.png"
@@ -548,7 +548,7 @@ def test_a_file_added_while_the_folder_is_read_is_refused(tmp_path, monkeypatch)
             shutil.copy(root / "train/b/0000.png", late)  # the export adds a file meanwhile
         return real(path, *args)
 
-    monkeypatch.setattr(folder_lib, "decode_one", decode_while_exporting)
+    monkeypatch.setattr(image_decoding, "decode_file", decode_while_exporting)
     with pytest.raises(DataError, match=r"changed while it was read: .*late\.png \(added\)"):
         data.prepare("busy", str(tfds), None, folder_source(root))
     assert snapshots_of(tfds, "busy") == []
@@ -587,3 +587,21 @@ def test_swapped_class_folder_links_are_a_new_snapshot(tmp_path):
     counts = before.snapshot.class_counts, after.snapshot.class_counts
     total = [sum(c[s][i] for s in ("train", "test")) for c in counts for i in (0, 1)]
     assert total == [3, 4, 4, 3]
+
+
+def test_worker_processes_decode_what_one_process_decodes(tmp_path, monkeypatch):
+    """The process pool (a large folder, several cores) against the in-process loop: the
+    same images, the same files skipped, the same refusal."""
+    from ensemble_core.data import image_folder
+
+    written = write_folder(tmp_path / "f", {"a": 9, "b": 8})
+    paths = sorted(tmp_path / "f" / k for k in written)
+    paths[5].write_bytes(b"not an image")
+    inline = image_folder.decode_images(paths, None, None, (12, 10, 1), "skip", workers=1)
+    monkeypatch.setattr(image_folder, "PROCESS_POOL_MIN", 1)
+    monkeypatch.setattr(image_folder, "BLOCK", 4)
+    pooled = image_folder.decode_images(paths, None, None, (12, 10, 1), "skip", workers=2)
+    assert np.array_equal(inline[0], pooled[0]) and inline[1] == pooled[1] == [i for i in range(17) if i != 5]
+    assert np.array_equal(pooled[0][0][..., 0], written[str(paths[0].relative_to(tmp_path / "f"))])
+    with pytest.raises(DataError, match=r"not an image|cannot be decoded as an image"):
+        image_folder.decode_images(paths, None, None, (12, 10, 1), "fail", workers=2)

@@ -3,23 +3,25 @@
 
 :func:`scan_image_folder` finds the classes and files (before anything is decoded, so
 that the source can be fingerprinted and checked); :func:`decode_images` decodes them
-with Pillow on every core into one uint8 ``[N, H, W, C]`` array.
+with Pillow (:mod:`ensemble_core.image_decoding`), in worker processes on every core for a
+large folder, into one uint8 ``[N, H, W, C]`` array.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import multiprocessing
 import os
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
+from ensemble_core import image_decoding
 from ensemble_core.data.sources import one_line
 from ensemble_core.errors import DataError
 
@@ -27,11 +29,10 @@ log = logging.getLogger(__name__)
 
 #: The splits read from an image folder; ``train`` is required.
 FOLDER_SPLITS = ("train", "test")
-#: Pillow's modes taken as they are: grey and RGB. Any other (palette, alpha, CMYK,
-#: 16-bit, bilevel) needs ``data.channels``, which converts.
-MODE_CHANNELS = {"L": 1, "RGB": 3}
-#: Pillow's mode for each ``data.channels``.
-CHANNEL_MODES = {1: "L", 3: "RGB"}
+#: Below this many files, decoding stays in this process (starting workers costs more).
+PROCESS_POOL_MIN = 4096
+#: Files per task of the worker processes.
+BLOCK = 2048
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,79 +160,37 @@ def image_geometry(path: Path, image_size: tuple[int, int] | None, channels: int
     try:
         with Image.open(path) as image:
             size, mode = image.size, image.mode
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
-        raise bad_image(path, err) from None
+    except image_decoding.PILLOW_ERRORS as err:
+        raise bad_image(path, one_line(err)) from None
     height, width = image_size if image_size is not None else (size[1], size[0])
     return height, width, channels if channels is not None else mode_channels(path, mode)
 
 
 def mode_channels(path: Path, mode: str) -> int:
-    """The channel count of Pillow mode ``mode`` (:data:`MODE_CHANNELS`).
+    """The channel count of Pillow mode ``mode`` (``image_decoding.MODE_CHANNELS``).
 
     Raises:
       DataError: a mode that must be converted, naming ``path`` and the fix (``data.channels``).
     """
-    if mode not in MODE_CHANNELS:
-        raise DataError(
-            f"{path} is a Pillow '{mode}' image, neither grey ('L') nor RGB",
-            fix="set data.channels: 1 or 3 to convert every image",
-        )
-    return MODE_CHANNELS[mode]
+    if mode not in image_decoding.MODE_CHANNELS:
+        raise mode_error(path, mode)
+    return image_decoding.MODE_CHANNELS[mode]
 
 
-def bad_image(path: Path, err: BaseException) -> DataError:
-    """The one-line error for an image file Pillow cannot decode."""
+def mode_error(path: Path, mode: str) -> DataError:
+    """The one-line error for an image whose Pillow mode is neither grey nor RGB."""
     return DataError(
-        f"{path} cannot be decoded as an image ({one_line(err)})",
-        fix="replace or remove the file, or set data.on_bad_image: skip to leave such files out",
+        f"{path} is a Pillow '{mode}' image, neither grey ('L') nor RGB",
+        fix="set data.channels: 1 or 3 to convert every image",
     )
 
 
-class UnreadableImageError(Exception):
-    """An image file that failed to decode (carried back from a worker thread)."""
-
-    def __init__(self, path: Path, err: BaseException):
-        super().__init__(str(err))
-        self.path, self.err = path, err
-
-
-def decode_one(
-    path: Path, image_size: tuple[int, int] | None, channels: int | None, shape: tuple[int, int, int]
-) -> np.ndarray:
-    """One image as uint8 ``[H, W, C]`` of ``shape``: converted to ``channels`` (Pillow's
-    ``Image.convert``) and resized to ``image_size`` (``Image.resize`` with
-    ``Resampling.BILINEAR``: bilinear, antialiased when shrinking) where they are set.
-
-    Raises:
-      UnreadableImageError: Pillow cannot open or fully decode the file (truncated, damaged, not an image).
-      FileNotFoundError: the file disappeared since the scan.
-      DataError: without ``image_size``/``channels``, a size or mode other than ``shape``'s.
-    """
-    try:
-        with Image.open(path) as opened:
-            opened.load()
-            image: Image.Image = opened
-            if channels is not None:
-                image = image.convert(CHANNEL_MODES[channels])
-            elif mode_channels(path, image.mode) != shape[2]:
-                raise DataError(
-                    f"{path} has {MODE_CHANNELS[image.mode]} channel(s) ({image.mode}), "
-                    f"the images before it {shape[2]}",
-                    fix="set data.channels: 1 or 3 to convert every image",
-                )
-            if image_size is not None:
-                image = image.resize((image_size[1], image_size[0]), Image.Resampling.BILINEAR)
-            elif (image.height, image.width) != shape[:2]:
-                raise DataError(
-                    f"{path} is {image.height}x{image.width} pixels, the images before it {shape[0]}x{shape[1]}",
-                    fix="set data.image_size: [H, W] to resize every image",
-                )
-            array = np.asarray(image, dtype=np.uint8)
-    except FileNotFoundError:
-        raise
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
-        raise UnreadableImageError(path, err) from None
-    return array.reshape(shape)
+def bad_image(path: Path, detail: str) -> DataError:
+    """The one-line error for an image file Pillow cannot decode (``detail``: its error)."""
+    return DataError(
+        f"{path} cannot be decoded as an image ({detail})",
+        fix="replace or remove the file, or set data.on_bad_image: skip to leave such files out",
+    )
 
 
 def decode_images(
@@ -243,16 +202,19 @@ def decode_images(
     workers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[np.ndarray, list[int]]:
-    """Decode ``paths`` with Pillow on ``workers`` threads (default: one per core) into one
-    uint8 ``[N, H, W, C]`` array, in contiguous blocks. Pillow releases the GIL while it
-    decodes pixel data, so large images decode in parallel; for small ones (28x28) the
-    per-file Python work dominates and a second thread gains little
-    (``benchmarks/own_data.py`` measures it).
+    """Decode ``paths`` with Pillow (:func:`ensemble_core.image_decoding.decode_file`) into
+    one uint8 ``[N, H, W, C]`` array, in blocks of :data:`BLOCK` files.
+
+    With ``workers`` > 1 (default: one per core) and at least :data:`PROCESS_POOL_MIN`
+    files, the blocks are decoded by that many worker processes (``spawn``: they import
+    NumPy and Pillow only). Processes, not threads: for small images most of the time is
+    Python's per-file work under the GIL, which threads would contend for
+    (``benchmarks/own_data.py`` measured two threads at 0.44x one on 28x28 PNGs).
 
     Args:
       shape: ``(H, W, C)`` every image decodes to (:func:`image_geometry` of the first).
-      on_bad_image: ``"fail"`` raises on the first file that cannot be decoded;
-        ``"skip"`` leaves such files out (logged one by one).
+      on_bad_image: ``"fail"`` raises on a file that cannot be decoded; ``"skip"`` leaves
+        such files out (logged one by one).
       progress: called as ``progress(done, total)`` at most once a second and at the end.
 
     Returns:
@@ -260,64 +222,74 @@ def decode_images(
 
     Raises:
       DataError: a file that cannot be decoded (``on_bad_image="fail"``), a file that
-        disappeared while the folder was read, or a size or channel count that differs
-        from the first image's (naming the first such file in ``paths`` order).
+        disappeared while the folder was read, a mode that needs ``data.channels``, or a
+        size or channel count other than the first image's (naming the file: the first in
+        ``paths`` order among the blocks decoded).
     """
     total = len(paths)
+    workers = workers or os.cpu_count() or 1
+    names = [str(p) for p in paths]
     images = np.empty((total, *shape), np.uint8)
     ok = np.zeros(total, bool)
-    first_error: dict[int, BaseException] = {}
-    workers = workers or os.cpu_count() or 1
-
-    stop = threading.Event()  # a refusal: the other blocks end early
-
-    def work(block: range) -> int:
-        for i in block:
-            if stop.is_set():
-                break
-            try:
-                images[i] = decode_one(paths[i], image_size, channels, shape)
-                ok[i] = True
-            except (UnreadableImageError, DataError, FileNotFoundError) as err:
-                first_error[i] = err
-                if not isinstance(err, UnreadableImageError) or on_bad_image == "fail":
-                    stop.set()
-        return len(block)
-
-    # Contiguous blocks, one task each: a task per image costs more than decoding a small one.
-    size = max(64, min(2048, total // (workers * 16) or 1))
-    blocks = [range(start, min(start + size, total)) for start in range(0, total, size)]
+    errors: list[tuple[int, str, str]] = []
+    skip = on_bad_image == "skip"
+    blocks = [range(start, min(start + BLOCK, total)) for start in range(0, total, BLOCK)]
     last, done = time.monotonic(), 0
-    finished: Iterator[int]
-    if workers == 1:
-        finished = map(work, blocks)
+
+    def take(block: range, result: tuple[np.ndarray, np.ndarray, list[tuple[int, str, str]]]) -> bool:
+        nonlocal last, done
+        block_images, block_ok, block_errors = result
+        images[block.start : block.stop] = block_images
+        ok[block.start : block.stop] = block_ok
+        errors.extend((block.start + i, kind, detail) for i, kind, detail in block_errors)
+        done += len(block)
+        if progress is not None and time.monotonic() - last >= 1.0:
+            progress(done, total)
+            last = time.monotonic()
+        return any(not (skip and kind == image_decoding.UNREADABLE) for _, kind, _ in block_errors)
+
+    args = (image_size, channels, shape, skip)
+    if workers > 1 and total >= PROCESS_POOL_MIN:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(image_decoding.decode_block, names[b.start : b.stop], *args): b for b in blocks}
+            for future in as_completed(futures):
+                if future.cancelled():
+                    continue
+                if take(futures[future], future.result()):
+                    for pending in futures:
+                        pending.cancel()
     else:
-        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="decode")
-        finished = (future.result() for future in as_completed([pool.submit(work, b) for b in blocks]))
-    try:
-        for n in finished:
-            done += n
-            if progress is not None and time.monotonic() - last >= 1.0:
-                progress(done, total)
-                last = time.monotonic()
-    finally:
-        stop.set()
-        if workers != 1:
-            pool.shutdown(wait=True)
-    for i in sorted(first_error):
-        err = first_error[i]
-        if isinstance(err, FileNotFoundError):
-            raise DataError(
-                f"{paths[i]} disappeared while the folder was read",
-                fix="rerun once the files are complete (e.g. after the export that writes them has finished)",
-            )
-        if isinstance(err, DataError):
-            raise err
-        if isinstance(err, UnreadableImageError) and on_bad_image == "fail":
-            raise bad_image(err.path, err.err)
-    for i in sorted(first_error):
-        log.warning("skipped %s: %s", paths[i], one_line(first_error[i]))
+        for block in blocks:
+            if take(block, image_decoding.decode_block(names[block.start : block.stop], *args)):
+                break
+    errors.sort()
+    for i, kind, detail in errors:
+        if not (skip and kind == image_decoding.UNREADABLE):
+            raise _decode_error(paths[i], kind, detail, shape)
+    for i, _, detail in errors:
+        log.warning("skipped %s: %s", paths[i], detail)
     if progress is not None:
         progress(total, total)
     kept = np.flatnonzero(ok)
     return (images if len(kept) == total else images[kept]), kept.tolist()
+
+
+def _decode_error(path: Path, kind: str, detail: str, shape: tuple[int, int, int]) -> DataError:
+    if kind == image_decoding.MISSING:
+        return DataError(
+            f"{path} disappeared while the folder was read",
+            fix="rerun once the files are complete (e.g. after the export that writes them has finished)",
+        )
+    if kind == image_decoding.MODE:
+        return mode_error(path, detail)
+    if kind == image_decoding.CHANNELS:
+        return DataError(
+            f"{path} has {detail}, the images before it {shape[2]}",
+            fix="set data.channels: 1 or 3 to convert every image",
+        )
+    if kind == image_decoding.SIZE:
+        return DataError(
+            f"{path} is {detail} pixels, the images before it {shape[0]}x{shape[1]}",
+            fix="set data.image_size: [H, W] to resize every image",
+        )
+    return bad_image(path, detail)

@@ -23,6 +23,7 @@ from PIL import Image
 from ensemble_core.data import image_folder as folder
 from ensemble_core.data.npz_arrays import array_files, image_array_shape, read_arrays
 from ensemble_core.errors import DataError
+from ensemble_core.image_decoding import CHANNEL_MODES, MODE_CHANNELS, PILLOW_ERRORS
 from ensemble_core.memory import host_available_bytes
 
 log = logging.getLogger(__name__)
@@ -158,7 +159,7 @@ def _unreadable(path: Path) -> bool:
     try:
         with Image.open(path) as image:
             image.load()
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+    except PILLOW_ERRORS:
         return True
     return False
 
@@ -194,7 +195,7 @@ def _convert(images: np.ndarray, source: UserSource, where: Path) -> np.ndarray:
     """Arrays brought to ``data.channels`` and ``data.image_size`` with Pillow (as image
     files are); unchanged when neither is set."""
     if source.image_size is None and source.channels is None:
-        if images.shape[-1] not in folder.MODE_CHANNELS.values():
+        if images.shape[-1] not in MODE_CHANNELS.values():
             raise DataError(
                 f"{where}: images have {images.shape[-1]} channels, neither 1 (grey) nor 3 (RGB)",
                 fix="set data.channels: 1 or 3 to convert them",
@@ -209,7 +210,7 @@ def _convert(images: np.ndarray, source: UserSource, where: Path) -> np.ndarray:
     out = np.empty((len(images), height, width, channels), np.uint8)
     for i, array in enumerate(images):
         # uint8 [H, W] is mode L, [H, W, 2|3|4] LA, RGB, RGBA (Pillow infers it from the shape)
-        image = Image.fromarray(array[..., 0] if c == 1 else array).convert(folder.CHANNEL_MODES[channels])
+        image = Image.fromarray(array[..., 0] if c == 1 else array).convert(CHANNEL_MODES[channels])
         if (image.height, image.width) != (height, width):
             image = image.resize((width, height), Image.Resampling.BILINEAR)
         out[i] = np.asarray(image, np.uint8).reshape(height, width, channels)
