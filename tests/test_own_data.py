@@ -15,10 +15,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ensemble_core import data
+from ensemble_core import data, image_decoding
 from ensemble_core.config import DataConfig
 from ensemble_core.data import UserSource, carve_test_split
-from ensemble_core import image_decoding
 from ensemble_core.errors import DataError
 from ensemble_core.runs.dataset import prepare as prepare_config
 from tests.prefect_api import cli_env
