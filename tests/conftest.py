@@ -4,6 +4,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 from tests.xla_flags import xla_flags  # 8 devices, LLVM at -O1 (why: tests/xla_flags.py)
 
@@ -62,12 +63,46 @@ def mnist_test(embedded_dir):
 
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory):
-    """The API URL of one Prefect server per test process, for the command lines the tests
-    start in subprocesses (``tests/prefect_api.py``; pass ``cli_env(prefect_api)``)."""
-    from tests.prefect_api import api_server
+    """The API URL of one Prefect server for the command lines the tests start in
+    subprocesses (``tests/prefect_api.py``; pass ``cli_env(prefect_api)``): the one the
+    controlling process started for every pytest-xdist worker, else this process's own."""
+    from tests.prefect_api import SHARED_API_ENV, api_server, wait_healthy
 
+    if os.environ.get(SHARED_API_ENV):
+        wait_healthy(os.environ[SHARED_API_ENV])
+        yield os.environ[SHARED_API_ENV]
+        return
     with api_server(tmp_path_factory.mktemp("prefect-api")) as url:
         yield url
+
+
+def pytest_configure(config):
+    """In the controlling process of a pytest-xdist run that includes slow tests: start the
+    Prefect API server the workers' ``prefect_api`` share (its URL in the environment the
+    workers inherit), without waiting for it; it starts while the workers collect."""
+    from tests.prefect_api import SHARED_API_ENV, start_server
+
+    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(SHARED_API_ENV):
+        return
+    if not getattr(config.option, "numprocesses", None) or "not slow" in (config.option.markexpr or ""):
+        return  # one process (its fixture starts a server when a test needs one), or make test-fast
+    home = tempfile.mkdtemp(prefix="ensemble-tests-prefect-api-")
+    server, url = start_server(Path(home))
+    os.environ[SHARED_API_ENV] = url
+    config.stash[_SHARED_API] = (server, home)
+
+
+_SHARED_API = pytest.StashKey[tuple]()
+
+
+def pytest_unconfigure(config):
+    from tests.prefect_api import SHARED_API_ENV, stop_server
+
+    shared = config.stash.get(_SHARED_API, None)
+    if shared is not None:
+        stop_server(shared[0])
+        shutil.rmtree(shared[1], ignore_errors=True)
+        os.environ.pop(SHARED_API_ENV, None)
 
 
 # Longest first (make test's pytest-xdist workers take a whole module at a time, in this
@@ -87,6 +122,7 @@ _LONGEST_FIRST = (
     "test_cli_process.py",  # 160 s
     "test_stateful_members.py",  # 155 s
     "test_groups.py",  # 130 s
+    "test_own_data.py",  # 115 s (2026-11-27, at the image folders' change)
     "test_stop_signals.py",  # 105 s
     "test_full_disk.py",  # 105 s
     "test_checkpoint.py",  # 70 s

@@ -1,9 +1,10 @@
-"""One Prefect API server per test process, for the command lines the tests start.
+"""One Prefect API server per test session, for the command lines the tests start.
 
 A command line started without ``PREFECT_API_URL`` starts a temporary Prefect server of
 its own (``flows/_ephemeral.py``): about 5 s of CPU per command on 2 cores, most of a tiny
 run's cost. The tests that start command lines in subprocesses give them the URL of one
-server per test process (pytest-xdist worker) instead, through :func:`cli_env`; the tests
+server instead, through :func:`cli_env`: under pytest-xdist the controlling process starts
+it for every worker (:data:`SHARED_API_ENV`), else the test process starts its own; the tests
 of the temporary server itself (``tests/test_cli_process.py``, ``tests/stop_proc.py``)
 keep starting their own.
 
@@ -29,14 +30,15 @@ from ensemble_core.processutil import free_port
 STARTUP_TIMEOUT_S = 180  # imports and migrations; over a minute on 2 busy cores
 
 
-@contextmanager
-def api_server(home: Path) -> Iterator[str]:
-    """A Prefect API server with its database under ``home``; yields its API URL and stops
-    it at exit.
+#: The URL of the Prefect API server pytest's controlling process started for every
+#: pytest-xdist worker (``tests/conftest.py``): one server for the session instead of one
+#: per worker (each costs about 10 s of CPU to start and 1.5% of a core while idle).
+SHARED_API_ENV = "ENSEMBLE_TESTS_PREFECT_API"
 
-    Raises:
-      RuntimeError: it exited, or did not answer within STARTUP_TIMEOUT_S (its output).
-    """
+
+def start_server(home: Path) -> tuple[subprocess.Popen, str]:
+    """Start a Prefect API server with its database under ``home`` (not waiting for it);
+    returns the process and its API URL."""
     port = free_port()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")},
@@ -49,32 +51,57 @@ def api_server(home: Path) -> Iterator[str]:
     }
     cmd = [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app"]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error"]
-    log = home / "server.log"
     home.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:
+    with (home / "server.log").open("wb") as out:
         server = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/api"
+    return server, f"http://127.0.0.1:{port}/api"
+
+
+def wait_healthy(url: str, server: subprocess.Popen | None = None, log: Path | None = None) -> None:
+    """Wait until the server at ``url`` answers its health check.
+
+    Raises:
+      RuntimeError: ``server`` exited, or no answer within STARTUP_TIMEOUT_S (its log).
+    """
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:
+        if server is not None and server.poll() is not None:
+            tail = log.read_text()[-2000:] if log is not None else ""
+            raise RuntimeError(f"the Prefect server exited with {server.returncode}: {tail}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the Prefect server at {url} did not answer within {STARTUP_TIMEOUT_S} s")
+        time.sleep(0.2)
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    """Terminate ``server`` (kill it after 30 s)."""
+    server.terminate()
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"the Prefect server exited with {server.returncode}: {log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the Prefect server did not answer within {STARTUP_TIMEOUT_S} s")
-            time.sleep(0.2)
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
+@contextmanager
+def api_server(home: Path) -> Iterator[str]:
+    """A Prefect API server with its database under ``home``; yields its API URL and stops
+    it at exit.
+
+    Raises:
+      RuntimeError: it exited, or did not answer within STARTUP_TIMEOUT_S (its output).
+    """
+    server, url = start_server(home)
+    try:
+        wait_healthy(url, server, home / "server.log")
         yield url
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_server(server)
 
 
 def cli_env(api_url: str, **extra: str) -> dict[str, str]:
