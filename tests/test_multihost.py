@@ -241,6 +241,7 @@ def _cli(cluster, tfds_dir, out: Path, name: str, *sets: str, auth: str | None =
     )
 
 
+@pytest.mark.soak  # make test: the host cut below (two groups on the TLS hosts, members equal one program's)
 def test_member_groups_on_two_hosts_over_tls_equal_one_program(cluster_hosts, tfds_dir, tmp_path):
     """member_groups=2 on the remote TLS scheduler: each group's task run on its own host
     (the topology names it), the members equal one program's.
