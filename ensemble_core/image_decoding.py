@@ -96,3 +96,38 @@ def decode_block(
             if not (skip_unreadable and err.kind == UNREADABLE):
                 break
     return images, ok, errors
+
+
+#: Pillow's mode of a uint8 array by its channel count (what ``Image.fromarray`` infers).
+ARRAY_MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
+
+
+def convert_images(images: np.ndarray, size: tuple[int, int] | None, channels: int | None) -> np.ndarray:
+    """uint8 images ``[N, h, w, c]`` (c 1 to 4) brought to ``size`` ``(H, W)`` and
+    ``channels`` (1 or 3) as an image file is decoded (:func:`decode_file`: Pillow's
+    ``Image.convert``, then ``Image.resize`` with ``Resampling.BILINEAR``); unchanged
+    where neither is set or the images have them already.
+
+    Returns:
+      uint8 ``[N, H, W, channels]``.
+
+    Raises:
+      ValueError: images that are not uint8 ``[N, h, w, c]`` with c in 1..4, or c not 1
+        or 3 without ``channels``.
+    """
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] not in ARRAY_MODES:
+        raise ValueError(f"images are {images.dtype} {images.shape}, not uint8 [N, H, W, C] with C in 1..4")
+    c = images.shape[-1]
+    if channels is None and c not in MODE_CHANNELS.values():
+        raise ValueError(f"images have {c} channels, neither 1 (grey) nor 3 (RGB); set the channels to convert to")
+    height, width = size if size is not None else images.shape[1:3]
+    channels = channels or c
+    if (height, width, channels) == images.shape[1:]:
+        return images
+    out = np.empty((len(images), height, width, channels), np.uint8)
+    for i, array in enumerate(images):
+        image = Image.fromarray(array[..., 0] if c == 1 else array).convert(CHANNEL_MODES[channels])
+        if (image.height, image.width) != (height, width):
+            image = image.resize((width, height), Image.Resampling.BILINEAR)
+        out[i] = np.asarray(image, np.uint8).reshape(height, width, channels)
+    return out

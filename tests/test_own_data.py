@@ -500,7 +500,10 @@ def _export_three_ways(tmp: Path, n_train: int, n_test: int) -> dict[str, list[s
     }
 
 
-@pytest.mark.slow  # three trainings (about 12 s)
+# make test: the same pixels, labels and order from each source
+# (test_png_folder_decodes_to_the_pixels_written_in_file_order, the arrays tests) on a
+# deterministic trainer; the full Fashion-MNIST version is benchmarks/own_data.py.
+@pytest.mark.soak  # three trainings (about 12 s)
 def test_idx_image_folder_and_arrays_of_the_same_digits_train_bit_for_bit_alike(tmp_path):
     """The same 600 training and 200 test digits from three sources: the same snapshot
     counts and, with one config, the same ensemble and member figures, bit for bit."""

@@ -23,7 +23,7 @@ from PIL import Image
 from ensemble_core.data import image_folder as folder
 from ensemble_core.data.npz_arrays import array_files, image_array_shape, read_arrays
 from ensemble_core.errors import DataError
-from ensemble_core.image_decoding import CHANNEL_MODES, MODE_CHANNELS, PILLOW_ERRORS
+from ensemble_core.image_decoding import PILLOW_ERRORS, convert_images
 from ensemble_core.memory import host_available_bytes
 
 log = logging.getLogger(__name__)
@@ -192,29 +192,12 @@ def _read_folder(source: UserSource) -> UserSplits:
 
 
 def _convert(images: np.ndarray, source: UserSource, where: Path) -> np.ndarray:
-    """Arrays brought to ``data.channels`` and ``data.image_size`` with Pillow (as image
-    files are); unchanged when neither is set."""
-    if source.image_size is None and source.channels is None:
-        if images.shape[-1] not in MODE_CHANNELS.values():
-            raise DataError(
-                f"{where}: images have {images.shape[-1]} channels, neither 1 (grey) nor 3 (RGB)",
-                fix="set data.channels: 1 or 3 to convert them",
-            )
-        return images
-    modes = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
-    c = images.shape[-1]
-    if c not in modes:
-        raise DataError(f"{where}: images have {c} channels", fix="export grey, RGB or RGBA images")
-    height, width = source.image_size if source.image_size is not None else images.shape[1:3]
-    channels = source.channels or (c if c in (1, 3) else 3)
-    out = np.empty((len(images), height, width, channels), np.uint8)
-    for i, array in enumerate(images):
-        # uint8 [H, W] is mode L, [H, W, 2|3|4] LA, RGB, RGBA (Pillow infers it from the shape)
-        image = Image.fromarray(array[..., 0] if c == 1 else array).convert(CHANNEL_MODES[channels])
-        if (image.height, image.width) != (height, width):
-            image = image.resize((width, height), Image.Resampling.BILINEAR)
-        out[i] = np.asarray(image, np.uint8).reshape(height, width, channels)
-    return out
+    """Arrays brought to ``data.channels`` and ``data.image_size`` with Pillow, as image
+    files are (:func:`ensemble_core.image_decoding.convert_images`)."""
+    try:
+        return convert_images(images, source.image_size, source.channels)
+    except ValueError as err:
+        raise DataError(f"{where}: {err}", fix="set data.channels: 1 or 3 to convert them") from None
 
 
 def _read_arrays(source: UserSource) -> UserSplits:
