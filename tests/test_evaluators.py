@@ -15,19 +15,41 @@ from ensemble_core.runs.evaluation.figure_check import figure_paths, probe
 from tests.ensembles import tiny_config
 
 SHIFTS = ("rotation", "translation", "corruptions")
-ALL = ("test", *SHIFTS, "letters", "fashion_mnist")
+#: The ``ood`` evaluator under two names: uniform noise, and a folder of RGB 32x32 PNGs
+#: (converted to the digits' 28x28 grey) as the OOD dataset of the user's choosing.
+OOD_SOURCES = {"noise": "{type: ood}", "folder": "{type: ood, source: image_folder, path: FOLDER}"}
+OOD = ("letters", "fashion_mnist", *OOD_SOURCES)
+ALL = ("test", *SHIFTS, *OOD)
+
+
+def _rgb_folder(root):
+    """120 test and 2 training PNGs of RGB noise, 32x32, in two class folders."""
+    from PIL import Image
+
+    rng = np.random.default_rng(7)
+    for split, n in (("test", 60), ("train", 1)):
+        for c in ("a", "b"):
+            (root / split / c).mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(root / split / c / f"{i}.png")
+    return root
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory, tfds_dir):
     """One tiny run with every evaluator (3 members, 120 test digits)."""
     out = tmp_path_factory.mktemp("evaluators")
+    folder = _rgb_folder(tmp_path_factory.mktemp("ood-folder") / "shelf")
+    specs = ", ".join(
+        f"{name}: {OOD_SOURCES[name].replace('FOLDER', str(folder))}" if name in OOD_SOURCES else f"{name}: {{}}"
+        for name in ALL
+    )
     cfg = tiny_config(
         tfds_dir,
         "ensemble.size=3",
         "train.epochs=2",
         "data.max_test_examples=120",
-        f"eval.evaluators=[{','.join(ALL)}]",
+        f"eval.evaluators={{{specs}}}",
         "promotion.metric=letters.ensemble.auroc.mutual_information",
     )
     result = runs.run(cfg, out, "r")
@@ -90,7 +112,7 @@ def test_rotation_levels_and_selective_prediction(finished):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["letters", "fashion_mnist"])
+@pytest.mark.parametrize("name", OOD)
 def test_ood_figures_are_recomputed_from_the_npz(finished, name):
     result, report = finished
     section = report["evaluations"][name]["metrics"]

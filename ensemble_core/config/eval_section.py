@@ -36,8 +36,8 @@ class EvaluatorSpec(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True, json_schema_extra=lambda schema: schema.pop("required", None))
 
     type: Literal[EVALUATOR_NAMES] = Field(  # type: ignore[valid-type]
-        description="The evaluator module: 'test', 'rotation', 'translation', 'corruptions', 'letters' or "
-        "'fashion_mnist' (default: the evaluator's name)."
+        description="The evaluator module: 'test', 'rotation', 'translation', 'corruptions', 'letters', "
+        "'fashion_mnist' or 'ood' (default: the evaluator's name)."
     )
 
     @property
@@ -68,7 +68,9 @@ class EvalConfig(BaseModel):
         "rotation_fine: {type: rotation, degrees: [0, 5, 10]}}; a list of names is short for {name: {}}. Types, "
         "modules of ensemble_core/evaluators/: 'test' (the test split: accuracy, NLL, Brier, ECE, diversity; "
         "required), 'rotation', 'translation', 'corruptions' (MNIST-C) under dataset shift, 'letters' and "
-        "'fashion_mnist' out of distribution. Results are stored under the name (report.json "
+        "'fashion_mnist' out of distribution (digits), 'ood' out of distribution for any dataset (a synthetic set, "
+        "or another dataset: {type: ood, source: uniform_noise|gaussian_noise|constant|tfds|image_folder|arrays, "
+        "...}). Results are stored under the name (report.json "
         "evaluations.<name>, eval/<name>.npz).",
         json_schema_extra=_or_a_list_of_names,
     )

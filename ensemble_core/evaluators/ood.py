@@ -1,0 +1,152 @@
+"""Out-of-distribution with a source of your choosing, for any dataset: a synthetic set of
+the literature, or another dataset (a TFDS dataset, an image folder, arrays) brought to
+the training images' geometry. Several may run in one config, each under its own name::
+
+    eval:
+      evaluators:
+        test: {}
+        ood_noise: {type: ood, source: uniform_noise}
+        ood_parts: {type: ood, source: image_folder, path: /data/other_parts}
+
+Sources (``source``):
+
+- ``uniform_noise``: every pixel of every channel uniform on 0..255, independent (the
+  "Uniform" noise set of Liang et al. 2018, ODIN, and Hendrycks et al. 2019, Outlier
+  Exposure);
+- ``gaussian_noise``: every pixel ``N(0.5, 1)`` clipped to [0, 1], then to 0..255 (the
+  "Gaussian" set of Outlier Exposure, Hendrycks, Mazeika & Dietterich 2019, section 4.2);
+- ``constant``: each image one value per channel, uniform on 0..255 (the constant images
+  of Nalisnick et al. 2019);
+- ``tfds`` (``name``, optionally ``data_dir``/``manual_dir``), ``image_folder`` or
+  ``arrays`` (``path``): a dataset prepared as a data snapshot like the training data
+  (:func:`ensemble_core.data.prepare`), its ``split`` resized and converted with Pillow
+  to the model's ``[H, W, C]`` (:func:`ensemble_core.image_decoding.convert_images`).
+
+As many OOD images as test images (``num_examples`` to choose; a dataset gives at most its
+split). Figures: :mod:`ensemble_core.evaluators.ood_base`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pydantic
+
+from ensemble_core import data as data_lib
+from ensemble_core import image_decoding
+from ensemble_core.config import PipelineConfig
+from ensemble_core.config.data_section import snake_case
+from ensemble_core.errors import DataError
+from ensemble_core.evaluators import EvalContext, EvaluatorOutput, ood_base
+
+SYNTHETIC = ("uniform_noise", "gaussian_noise", "constant")
+DATASETS = ("tfds", "image_folder", "arrays")
+CACHE_VERSION = 1
+
+
+class Options(pydantic.BaseModel):
+    """The ``ood`` evaluator's options (see the module's docstring)."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+
+    source: Literal["uniform_noise", "gaussian_noise", "constant", "tfds", "image_folder", "arrays"] = pydantic.Field(
+        "uniform_noise", description="The OOD set: a synthetic one, or a dataset (tfds, image_folder, arrays)."
+    )
+    name: str | None = pydantic.Field(
+        None, description="source tfds: the TFDS dataset; image_folder/arrays: the snapshot's name (default: path's)."
+    )
+    path: str | None = pydantic.Field(None, description="source image_folder or arrays: its directory.")
+    split: Literal["train", "test"] = pydantic.Field("test", description="The dataset's split to use.")
+    data_dir: str | None = pydantic.Field(None, description="Where the dataset is prepared (default: data.data_dir).")
+    manual_dir: str | None = pydantic.Field(None, description="source tfds: its files for offline preparation.")
+    num_examples: int | None = pydantic.Field(None, ge=1, description="OOD images (default: as many as test images).")
+    seed: int = pydantic.Field(0, ge=0, le=2**32 - 1, description="The synthetic sets' seed.")
+
+    @pydantic.model_validator(mode="after")
+    def _source_settings(self) -> Options:
+        if self.source in ("image_folder", "arrays") and self.path is None:
+            raise ValueError(f"source {self.source} needs path, the directory of the OOD images")
+        if self.source == "tfds" and self.name is None:
+            raise ValueError("source tfds needs name, a TFDS dataset name such as mnist")
+        if self.source in SYNTHETIC and (self.path or self.name):
+            raise ValueError(f"source {self.source} is synthetic: it takes no path or name")
+        return self
+
+
+def synthetic_images(source: str, n: int, shape: tuple[int, int, int], seed: int) -> np.ndarray:
+    """``n`` images uint8 ``[n, H, W, C]`` of a synthetic OOD set (the module's docstring
+    gives each definition), drawn with ``np.random.default_rng(seed)``.
+
+    Raises:
+      ValueError: an unknown ``source``.
+    """
+    rng = np.random.default_rng(seed)
+    if source == "uniform_noise":
+        return rng.integers(0, 256, (n, *shape), dtype=np.uint8)
+    if source == "gaussian_noise":
+        return np.round(np.clip(rng.normal(0.5, 1.0, (n, *shape)), 0.0, 1.0) * 255).astype(np.uint8)
+    if source == "constant":
+        values = rng.integers(0, 256, (n, 1, 1, shape[2]), dtype=np.uint8)
+        return np.broadcast_to(values, (n, *shape)).copy()
+    raise ValueError(f"unknown synthetic OOD set {source!r}; one of {SYNTHETIC}")
+
+
+def dataset_images(opts: Options, shape: tuple[int, int, int], n: int, default_data_dir: str | None) -> np.ndarray:
+    """The first ``n`` images of ``opts``' dataset split, prepared as a data snapshot and
+    brought to ``shape`` with Pillow.
+
+    Raises:
+      DataError: the dataset cannot be prepared (its one-line error), or its images
+        cannot be converted to ``shape``.
+    """
+    data_dir = opts.data_dir or default_data_dir
+    if opts.source == "tfds":
+        name = str(opts.name)
+        info = data_lib.prepare(name, data_dir, opts.manual_dir)
+    else:
+        path = str(opts.path)
+        name = opts.name or snake_case(Path(path).absolute().name)
+        user = data_lib.UserSource(kind=opts.source, path=path)
+        info = data_lib.prepare(name, data_dir, None, user)
+    images, _ = data_lib.load_split(name, opts.split, info.tfds_data_dir, n)
+    try:
+        return image_decoding.convert_images(images, shape[:2], shape[2])
+    except ValueError as err:
+        raise DataError(
+            f"the OOD images of {name} ({opts.split}, {images.shape[1:]}) cannot be converted to {shape}: {err}",
+            fix="choose another OOD source, or convert its images to grey or RGB first",
+        ) from None
+
+
+def evaluate(ctx: EvalContext) -> EvaluatorOutput:
+    """The test split vs the OOD set of ``ctx.options``; see :mod:`ensemble_core.evaluators.ood_base`."""
+    opts: Options = ctx.options
+    height, width, channels = (int(d) for d in ctx.dataset.image_shape)
+    shape = (height, width, channels)
+    n = opts.num_examples or len(ctx.load("test")[0])
+    if opts.source in SYNTHETIC:
+        key = f"ood-{opts.source}-v{CACHE_VERSION}-{n}-{'x'.join(map(str, shape))}-seed{opts.seed}"
+        build = lambda: {"images": synthetic_images(opts.source, n, shape, opts.seed)}  # noqa: E731
+        images = ctx.cached(key, build, {"images": (n, *shape)})["images"]
+        what = f"{opts.source} ({n} images, seed {opts.seed})"
+    else:
+        images = dataset_images(opts, shape, n, ctx.config.data.data_dir)
+        what = f"{opts.source} {opts.name or opts.path} ({opts.split}, {len(images)} images)"
+    return ood_base.evaluate_ood(ctx, images, what)
+
+
+def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig, name: str = "ood") -> dict[str, Path]:
+    """Entropy histograms and ROC curves (:func:`ensemble_core.evaluators.ood_base.plot_ood`)."""
+    return ood_base.plot_ood(metrics, arrays, plots_dir, name)
+
+
+def markdown(metrics: dict) -> list[str]:
+    """The detection table."""
+    return ood_base.markdown(metrics, f"OOD: {metrics.get('source', 'ood')}")
+
+
+def table(metrics: dict) -> list[dict]:
+    """The Prefect table artifact's rows (:func:`ensemble_core.evaluators.ood_base.table`)."""
+    return ood_base.table(metrics)
