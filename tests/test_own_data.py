@@ -208,6 +208,10 @@ BAD_FOLDERS = {
         lambda r: os.symlink(r / "train/a", r / "train/a/loop"),
         r"symlink loop: .*train/a/loop leads back",
     ),
+    "broken link": (
+        lambda r: os.symlink(r / "nowhere.png", r / "train/a/gone.png"),
+        r"train/a/gone\.png is a broken symlink",
+    ),
     "test class unknown": (
         lambda r: (r / "test/z").mkdir(parents=True) or shutil.copy(r / "train/a/0000.png", r / "test/z/x.png"),
         r"test/z is a class that .*train does not have",
