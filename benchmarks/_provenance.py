@@ -1,4 +1,5 @@
-"""The ``date``, ``machine`` and ``commit`` fields every result file carries.
+"""The ``date``, ``machine`` and ``commit`` fields every result file carries, and how busy
+the machine was while a benchmark timed (:func:`busy_seconds`).
 
 ``benchmarks.docs_figures`` refuses a marker whose result file lacks ``date`` or
 ``machine``, so each benchmark that writes a result file puts :func:`stamp` into it.
@@ -36,3 +37,15 @@ def commit() -> str | None:
 def stamp() -> dict:
     """``date`` (UTC, ISO), ``machine`` and ``commit`` of a measurement taken now."""
     return {"date": datetime.datetime.now(datetime.UTC).date().isoformat(), "machine": machine(), "commit": commit()}
+
+
+def busy_seconds() -> float | None:
+    """CPU seconds the whole machine has been busy (``/proc/stat``: user, nice, system, irq,
+    softirq and steal over all cores), or None where there is no ``/proc/stat``: read
+    before and after a timing, it tells how busy the other cores were."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")

@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from benchmarks._provenance import stamp
+from benchmarks._provenance import busy_seconds, stamp
 from benchmarks.bench import BATCH, EVAL_BATCH, MODELS, REPEATS, ROOT, run_worker
 
 #: the two sides: bench.MODELS names
@@ -56,17 +56,6 @@ LINEN, NNX = "cnn", "cnn-nnx"
 #: figures compared, and how the ratio reads (NNX / Linen for each)
 FIGURES = ("train_member_images_per_s", "eval_member_images_per_s", "compile_seconds")
 TOLERANCE = 0.9  # NNX throughput at least this fraction of Linen's
-
-
-def _busy_seconds() -> float | None:
-    """CPU seconds the whole machine has been busy (``/proc/stat``: user, nice, system, irq,
-    softirq and steal over all cores), or None where there is no ``/proc/stat``."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-    except OSError:
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def _children_cpu_seconds() -> float:
@@ -80,12 +69,12 @@ def _measure(model: str, args: argparse.Namespace, env: dict) -> dict:
     CPU time (steal included) not spent by the worker, over its wall time (0 on an idle
     machine; 1 means another job took a whole core of the 2)."""
     cache = tempfile.mkdtemp(prefix="ensemble-nnx-vs-linen-jax-")
-    busy0, own0, t0 = _busy_seconds(), _children_cpu_seconds(), time.perf_counter()
+    busy0, own0, t0 = busy_seconds(), _children_cpu_seconds(), time.perf_counter()
     try:
         out = run_worker(model, args.size, "project", args, {**env, "JAX_COMPILATION_CACHE_DIR": cache})
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    busy1, own1, wall = _busy_seconds(), _children_cpu_seconds(), time.perf_counter() - t0
+    busy1, own1, wall = busy_seconds(), _children_cpu_seconds(), time.perf_counter() - t0
     others = None if busy0 is None or busy1 is None else max(0.0, (busy1 - busy0) - (own1 - own0)) / wall
     return {**out, "worker_wall_seconds": wall, "other_cores_busy": others}
 

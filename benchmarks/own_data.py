@@ -54,7 +54,7 @@ import numpy as np
 from PIL import Image
 from PIL import __version__ as pillow_version
 
-from benchmarks._provenance import stamp
+from benchmarks._provenance import busy_seconds, stamp
 from flows import _env  # noqa: F401  (applies the XLA/JAX environment on import)
 
 #: Where Debian's dataset-fashion-mnist puts the four IDX files.
@@ -323,17 +323,6 @@ def _decode_loop(paths: list[Path], shape: tuple[int, int, int]) -> np.ndarray:
     return images
 
 
-def _busy_seconds() -> float | None:
-    """CPU seconds the whole machine has been busy (``/proc/stat``: user, nice, system, irq,
-    softirq and steal over all cores), or None where there is no ``/proc/stat``."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-    except OSError:
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
 def _own_cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process
     return usage.ru_utime + usage.ru_stime
@@ -343,9 +332,9 @@ def _measured(call: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any,
     """``call(*args, **kwargs)``, its wall ``seconds`` and ``other_cores_busy``: the cores'
     worth of CPU time the rest of the machine took meanwhile (0 on an idle machine; 1: another
     job took a whole core), None without ``/proc/stat``."""
-    busy0, own0 = _busy_seconds(), _own_cpu_seconds()
+    busy0, own0 = busy_seconds(), _own_cpu_seconds()
     value, seconds = _timed(call, *args, **kwargs)
-    busy1, own1 = _busy_seconds(), _own_cpu_seconds()
+    busy1, own1 = busy_seconds(), _own_cpu_seconds()
     others = None if busy0 is None or busy1 is None else max(0.0, (busy1 - busy0) - (own1 - own0)) / seconds
     return value, {"seconds": seconds, "other_cores_busy": None if others is None else round(others, 2)}
 
