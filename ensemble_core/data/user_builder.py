@@ -81,18 +81,18 @@ def check_user_name(name: str) -> None:
 def prepare_user_locked(name: str, data_dir: str, source: UserSource) -> tuple[DatasetInfo, tuple[str, ...]]:
     """Prepare ``source`` as dataset ``name`` in the TFDS data dir ``data_dir`` (the
     snapshot's directory) unless it is prepared there already (the caller holds the
-    preparation lock; see :func:`ensemble_core.data.prepare`).
+    preparation lock and has refused a name TFDS knows, :func:`check_user_name`; see
+    :func:`ensemble_core.data.prepare`).
 
     Returns:
       The prepared dataset's :class:`DatasetInfo` and the files left out as undecodable
       (``data.on_bad_image=skip``; empty when it was prepared before).
 
     Raises:
-      DataError: a name TFDS already knows (:func:`check_user_name`); every refusal of
+      DataError: every refusal of
         :func:`~ensemble_core.data.user_source.read_user_source`; a write that fails
         (naming the directory).
     """
-    check_user_name(name)
     skipped: tuple[str, ...] = ()
     if prepared_variant(name, data_dir) is None:
         splits = read_user_source(source)
