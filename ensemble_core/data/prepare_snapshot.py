@@ -100,7 +100,8 @@ def fingerprint_source(
       every file below its directory (by its path there) and the settings that decide
       the prepared images (size, channels, test fraction, class names, bad images).
 
-    Content hashes are cached by path, size and mtime in ``<data dir>/snapshots/``.
+    Content hashes are cached by path, size, mtime, device and inode in ``<data dir>/snapshots/``
+    (:func:`~ensemble_core.data.snapshot.hash_files`).
 
     Raises:
       DataError: an unknown dataset, the IDX files missing, a source file unreadable;
