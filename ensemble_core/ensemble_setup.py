@@ -167,10 +167,10 @@ class EnsembleSetup:
             flip=augment.flip,
         )
 
-    def predict_fn(self) -> Callable:
-        """The jitted ``predict(params, images) -> member_probs``
+    def predict_fn(self, *, logits: bool = False) -> Callable:
+        """The jitted ``predict(params, images) -> member_probs`` (or member logits)
         (:func:`ensemble_core.predict.make_predict`)."""
-        return make_predict(self.model, self.mesh, self.strategy)
+        return make_predict(self.model, self.mesh, self.strategy, logits=logits)
 
 
 def build(

@@ -42,10 +42,27 @@ class Figure:
 
 ACCURACY = Figure("accuracy", True, "accuracy", source="fraction of examples whose most probable class is the label")
 AUROC = Figure("auroc", True, "AUROC", source="area under the ROC curve, OOD positive (Hendrycks & Gimpel 2017)")
-AUPR = Figure("aupr", True, "AUPR", source="area under the precision-recall curve (Hendrycks & Gimpel 2017)")
+AUPR_IN = Figure(
+    "aupr_in",
+    True,
+    "AUPR-in",
+    source="area under the precision-recall curve, in-distribution positive (Hendrycks & Gimpel 2017)",
+)
+AUPR_OUT = Figure(
+    "aupr_out", True, "AUPR-out", source="area under the precision-recall curve, OOD positive (Hendrycks & Gimpel 2017)"
+)
 NLL = Figure("nll", False, "NLL", unit="nats", source="mean negative log-likelihood of the label")
 BRIER = Figure("brier", False, "Brier", source="multi-class Brier score (Brier 1950), in [0, 2]")
 ECE = Figure("ece", False, "ECE", source="expected calibration error, top-label confidence (Guo et al. 2017)")
+ADAPTIVE_ECE = Figure(
+    "adaptive_ece",
+    False,
+    "adaptive ECE",
+    source="ECE over equal-mass confidence bins (Mukhoti et al. 2020; Nixon et al. 2019)",
+)
+ACCURACY_AT_80_COVERAGE = Figure(
+    "accuracy_at_80_coverage", True, "accuracy@80% coverage", source="accuracy on the 80% most confident examples"
+)
 FPR_AT_95_TPR = Figure(
     "fpr_at_95_tpr", False, "FPR@95%TPR", source="false positive rate at 95% TPR (Hendrycks & Gimpel 2017)"
 )
@@ -56,7 +73,23 @@ CONFIDENT_OOD_FRACTION = Figure(
 
 #: Every figure promotion can compare, by name.
 FIGURES: Mapping[str, Figure] = MappingProxyType(
-    {f.name: f for f in (ACCURACY, AUROC, AUPR, NLL, BRIER, ECE, FPR_AT_95_TPR, AURC, CONFIDENT_OOD_FRACTION)}
+    {
+        f.name: f
+        for f in (
+            ACCURACY,
+            AUROC,
+            AUPR_IN,
+            AUPR_OUT,
+            NLL,
+            BRIER,
+            ECE,
+            ADAPTIVE_ECE,
+            FPR_AT_95_TPR,
+            AURC,
+            ACCURACY_AT_80_COVERAGE,
+            CONFIDENT_OOD_FRACTION,
+        )
+    }
 )
 #: The ensemble test metrics ``promotion.metric`` may name without a path.
 TEST_METRICS = ("nll", "brier", "ece", "accuracy")

@@ -83,13 +83,61 @@ def disagreement(member_probs: np.ndarray) -> float:
     return float(np.mean(pairs))
 
 
+#: The figures :func:`scores` gives, in report order.
+SCORES = ("accuracy", "nll", "brier", "ece", "adaptive_ece", "aurc", "accuracy_at_80_coverage")
+
+
+def adaptive_ece(probs: np.ndarray, labels: np.ndarray, num_bins: int = 15) -> float:
+    """Adaptive (equal-mass) expected calibration error on the top-label confidence.
+
+    ``sum_b |B_b|/N * |acc(B_b) - conf(B_b)|`` where the examples, sorted by confidence
+    (stable sort), are split into ``num_bins`` bins of equal count (``np.array_split``:
+    sizes differ by at most one). The "AdaECE" of Mukhoti et al. 2020 ("Calibrating Deep
+    Neural Networks using Focal Loss") and the equal-mass binning of Nixon et al. 2019
+    ("Measuring Calibration in Deep Learning"); with fewer examples than bins, every
+    example is its own bin.
+
+    Args:
+      probs: float ``[N, C]``; labels: int ``[N]``; num_bins: >= 1.
+    """
+    p = _check_probs(probs, labels)
+    conf = p.max(-1)
+    correct = (np.argmax(p, -1) == np.asarray(labels)).astype(np.float64)
+    order = np.argsort(conf, kind="stable")
+    n = len(conf)
+    total = 0.0
+    for idx in np.array_split(order, min(num_bins, n)):
+        total += len(idx) / n * abs(correct[idx].mean() - conf[idx].mean())
+    return float(total)
+
+
+def accuracy_at_coverage(probs: np.ndarray, labels: np.ndarray, coverage: float = 0.8) -> float:
+    """Selective prediction: the accuracy on the ``ceil(coverage * N)`` most confident
+    examples (top-label confidence, stable sort as :func:`risk_coverage`), i.e.
+    ``1 - risk(coverage)`` on the risk-coverage curve (Geifman & El-Yaniv 2017).
+
+    Raises:
+      ValueError: ``coverage`` not in (0, 1].
+    """
+    if not 0 < coverage <= 1:
+        raise ValueError(f"coverage must be in (0, 1]; got {coverage}")
+    _, risk = risk_coverage(probs, labels)
+    k = max(1, int(np.ceil(coverage * len(risk) - 1e-9)))
+    return float(1.0 - risk[k - 1])
+
+
 def scores(probs: np.ndarray, labels: np.ndarray, num_bins: int = 15) -> dict[str, float]:
-    """``{"accuracy", "nll", "brier", "ece"}`` of one probability table ``[N, C]``."""
+    """The figures :data:`SCORES` of one probability table ``[N, C]``: accuracy, NLL,
+    Brier, ECE and adaptive ECE (``num_bins`` bins each), AURC and the accuracy at 80%
+    coverage (selective prediction)."""
     return {
         "accuracy": accuracy(probs, labels),
         "nll": nll(probs, labels),
         "brier": brier(probs, labels),
         "ece": ece(probs, labels, num_bins),
+        "adaptive_ece": adaptive_ece(probs, labels, num_bins),
+        "aurc": aurc(probs, labels),
+        "accuracy_at_80_coverage": accuracy_at_coverage(probs, labels, 0.8),
     }
 
 
@@ -114,7 +162,7 @@ def evaluate_all(
     return {
         "ensemble": scores(ensemble_probs(used), labels, num_bins),
         "members": members,
-        "member_mean": {k: float(np.mean([m[k] for m in kept])) for k in ("accuracy", "nll", "brier", "ece")},
+        "member_mean": {k: float(np.mean([m[k] for m in kept])) for k in SCORES},
         "diversity": {
             "disagreement": disagreement(used),
             "predictive_entropy": float(predictive_entropy(used).mean()),
@@ -162,10 +210,35 @@ def _check_probs(probs: np.ndarray, labels: np.ndarray | None = None) -> np.ndar
     return p
 
 
-def ood_scores(member_probs: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-example out-of-distribution scores from member probabilities ``[E, N, C]``.
+def member_disagreement(member_probs: np.ndarray) -> np.ndarray:
+    """Per-example disagreement of the members: the fraction of member pairs ``i < j``
+    whose arg-max classes differ on the example, float64 ``[N]`` in [0, 1] (the
+    per-example form of :func:`disagreement`, Fort et al. 2019); 0 for a single member.
+    Computed from the vote counts ``k_c``: ``1 - sum_c k_c (k_c - 1) / (E (E - 1))``."""
+    p = _check_member_probs(member_probs)
+    e, n, c = p.shape
+    if e < 2:
+        return np.zeros(n)
+    votes = np.zeros((n, c))
+    np.add.at(votes, (np.arange(n)[None, :].repeat(e, 0), np.argmax(p, -1)), 1.0)
+    return 1.0 - np.sum(votes * (votes - 1), axis=-1) / (e * (e - 1))
 
-    Every score is oriented so that HIGHER means "more likely out-of-distribution":
+
+def energy(logits: np.ndarray) -> np.ndarray:
+    """The free energy of logits, ``-logsumexp_c z_c`` at temperature 1, float64 ``[...]``
+    over the last axis (Liu et al. 2020, "Energy-based Out-of-distribution Detection"):
+    higher on out-of-distribution inputs."""
+    z = np.asarray(logits, np.float64)
+    m = z.max(-1)
+    return -(m + np.log(np.exp(z - m[..., None]).sum(-1)))
+
+
+def ood_scores(member_probs: np.ndarray, member_logits: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per-example out-of-distribution scores from member probabilities ``[E, N, C]``
+    (and their logits ``[E, N, C]``, for the energy).
+
+    Every score is oriented so that HIGHER means "more likely out-of-distribution" (the
+    OOD examples are the positives of :func:`detection`):
 
     - ``"max_prob"``: ``1 - max_c mean_e p_ec``, the maximum softmax probability baseline
       of Hendrycks & Gimpel 2017 ("A Baseline for Detecting Misclassified and
@@ -173,16 +246,31 @@ def ood_scores(member_probs: np.ndarray) -> dict[str, np.ndarray]:
     - ``"entropy"``: entropy of the ensemble prediction (``predictive_entropy``, nats).
     - ``"mutual_information"``: ``mutual_information`` (nats); exactly the BALD epistemic
       term, so 0 everywhere for a single member (E = 1) and possibly ~-1e-16 from rounding.
+    - ``"energy"`` (with ``member_logits``): :func:`energy` of the members' mean logits
+      ``mean_e z_e`` (for one member, its own logits), Liu et al. 2020's score ``-E(x)``
+      negated so that higher means OOD.
+    - ``"disagreement"`` (E >= 2): :func:`member_disagreement`.
 
     Returns:
-      ``{"max_prob", "entropy", "mutual_information"}``, each float64 ``[N]``.
+      ``{"max_prob", "entropy", "mutual_information"[, "energy"][, "disagreement"]}``,
+      each float64 ``[N]``.
+
+    Raises:
+      ValueError: member_probs not ``[E, N, C]``, or logits of another shape.
     """
     p = _check_member_probs(member_probs)
-    return {
+    out = {
         "max_prob": 1.0 - ensemble_probs(p).max(-1),
         "entropy": predictive_entropy(p),
         "mutual_information": mutual_information(p),
     }
+    if member_logits is not None:
+        if np.shape(member_logits) != p.shape:
+            raise ValueError(f"member_logits must be {p.shape} like member_probs; got {np.shape(member_logits)}")
+        out["energy"] = energy(np.asarray(member_logits, np.float64).mean(axis=0))
+    if len(p) >= 2:
+        out["disagreement"] = member_disagreement(p)
+    return out
 
 
 def detection(score: np.ndarray, is_ood: np.ndarray) -> dict[str, float]:
@@ -193,10 +281,13 @@ def detection(score: np.ndarray, is_ood: np.ndarray) -> dict[str, float]:
 
     - ``"auroc"``: ``roc_auc_score``, the area under the ROC curve = the Mann-Whitney
       statistic ``P(s_ood > s_id) + 0.5 * P(s_ood == s_id)`` (ties counted half).
-    - ``"aupr"``: ``average_precision_score`` with OOD positive,
+    - ``"aupr_out"``: ``average_precision_score`` with OOD positive,
       ``sum_k (R_k - R_{k-1}) * P_k`` over distinct thresholds in descending order (the
       step-wise average precision, not the trapezoidal area). Its chance level is the
       OOD fraction.
+    - ``"aupr_in"``: the same with the in-distribution examples positive and the score
+      negated (Hendrycks & Gimpel 2017's AUPR-In); chance level the in-distribution
+      fraction.
     - ``"fpr_at_95_tpr"``: the fraction of in-distribution examples with
       ``score >= t*``, where ``t*`` is the largest threshold flagging at least 95% of the
       OOD examples (Hendrycks & Gimpel 2017): the smallest FPR among the thresholds of
@@ -235,7 +326,8 @@ def detection(score: np.ndarray, is_ood: np.ndarray) -> dict[str, float]:
     fpr, tpr, _ = roc_curve(y, s, drop_intermediate=False)
     return {
         "auroc": float(roc_auc_score(y, s)),
-        "aupr": float(average_precision_score(y, s)),
+        "aupr_in": float(average_precision_score(~y, -s)),
+        "aupr_out": float(average_precision_score(y, s)),
         "fpr_at_95_tpr": float(fpr[tpr >= 0.95].min()),
     }
 
@@ -331,7 +423,7 @@ def shift_scores(
     best = int(np.argmin([m["nll"] for m in kept]))
     return {
         "ensemble": scores(ensemble_probs(p[idx]), labels, num_bins),
-        "member_mean": {k: float(np.mean([m[k] for m in kept])) for k in ("accuracy", "nll", "brier", "ece")},
+        "member_mean": {k: float(np.mean([m[k] for m in kept])) for k in SCORES},
         "best_member": kept[best],
         "best_member_index": int(idx[best]),
     }

@@ -18,8 +18,9 @@ from ensemble_core.train import map_members
 from ensemble_core.train.forward import Network, apply_inference
 
 
-def make_predict(model: Network, mesh: Mesh, strategy: str = "vmap"):
-    """Build ``predict(variables, images) -> member_probs``, every member in inference mode
+def make_predict(model: Network, mesh: Mesh, strategy: str = "vmap", *, logits: bool = False):
+    """Build ``predict(variables, images) -> member_probs`` (``logits``: the member logits
+    instead, before the softmax), every member in inference mode
     (:func:`~ensemble_core.train.forward.apply_inference`: BatchNorm's running averages, no dropout).
 
     ``variables``: every member's Flax variables (``EnsembleState.variables`` or
@@ -29,7 +30,8 @@ def make_predict(model: Network, mesh: Mesh, strategy: str = "vmap"):
     """
 
     def member(variables, images):
-        return jax.nn.softmax(apply_inference(model, variables, to_float(images)), axis=-1)
+        z = apply_inference(model, variables, to_float(images))
+        return z.astype(jnp.float32) if logits else jax.nn.softmax(z, axis=-1)
 
     def local(variables, images):
         return map_members(lambda v: member(v, images), strategy)(variables)

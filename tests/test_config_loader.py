@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ensemble_core.config import load_config
+from ensemble_core.config.eval_section import default_evaluators
 from ensemble_core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,13 +119,30 @@ def _flat(tree, prefix=""):
         yield prefix, tree
 
 
+#: The default ``eval.evaluators`` of the recording's time.
+OLD_DEFAULT_EVALUATORS = ["test", "rotation", "translation", "corruptions", "letters", "fashion_mnist"]
+
+
 def _evaluators_by_name(dump: dict) -> dict:
     """The recording holds ``eval.evaluators`` as the list of names it was then; the
-    config now holds the same evaluators by name with their type (``[a, b]`` means
-    ``{a: {type: a}, b: {type: b}}``): the same meaning, another form."""
+    config now holds the same evaluators by name with their type and their ECE bins
+    (``[a, b]`` means ``{a: {type: a, ece_bins: null}, ...}``, ``eval.ece_bins`` for each):
+    the same meaning, another form. The recording's default list (every config that did
+    not list its own) changed on purpose (issue 41): a run now gets its dataset's defaults
+    (:func:`ensemble_core.config.eval_section.default_evaluators`: common corruptions and
+    an OOD set for every dataset, the digit sets for digits)."""
     names = dump.get("eval", {}).get("evaluators")
-    if isinstance(names, list):
-        dump["eval"]["evaluators"] = {name: {"type": name} for name in names}
+    if names == OLD_DEFAULT_EVALUATORS:
+        data = dump.get("data", {})
+        specs = default_evaluators(
+            data.get("name", "mnist5k"), data.get("source", "tfds"), data.get("classes") is not None
+        )
+        dump["eval"]["evaluators"] = {n: {"type": n, "ece_bins": None, **o} for n, o in specs.items()}
+    elif isinstance(names, list):
+        dump["eval"]["evaluators"] = {name: {"type": name, "ece_bins": None} for name in names}
+    elif isinstance(names, dict):
+        for spec in names.values():
+            spec.setdefault("ece_bins", None)
     return dump
 
 
@@ -147,6 +165,7 @@ NEW_KEYS = {
         "image_size": None,
         "channels": None,
         "class_names": None,
+        "classes": None,  # every class trains (data.classes: a subset, the rest scored as OOD)
         "test_fraction": 0.2,
         "on_bad_image": "fail",
     },

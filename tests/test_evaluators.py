@@ -1,10 +1,12 @@
 """Shift and OOD evaluators: every figure in report.json recomputed from the .npz files
 with independent references (scikit-learn), skipping, caching, promotion on any figure."""
 
+import itertools
 import json
 
 import numpy as np
 import pytest
+import scipy.special
 from sklearn.metrics import accuracy_score, average_precision_score, log_loss, roc_auc_score
 
 from ensemble_core import data, runs
@@ -19,7 +21,9 @@ SHIFTS = ("rotation", "translation", "corruptions")
 #: (converted to the digits' 28x28 grey) as the OOD dataset of the user's choosing.
 OOD_SOURCES = {"noise": "{type: ood}", "folder": "{type: ood, source: image_folder, path: FOLDER}"}
 OOD = ("letters", "fashion_mnist", *OOD_SOURCES)
-ALL = ("test", *SHIFTS, *OOD)
+#: Three of the 15 common corruptions at two severities, 40 test images per cell, 10 ECE bins.
+COMMON = "{corruptions: [gaussian_noise, fog, jpeg_compression], severities: [1, 5], num_examples: 40, ece_bins: 10}"
+ALL = ("test", *SHIFTS, *OOD, "common_corruptions")
 
 
 def _rgb_folder(root):
@@ -40,10 +44,8 @@ def finished(tmp_path_factory, tfds_dir):
     """One tiny run with every evaluator (3 members, 120 test digits)."""
     out = tmp_path_factory.mktemp("evaluators")
     folder = _rgb_folder(tmp_path_factory.mktemp("ood-folder") / "shelf")
-    specs = ", ".join(
-        f"{name}: {OOD_SOURCES[name].replace('FOLDER', str(folder))}" if name in OOD_SOURCES else f"{name}: {{}}"
-        for name in ALL
-    )
+    options = {**{k: v.replace("FOLDER", str(folder)) for k, v in OOD_SOURCES.items()}, "common_corruptions": COMMON}
+    specs = ", ".join(f"{name}: {options.get(name, '{}')}" for name in ALL)
     cfg = tiny_config(
         tfds_dir,
         "ensemble.size=3",
@@ -91,6 +93,55 @@ def test_shift_figures_are_recomputed_from_the_npz(finished, name):
     assert (result.run_dir.plots / f"{name}.png").stat().st_size > 10_000
 
 
+def _ece(probs, labels, bins):
+    conf, correct = probs.max(-1), probs.argmax(-1) == labels
+    edges = np.linspace(0, 1, bins + 1)
+    total = 0.0
+    for lo, hi in itertools.pairwise(edges):
+        at = (conf > lo) & (conf <= hi)
+        if at.any():
+            total += at.mean() * abs(correct[at].mean() - conf[at].mean())
+    return total
+
+
+@pytest.mark.slow
+def test_common_corruptions_figures_are_recomputed_from_the_npz(finished, tfds_dir):
+    from ensemble_core.shifts.common_corruptions import corrupt
+
+    result, report = finished
+    section = report["evaluations"]["common_corruptions"]["metrics"]
+    cells = [(c, s) for c in ("gaussian_noise", "fog", "jpeg_compression") for s in (1, 5)]
+    assert [(r["corruption"], r["severity"]) for r in section["levels"]] == cells
+    assert section["num_examples"] == 40
+    with np.load(result.run_dir.eval_dir / "common_corruptions.npz") as f:
+        probs, labels, level, examples = f["member_probs"].astype(np.float64), f["labels"], f["level"], f["examples"]
+    info = data.prepare(data.EMBEDDED, tfds_dir)
+    test_images, test_labels = data.load_split(data.EMBEDDED, "test", info.tfds_data_dir, 120)
+    assert len(labels) == 6 * 40 and (labels.reshape(6, 40) == test_labels[:40]).all()
+    for row in section["levels"]:
+        at = level == np.float32(row["level"])
+        ens, y = probs[:, at].mean(0), labels[at]
+        assert row["ensemble"]["accuracy"] == pytest.approx(accuracy_score(y, ens.argmax(-1)))
+        assert row["ensemble"]["nll"] == pytest.approx(_nll(ens, y), rel=1e-6)
+        assert row["ensemble"]["ece"] == pytest.approx(_ece(ens, y, 10), abs=1e-9)  # the evaluator's own bins
+        # The cached corrupted images are the corruption of the first 40 test images.
+        expected = corrupt(test_images[:40], row["corruption"], row["severity"], 0)
+        np.testing.assert_array_equal(examples[int(row["level"])], expected[: examples.shape[1]])
+    for who in ("ensemble", "best_member", "member_mean"):
+        for figure in ("accuracy", "nll", "brier", "ece", "aurc"):
+            mean = np.mean([r[who][figure] for r in section["levels"]])
+            assert section["mean"][who][figure] == pytest.approx(mean)
+    member_nll = [
+        np.mean([_nll(probs[e, level == np.float32(k)], labels[level == np.float32(k)]) for k in range(6)])
+        for e in range(3)
+    ]
+    assert [m["nll"] for m in section["members_mean"]] == pytest.approx(member_nll, rel=1e-6)
+    fog = [r["ensemble"]["nll"] for r in section["levels"] if r["corruption"] == "fog"]
+    assert section["by_corruption"]["fog"]["ensemble"]["nll"] == pytest.approx(np.mean(fog))
+    for plot in ("common_corruptions", "common_corruptions_corruptions", "common_corruptions_examples"):
+        assert (result.run_dir.plots / f"{plot}.png").stat().st_size > 5_000
+
+
 @pytest.mark.slow
 def test_rotation_levels_and_selective_prediction(finished):
     result, report = finished
@@ -124,13 +175,34 @@ def test_ood_figures_are_recomputed_from_the_npz(finished, name):
     ens = probs.mean(0)
     entropy = -np.sum(ens * np.log(np.maximum(ens, 1e-300)), -1)
     member_entropy = -np.sum(probs * np.log(np.maximum(probs, 1e-300)), -1).mean(0)
-    scores = {"max_prob": 1 - ens.max(-1), "entropy": entropy, "mutual_information": entropy - member_entropy}
+    with np.load(result.run_dir.eval_dir / f"{name}.npz") as f:
+        member_energy, ensemble_energy = f["member_energy"].astype(np.float64), f["ensemble_energy"]
+    # Each member's logits are log p_e - E_e (softmax: p = exp(z + E)), so the energy of the
+    # mean logits follows from the probabilities and the member energies alone.
+    mean_log_p = np.log(probs).mean(0)
+    energy = member_energy.mean(0) - scipy.special.logsumexp(mean_log_p, axis=-1)
+    np.testing.assert_allclose(ensemble_energy, energy, rtol=1e-4, atol=1e-4)
+    preds = probs.argmax(-1)
+    pairs = [(i, j) for i in range(len(probs)) for j in range(i + 1, len(probs))]
+    disagreement = np.mean([preds[i] != preds[j] for i, j in pairs], axis=0)
+    scores = {
+        "max_prob": 1 - ens.max(-1),
+        "entropy": entropy,
+        "mutual_information": entropy - member_entropy,
+        "energy": ensemble_energy,
+        "disagreement": disagreement,
+    }
+    assert set(section["ensemble"]["auroc"]) == set(scores)
     for score, value in scores.items():
-        assert section["ensemble"]["auroc"][score] == pytest.approx(roc_auc_score(is_ood, value), abs=1e-9)
-        assert section["ensemble"]["aupr"][score] == pytest.approx(average_precision_score(is_ood, value), abs=1e-9)
+        fig = {f: section["ensemble"][f][score] for f in ("auroc", "aupr_in", "aupr_out")}
+        assert fig["auroc"] == pytest.approx(roc_auc_score(is_ood, value), abs=1e-6)
+        assert fig["aupr_out"] == pytest.approx(average_precision_score(is_ood, value), abs=1e-6)
+        assert fig["aupr_in"] == pytest.approx(average_precision_score(~is_ood, -value), abs=1e-6)
     member_auroc = [roc_auc_score(is_ood, 1 - m.max(-1)) for m in probs]
     assert section["member_mean"]["auroc"]["max_prob"] == pytest.approx(np.mean(member_auroc))
-    assert set(section["member_mean"]["auroc"]) == {"max_prob", "entropy"}
+    member_energy_auroc = [roc_auc_score(is_ood, e) for e in member_energy]
+    assert section["member_mean"]["auroc"]["energy"] == pytest.approx(np.mean(member_energy_auroc), abs=1e-6)
+    assert set(section["member_mean"]["auroc"]) == {"max_prob", "entropy", "energy"}
     assert section["confident_ood_fraction"]["ensemble"] == pytest.approx(np.mean(ens[is_ood].max(-1) >= 0.9))
 
 

@@ -25,8 +25,15 @@ OLD_FIGURE_HIGHER_IS_BETTER = {
 def test_the_compatibility_names_hold_what_they_held():
     from ensemble_core.config import FIGURE_HIGHER_IS_BETTER, TEST_METRICS, figure_direction
 
-    assert FIGURE_HIGHER_IS_BETTER == OLD_FIGURE_HIGHER_IS_BETTER
-    assert list(FIGURE_HIGHER_IS_BETTER) == list(OLD_FIGURE_HIGHER_IS_BETTER)
+    # Every old figure keeps its direction; "aupr" (OOD positive) became "aupr_out", beside
+    # "aupr_in"; adaptive ECE and the accuracy at 80% coverage were added (issue 41).
+    renamed = {"aupr": ("aupr_in", "aupr_out")}
+    added = {"adaptive_ece": False, "accuracy_at_80_coverage": True}
+    expected = {}
+    for name, higher in OLD_FIGURE_HIGHER_IS_BETTER.items():
+        for new in renamed.get(name, (name,)):
+            expected[new] = higher
+    assert {**expected, **added} == FIGURE_HIGHER_IS_BETTER
     assert TEST_METRICS == ("nll", "brier", "ece", "accuracy")
     assert figure_direction is figures.figure_direction
 

@@ -42,7 +42,8 @@ def test_hand_computed_case():
 def test_perfect_and_uniform_predictions():
     labels = np.array([0, 1, 2])
     onehot = np.eye(3)[labels]
-    assert metrics.scores(onehot, labels) == pytest.approx({"accuracy": 1.0, "nll": 0.0, "brier": 0.0, "ece": 0.0})
+    perfect = {"accuracy": 1.0, "nll": 0.0, "brier": 0.0, "ece": 0.0, "adaptive_ece": 0.0, "aurc": 0.0}
+    assert metrics.scores(onehot, labels) == pytest.approx({**perfect, "accuracy_at_80_coverage": 1.0})
     uniform = np.full((3, 3), 1 / 3)
     assert metrics.nll(uniform, labels) == pytest.approx(np.log(3))
     assert metrics.entropy(uniform) == pytest.approx(np.full(3, np.log(3)))
@@ -100,7 +101,14 @@ def _detection_by_loops(score, is_ood):
         prev_recall = tp / len(pos)
         if fpr95 is None and 100 * tp >= 95 * len(pos):
             fpr95 = fp / len(neg)
-    return {"auroc": wins / (len(pos) * len(neg)), "aupr": ap, "fpr_at_95_tpr": fpr95}
+    # AUPR-in: in-distribution positive, flagged when -score >= t, i.e. score <= -t.
+    ap_in, prev_recall = 0.0, 0.0
+    for t in sorted(set(map(float, score))):
+        tp = sum(q <= t for q in neg)
+        fp = sum(p <= t for p in pos)
+        ap_in += (tp / len(neg) - prev_recall) * tp / (tp + fp)
+        prev_recall = tp / len(neg)
+    return {"auroc": wins / (len(pos) * len(neg)), "aupr_in": ap_in, "aupr_out": ap, "fpr_at_95_tpr": fpr95}
 
 
 def _softmax(x):
@@ -112,7 +120,7 @@ def test_ood_scores_orientation_and_values():
     rng = np.random.default_rng(2)
     member_probs = _softmax(rng.normal(size=(4, 30, 5)) * 2)
     out = metrics.ood_scores(member_probs)
-    assert set(out) == {"max_prob", "entropy", "mutual_information"}
+    assert set(out) == {"max_prob", "entropy", "mutual_information", "disagreement"}
     ens = member_probs.mean(0)
     np.testing.assert_allclose(out["max_prob"], 1 - ens.max(-1))
     np.testing.assert_allclose(out["entropy"], scipy.stats.entropy(ens, axis=-1))
@@ -128,6 +136,7 @@ def test_ood_scores_orientation_and_values():
     assert s["mutual_information"][0] == pytest.approx(0) and s["mutual_information"][1] > 0
     single = metrics.ood_scores(member_probs[:1])
     np.testing.assert_allclose(single["mutual_information"], 0, atol=1e-12)
+    assert "disagreement" not in single  # a single network has no members to disagree
     with pytest.raises(ValueError):
         metrics.ood_scores(ens)
 
@@ -150,7 +159,7 @@ def test_detection_against_loops_with_ties(seed):
 def test_detection_all_tied_and_mann_whitney():
     is_ood = np.array([1, 0, 1, 0, 0], bool)
     out = metrics.detection(np.zeros(5), is_ood)
-    assert out == pytest.approx({"auroc": 0.5, "aupr": 0.4, "fpr_at_95_tpr": 1.0})
+    assert out == pytest.approx({"auroc": 0.5, "aupr_in": 0.6, "aupr_out": 0.4, "fpr_at_95_tpr": 1.0})
     rng = np.random.default_rng(7)
     score = rng.integers(0, 5, 60).astype(float)
     y = rng.random(60) < 0.4
@@ -162,12 +171,13 @@ def test_detection_perfectly_separated():
     is_ood = np.array([0, 1, 0, 1, 1, 0, 0, 1], bool)
     score = np.where(is_ood, 2.0, 1.0) + np.arange(8) * 0.01
     out = metrics.detection(score, is_ood)
-    assert out == pytest.approx({"auroc": 1.0, "aupr": 1.0, "fpr_at_95_tpr": 0.0})
+    assert out == pytest.approx({"auroc": 1.0, "aupr_in": 1.0, "aupr_out": 1.0, "fpr_at_95_tpr": 0.0})
     assert _detection_by_loops(score, is_ood) == out
     # Reversed orientation: the worst case.
     rev = metrics.detection(-score, is_ood)
     assert rev["auroc"] == 0.0 and rev["fpr_at_95_tpr"] == 1.0
-    assert rev["aupr"] == pytest.approx(_detection_by_loops(-score, is_ood)["aupr"])
+    assert rev["aupr_out"] == pytest.approx(_detection_by_loops(-score, is_ood)["aupr_out"])
+    assert rev["aupr_in"] == pytest.approx(_detection_by_loops(-score, is_ood)["aupr_in"])
 
 
 def test_detection_fpr95_threshold_boundary():
@@ -269,3 +279,73 @@ def test_shift_scores_best_member_and_healthy():
     assert out_h["member_mean"] == pytest.approx(full_h["member_mean"])
     with pytest.raises(ValueError, match="healthy"):
         metrics.shift_scores(member_probs, labels, healthy=np.zeros(e, bool))
+
+
+# --- Energy, disagreement, adaptive ECE, selective prediction (issue 41) ------------------
+
+
+def test_energy_is_minus_logsumexp_of_the_mean_logits():
+    rng = np.random.default_rng(5)
+    logits = rng.normal(size=(3, 40, 6)) * 4
+    probs = _softmax(logits)
+    out = metrics.ood_scores(probs, logits)
+    np.testing.assert_allclose(out["energy"], -scipy.special.logsumexp(logits.mean(0), axis=-1), rtol=1e-12)
+    # Large logits do not overflow (the shift by the maximum).
+    big = np.array([[1000.0, 999.0, -5.0]])
+    assert metrics.energy(big)[0] == pytest.approx(-scipy.special.logsumexp(big[0]))
+    # Liu et al. 2020: larger logits, lower energy, less OOD.
+    assert metrics.energy(np.array([[5.0, 0, 0]]))[0] < metrics.energy(np.array([[1.0, 0, 0]]))[0]
+    with pytest.raises(ValueError, match="member_logits"):
+        metrics.ood_scores(probs, logits[:, :5])
+
+
+def test_disagreement_per_example_against_pairs():
+    rng = np.random.default_rng(6)
+    probs = rng.dirichlet(np.ones(4), size=(5, 60))
+    preds = probs.argmax(-1)
+    pairs = [(i, j) for i in range(5) for j in range(i + 1, 5)]
+    expected = np.mean([preds[i] != preds[j] for i, j in pairs], axis=0)
+    np.testing.assert_allclose(metrics.member_disagreement(probs), expected, atol=1e-12)
+    # Its mean is the report's disagreement (Fort et al. 2019).
+    assert metrics.member_disagreement(probs).mean() == pytest.approx(metrics.disagreement(probs))
+    np.testing.assert_array_equal(metrics.member_disagreement(probs[:1]), 0.0)
+
+
+def _adaptive_ece_loop(probs, labels, bins):
+    """Independent oracle: the examples sorted by confidence cut into ``bins`` consecutive
+    groups whose sizes differ by at most one (the larger ones first), in a plain loop."""
+    conf = probs.max(-1)
+    correct = probs.argmax(-1) == labels
+    order = sorted(range(len(conf)), key=lambda i: conf[i])
+    n, total, start = len(conf), 0.0, 0
+    for b in range(bins):
+        size = n // bins + (1 if b < n % bins else 0)
+        idx = order[start : start + size]
+        start += size
+        if idx:
+            total += len(idx) / n * abs(np.mean([correct[i] for i in idx]) - np.mean([conf[i] for i in idx]))
+    return total
+
+
+@pytest.mark.parametrize("n, bins", [(100, 10), (37, 15), (5, 15)])
+def test_adaptive_ece_against_a_loop(n, bins):
+    rng = np.random.default_rng(n)
+    probs = rng.dirichlet(np.ones(5) * 0.5, size=n)
+    labels = rng.integers(0, 5, n)
+    assert metrics.adaptive_ece(probs, labels, bins) == pytest.approx(_adaptive_ece_loop(probs, labels, min(bins, n)))
+    # Perfectly calibrated by construction: confidence 1 and always right.
+    onehot = np.eye(5)[labels]
+    assert metrics.adaptive_ece(onehot, labels, bins) == pytest.approx(0.0)
+
+
+def test_accuracy_at_coverage_against_sorting():
+    rng = np.random.default_rng(8)
+    probs = rng.dirichlet(np.ones(4), size=50)
+    labels = rng.integers(0, 4, 50)
+    keep = np.argsort(-probs.max(-1), kind="stable")[:40]  # 80% of 50
+    expected = np.mean(probs[keep].argmax(-1) == labels[keep])
+    assert metrics.accuracy_at_coverage(probs, labels, 0.8) == pytest.approx(expected)
+    assert metrics.accuracy_at_coverage(probs, labels, 1.0) == pytest.approx(metrics.accuracy(probs, labels))
+    with pytest.raises(ValueError, match="coverage"):
+        metrics.accuracy_at_coverage(probs, labels, 0.0)
+    assert set(metrics.scores(probs, labels)) == set(metrics.SCORES)

@@ -16,6 +16,7 @@ from ensemble_core.config import load_config
 from ensemble_core.errors import ConfigError
 from ensemble_core.evaluators import ood
 from ensemble_core.image_decoding import convert_images
+from tests.ensembles import tiny_config
 
 
 @pytest.mark.parametrize("source", ood.SYNTHETIC)
@@ -64,3 +65,45 @@ def test_images_are_converted_as_files_are():
     assert convert_images(grey, None, None) is grey  # already the geometry asked for
     with pytest.raises(ValueError, match="neither 1"):
         convert_images(np.zeros((1, 4, 4, 2), np.uint8), None, None)
+
+
+def _folder(root, bad: bool):
+    """Two class folders of 28x28 grey PNGs under ``train`` and ``test``; with ``bad``, one
+    test file that is not an image."""
+    rng = np.random.default_rng(3)
+    for split in ("train", "test"):
+        for c in ("x", "y"):
+            (root / split / c).mkdir(parents=True)
+            for i in range(3):
+                Image.fromarray(rng.integers(0, 256, (28, 28), dtype=np.uint8)).save(root / split / c / f"{i}.png")
+    if bad:
+        (root / "test" / "x" / "notes.png").write_text("not an image")
+    return root
+
+
+def test_an_ood_dataset_that_cannot_be_made_is_refused_before_training(tfds_dir, tmp_path):
+    """The preflight prepares the OOD dataset as evaluation would (evaluators' ``check``):
+    a folder with a file that is not an image is refused in one line naming the evaluator,
+    before anything is trained or written; a good folder passes and is reused."""
+    from ensemble_core.errors import DataError
+
+    bad = _folder(tmp_path / "bad_parts", bad=True)
+    spec = f"{{test: {{}}, parts: {{type: ood, source: image_folder, path: {bad}}}}}"
+    cfg = tiny_config(tfds_dir, f"eval.evaluators={spec}")
+    out = tmp_path / "runs"
+    with pytest.raises(DataError) as err:
+        runs.preflight(cfg, out, "r")
+    msg = str(err.value)
+    assert msg.startswith("eval.evaluators.parts: ") and "notes.png" in msg and "fix:" in msg and "\n" not in msg
+    assert not (out / "r").exists()
+    good = _folder(tmp_path / "good_parts", bad=False)
+    cfg = tiny_config(tfds_dir, f"eval.evaluators={spec.replace(str(bad), str(good))}")
+    runs.preflight(cfg, out, "r")
+
+
+@pytest.mark.parametrize("bins", [1, 0])
+def test_ece_bins_below_two_are_refused_per_evaluator(tfds_dir, bins):
+    with pytest.raises(ConfigError, match=r"eval\.evaluators.*ece_bins.*greater than or equal to 2"):
+        tiny_config(tfds_dir, f"eval.evaluators={{test: {{ece_bins: {bins}}}}}")
+    with pytest.raises(ConfigError, match=r"eval\.ece_bins.*greater than or equal to 2"):
+        tiny_config(tfds_dir, f"eval.ece_bins={bins}")

@@ -208,10 +208,13 @@ def _context(rgb, **kwargs) -> EvalContext:
     images = np.concatenate([rgb, rgb[:, ::-1]])
     labels = np.arange(len(images), dtype=np.int32) % 10
 
-    def predict(x):
+    def predict_logits(x):
         logits = np.stack([x[..., c].mean(axis=(1, 2)) / 64.0 for c in range(3)] * 4, axis=-1)[:, :10]
-        p = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
-        return np.stack([p, p[:, ::-1]]).astype(np.float32), 1.0
+        return np.stack([logits, logits[:, ::-1]]).astype(np.float32)
+
+    def predict(x):
+        z = predict_logits(x)
+        return (np.exp(z) / np.exp(z).sum(-1, keepdims=True)).astype(np.float32), 1.0
 
     return EvalContext(
         config=PipelineConfig.model_validate({"data": {"name": "cifar10"}}),
@@ -221,6 +224,8 @@ def _context(rgb, **kwargs) -> EvalContext:
         load=lambda split: (images, labels),
         predict_split=lambda split: predict(images),
         cached=lambda key, build, shapes=None: build(),
+        predict_logits=predict_logits,
+        predict_split_logits=lambda split: predict_logits(images),
         **kwargs,
     )
 

@@ -103,6 +103,18 @@ class DataConfig(Section):
         description="The classes of an arrays source, label 0 first (None: '0', '1', ... up to the largest "
         "label). An image_folder's classes are its class folders' names, sorted.",
     )
+    classes: tuple[int | str, ...] | None = Field(
+        None,
+        description="Train on these classes only, each a class index (int) or a class name (str: an image folder's "
+        "class folder, data.class_names of arrays, a TFDS dataset's label names; '0', '1', ... for a dataset "
+        "without names); None: every class. The members have K outputs, labels 0..K-1 in the order of the "
+        "dataset's class indices (the order of this list does not matter). Training, validation and the test "
+        "split (every evaluator that reads it) hold only these classes: each split filtered to them, then capped "
+        "by data.max_train_examples / max_test_examples; the ood evaluator's source held_out_classes scores the "
+        "other classes' test images as out-of-distribution. The prepared data snapshot is the dataset's, shared "
+        "by every subset. Refused: fewer than two classes, an unknown name or index, a class listed twice, a "
+        "class without training examples; changing it on resume.",
+    )
     test_fraction: float = Field(
         0.2,
         gt=0,
@@ -154,6 +166,33 @@ class DataConfig(Section):
         if value is not None and not all(1 <= side <= 16384 for side in value):
             raise ValueError(f"data.image_size {list(value)} must be two sides in 1..16384 pixels, [H, W]")
         return value
+
+    @field_validator("classes", mode="before")
+    @classmethod
+    def _classes_are_indices_or_names(cls, value: Any) -> Any:
+        """Refuse booleans (pydantic would read true as class 1) and what is no list."""
+        if isinstance(value, list | tuple) and any(isinstance(c, bool) for c in value):
+            raise ValueError(f"data.classes {list(value)} must be class indices (int) or class names (str)")
+        return value
+
+    @field_validator("classes")
+    @classmethod
+    def _classes_distinct(cls, value: tuple[int | str, ...] | None) -> tuple[int | str, ...] | None:
+        """Two or more distinct classes, no negative index, no empty name; sorted (indices
+        first, then names), so that a reordered list is the same config."""
+        if value is None:
+            return None
+        if len(value) < 2:
+            raise ValueError(
+                f"data.classes {list(value)} keeps fewer than two classes: a classifier needs two or more "
+                "(leave data.classes out to train on every class)"
+            )
+        for c in value:
+            if (isinstance(c, int) and c < 0) or (isinstance(c, str) and not c):
+                raise ValueError(f"data.classes {list(value)}: {c!r} is neither a class index (0, 1, ...) nor a name")
+            if value.count(c) > 1:
+                raise ValueError(f"data.classes {list(value)} lists class {c!r} twice")
+        return tuple(sorted(value, key=lambda c: (isinstance(c, str), c)))
 
     @model_validator(mode="before")
     @classmethod

@@ -11,8 +11,51 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ensemble_core.config.limits import MAX_DIM
 from ensemble_core.registry import EVALUATOR_NAMES
 
-#: What ``eval.evaluators`` runs when the config does not say.
-DEFAULT_EVALUATORS = ("test", "rotation", "translation", "corruptions", "letters", "fashion_mnist")
+#: Datasets of handwritten digits (28x28x1, MNIST's): their own shift and OOD sets apply.
+DIGIT_DATASETS = ("mnist", "mnist5k")
+#: Test images per (corruption, severity) cell of the default ``common_corruptions``: 75 cells
+#: of 1,000 images cost about 130 s of CPU prediction for 8 CNNs (docs/evaluation.md).
+DEFAULT_CORRUPTED_EXAMPLES = 1000
+#: mnist5k's (the embedded default data): 100 per cell, so the quick start stays quick.
+DEFAULT_CORRUPTED_EXAMPLES_MNIST5K = 100
+#: What ``eval.evaluators`` runs on the default dataset (``mnist5k``) when the config does not say.
+DEFAULT_EVALUATORS = (
+    "test",
+    "rotation",
+    "translation",
+    "common_corruptions",
+    "ood",
+    "corruptions",
+    "letters",
+    "fashion_mnist",
+)
+
+
+def default_evaluators(name: str = "mnist5k", source: str = "tfds", held_out: bool = False) -> dict[str, dict]:
+    """``eval.evaluators`` when the config does not list its own, by dataset: ``test``,
+    ``rotation``, ``translation``, ``common_corruptions`` (:data:`DEFAULT_CORRUPTED_EXAMPLES`
+    test images per cell) and an ``ood`` evaluator (``held_out_classes`` when ``data.classes``
+    holds classes out, else ``uniform_noise``) for every dataset; for digits
+    (:data:`DIGIT_DATASETS` from TFDS) also MNIST-C ``corruptions``, ``letters`` and
+    ``fashion_mnist``.
+
+    Args:
+      name, source: ``data.name`` and ``data.source``; held_out: whether ``data.classes`` is set.
+    """
+    digits = source == "tfds" and name in DIGIT_DATASETS
+    cells = DEFAULT_CORRUPTED_EXAMPLES_MNIST5K if digits and name == "mnist5k" else DEFAULT_CORRUPTED_EXAMPLES
+    specs: dict[str, dict] = {
+        "test": {},
+        "rotation": {},
+        "translation": {},
+        "common_corruptions": {"num_examples": cells},
+        "ood": {"source": "held_out_classes" if held_out else "uniform_noise"},
+    }
+    if digits:
+        specs.update({"corruptions": {}, "letters": {}, "fashion_mnist": {}})
+    return specs
+
+
 _INSTANCE_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -39,6 +82,17 @@ class EvaluatorSpec(BaseModel):
         description="The evaluator module: 'test', 'rotation', 'translation', 'corruptions', 'letters', "
         "'fashion_mnist' or 'ood' (default: the evaluator's name)."
     )
+    ece_bins: int | None = Field(
+        None,
+        ge=2,
+        le=1000,
+        description="Bins of this evaluator's ECE and adaptive ECE (2..1000; default: eval.ece_bins). "
+        "uncertainty-baselines uses 10 for MNIST, 15 for CIFAR.",
+    )
+
+    def bins(self, default: int) -> int:
+        """This evaluator's ECE bins: ``ece_bins``, or ``default`` (``eval.ece_bins``) when unset."""
+        return default if self.ece_bins is None else self.ece_bins
 
     @property
     def options(self) -> dict[str, Any]:
@@ -54,7 +108,13 @@ class EvalConfig(BaseModel):
     batch_size: int = Field(
         250, ge=1, le=MAX_DIM, description="Test examples per device per forward pass (250 measured fastest on CPU)."
     )
-    ece_bins: int = Field(15, ge=2, le=1000, description="Equal-width bins for ECE (2..1000).")
+    ece_bins: int = Field(
+        15,
+        ge=2,
+        le=1000,
+        description="Bins for ECE (equal width) and adaptive ECE (equal mass), 2..1000; an evaluator's own "
+        "ece_bins overrides it.",
+    )
     temperature_scaling: bool = Field(
         False,
         description="Fit one temperature for the ensemble on the validation NLL (Guo et al. 2017, applied to "
@@ -62,7 +122,7 @@ class EvalConfig(BaseModel):
         "predictions then carry the scaled probabilities.",
     )
     evaluators: dict[str, EvaluatorSpec] = Field(
-        default_factory=lambda: {name: EvaluatorSpec(type=name) for name in DEFAULT_EVALUATORS},
+        default_factory=lambda: {name: EvaluatorSpec(type=name, **opts) for name, opts in default_evaluators().items()},
         description="Evaluators run after training, by name, each with its own options: "
         "{name: {type: <module>, <option>: <value>, ...}}, e.g. {test: {}, rotation: {degrees: [0, 45, 90]}, "
         "rotation_fine: {type: rotation, degrees: [0, 5, 10]}}; a list of names is short for {name: {}}. Types, "
@@ -70,8 +130,10 @@ class EvalConfig(BaseModel):
         "required), 'rotation', 'translation', 'corruptions' (MNIST-C) under dataset shift, 'letters' and "
         "'fashion_mnist' out of distribution (digits), 'ood' out of distribution for any dataset (a synthetic set, "
         "or another dataset: {type: ood, source: uniform_noise|gaussian_noise|constant|tfds|image_folder|arrays, "
-        "...}). Results are stored under the name (report.json "
-        "evaluations.<name>, eval/<name>.npz).",
+        "...}), 'common_corruptions' (Hendrycks & Dietterich's 15 corruptions at 5 severities, any dataset). "
+        "Default, by dataset: test, rotation, translation, common_corruptions and ood (uniform_noise, or "
+        "held_out_classes with data.classes), plus corruptions, letters and fashion_mnist for mnist and mnist5k. "
+        "Results are stored under the name (report.json evaluations.<name>, eval/<name>.npz).",
         json_schema_extra=_or_a_list_of_names,
     )
 
@@ -93,7 +155,8 @@ class EvalConfig(BaseModel):
             if spec is None:
                 spec = {}
             if isinstance(spec, EvaluatorSpec):
-                spec = {"type": spec.type, **spec.options}
+                bins = {} if spec.ece_bins is None else {"ece_bins": spec.ece_bins}
+                spec = {"type": spec.type, **bins, **spec.options}
             if not isinstance(spec, dict):
                 raise ValueError(f"evaluator {name!r} must be a mapping of its options, not {type(spec).__name__}")
             specs[name] = {"type": name, **spec} if "type" not in spec else spec

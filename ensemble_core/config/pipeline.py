@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, ValidationError, ValidationInfo, model_va
 from ensemble_core import hyper
 from ensemble_core.config.base import Section
 from ensemble_core.config.data_section import DataConfig
-from ensemble_core.config.eval_section import EvalConfig
+from ensemble_core.config.eval_section import EvalConfig, default_evaluators
 from ensemble_core.config.limits import HOST_DEVICES, MAX_SEED
 from ensemble_core.config.messages import show
 from ensemble_core.config.nightly_section import NightlyConfig, RetentionConfig
@@ -66,6 +66,29 @@ class PipelineConfig(Section):
     def has_validation(self) -> bool:
         """Whether a validation split is held out (``data.validation_fraction > 0``)."""
         return self.data.validation_fraction > 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _evaluators_by_dataset(cls, raw: Any) -> Any:
+        """``eval.evaluators`` not given: the dataset's defaults (:func:`default_evaluators`)."""
+        if not isinstance(raw, dict):
+            return raw
+        ev = raw.get("eval")
+        given = ev.model_fields_set if isinstance(ev, EvalConfig) else set(ev) if isinstance(ev, dict) else set()
+        if "evaluators" in given or (ev is not None and not isinstance(ev, EvalConfig | dict)):
+            return raw
+        data = raw.get("data")
+        fields = data.model_dump() if isinstance(data, DataConfig) else data if isinstance(data, dict) else {}
+        specs = default_evaluators(
+            str(fields.get("name") or "mnist5k"),
+            str(fields.get("source") or "tfds"),
+            fields.get("classes") is not None,
+        )
+        if isinstance(ev, EvalConfig):
+            ev = ev.model_copy(update={"evaluators": EvalConfig(evaluators=specs).evaluators})
+        else:
+            ev = {**(ev or {}), "evaluators": specs}
+        return {**raw, "eval": ev}
 
     @model_validator(mode="after")
     def _members_valid(self, info: ValidationInfo) -> PipelineConfig:

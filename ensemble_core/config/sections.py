@@ -370,9 +370,9 @@ class PromotionConfig(Section):
         max_length=200,
         description="The figure compared with the champion's on this run's data: an ensemble test metric "
         "(nll, brier, ece, accuracy) or a dotted path into report.json's evaluations.<name>.metrics, e.g. "
-        "rotation.mean.ensemble.nll (mean NLL over rotations) or letters.ensemble.auroc.mutual_information; "
-        "accuracy, AUROC and AUPR: higher is better; NLL, Brier, ECE, FPR@95%TPR, AURC and the confident-OOD "
-        "fraction: lower is better.",
+        "rotation.mean.ensemble.nll (mean NLL over rotations), common_corruptions.mean.ensemble.nll or "
+        "ood.ensemble.auroc.energy; accuracy, accuracy@80% coverage, AUROC, AUPR-in and AUPR-out: higher is "
+        "better; NLL, Brier, ECE, adaptive ECE, FPR@95%TPR, AURC and the confident-OOD fraction: lower is better.",
     )
 
     @field_validator("metric")

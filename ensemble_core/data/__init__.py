@@ -14,7 +14,8 @@ user's image folder and arrays), :mod:`.user_source` (either as train and test s
 geometry), :mod:`.user_builder` (prepared as a TFDS dataset), :mod:`.integrity` (damage checks of prepared
 datasets), :mod:`.preparation` (prepare in a TFDS data dir, load a split), :mod:`.snapshot`
 (the data snapshots' layout, fingerprints, lineage), :mod:`.prepare_snapshot` (prepare as a
-snapshot) and :mod:`.validation_split`.
+snapshot), :mod:`.validation_split` and :mod:`.class_subset` (a run's subset of the classes,
+``data.classes``, and the held-out classes' test images).
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ from __future__ import annotations
 import tensorflow_datasets
 import tensorflow_datasets.core.dataset_metadata  # noqa: F401  (see above)
 
+from ensemble_core.data.class_subset import (
+    class_counts,
+    full_class_names,
+    held_out,
+    keep_classes,
+    load_held_out,
+    resolve_classes,
+    subset_view,
+)
 from ensemble_core.data.idx import idx_dir, idx_files_available, read_idx, read_idx_split, write_idx, write_idx_dataset
 from ensemble_core.data.integrity import verify_prepared
 from ensemble_core.data.mnist5k import mnist5k_split_indices, read_mnist5k_csv
@@ -56,10 +66,15 @@ __all__ = [
     "UserSplits",
     "carve_test_split",
     "check_examples",
+    "class_counts",
     "fingerprint_source",
+    "full_class_names",
+    "held_out",
     "idx_dir",
     "idx_files_available",
     "import_builder",
+    "keep_classes",
+    "load_held_out",
     "load_split",
     "mnist5k_split_indices",
     "prepare",
@@ -67,6 +82,8 @@ __all__ = [
     "read_idx_split",
     "read_mnist5k_csv",
     "read_user_source",
+    "resolve_classes",
+    "subset_view",
     "tfds_root",
     "to_float",
     "validation_size",

@@ -45,6 +45,13 @@ class DatasetInfo(pydantic.BaseModel):
     ``class_names``: label ``i`` is ``class_names[i]`` (TFDS's ``ClassLabel.names``; the
     digits ``'0'``.. for a dataset without names); ``snapshot``: the data snapshot's lineage
     (:class:`~ensemble_core.data.snapshot.DataSnapshot`).
+
+    A run that trains on a subset of the classes (``data.classes``) sees a view of the
+    dataset (:func:`ensemble_core.data.class_subset.subset_view`): ``class_indices`` the
+    dataset's indices of the kept classes, ascending (label ``k`` of the run is the
+    dataset's class ``class_indices[k]``); ``num_classes``, ``class_names``, ``num_train``
+    and ``num_test`` those of the kept classes; the files and ``snapshot`` the dataset's.
+    ``class_indices`` is None when every class is kept.
     """
 
     model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
@@ -58,6 +65,7 @@ class DatasetInfo(pydantic.BaseModel):
     num_test: int
     class_names: tuple[str, ...] = ()
     snapshot: DataSnapshot | None = None
+    class_indices: tuple[int, ...] | None = None
 
 
 def is_registered(name: str) -> bool:

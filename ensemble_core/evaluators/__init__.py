@@ -8,6 +8,9 @@ module ``ensemble_core/evaluators/<type>.py`` defines:
 - ``Options`` (optional): a frozen pydantic model of its options with their defaults
   (without one, the evaluator takes none); checked by :func:`options` before any compute;
 
+- ``check(config, dataset, name, options) -> None`` (optional): refuses, before any
+  compute, what would fail at evaluation on this dataset (an OOD dataset whose images
+  cannot be converted, held-out classes with no class held out); called by :func:`check_data`;
 - ``evaluate(ctx: EvalContext) -> EvaluatorOutput`` (required): loads or builds its data
   (``ctx.load(split)``, or a transformed test set, or another dataset), gets every
   member's probabilities through ``ctx.predict`` and returns its metrics (a JSON object
@@ -41,7 +44,16 @@ from ensemble_core.config import EVALUATOR_NAMES, EvaluatorSpec, PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import ConfigError
 
-__all__ = ["EVALUATOR_NAMES", "EvalContext", "EvaluatorOutput", "NoOptions", "get", "options", "skipped"]
+__all__ = [
+    "EVALUATOR_NAMES",
+    "EvalContext",
+    "EvaluatorOutput",
+    "NoOptions",
+    "check_data",
+    "get",
+    "options",
+    "skipped",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +61,7 @@ class EvalContext:
     """What an evaluator may use.
 
     Attributes:
-      config: the run's config (``eval.batch_size``, ``eval.ece_bins``, ...).
+      config: the run's config (``eval.batch_size``, ...).
       dataset: the training dataset's info (classes, image shape).
       healthy: bool ``[E]``; False for a member that diverged and was frozen (left out
         of ensemble figures).
@@ -62,6 +74,11 @@ class EvalContext:
       predict_split: ``predict_split(split)``: ``predict`` of ``load(split)``'s images,
         computed once per evaluation (every evaluator that compares with the test split
         uses the same probabilities).
+      predict_logits: ``predict_logits(images) -> member_logits`` float32 ``[E, N, C]``:
+        every member's logits (the pre-softmax outputs ``predict`` normalises), for scores
+        that need them (the energy of :func:`ensemble_core.metrics.energy`).
+      predict_split_logits: ``predict_split_logits(split)``: ``predict_logits`` of
+        ``load(split)``'s images, computed once per evaluation.
       cached: ``cached(key, build, shapes=None) -> arrays``: the arrays ``build()`` returns
         (a dict of numpy arrays, e.g. a transformed test set), computed once and kept beside
         the prepared dataset under ``key`` (the run layer decides where; a key must name
@@ -72,6 +89,8 @@ class EvalContext:
         (:func:`ensemble_core.calibration.apply_temperature`).
       name: the evaluator's name in ``eval.evaluators`` (its arrays, plots and report
         section are named by it).
+      ece_bins: the bins of this evaluator's ECE and adaptive ECE (its ``ece_bins``, by
+        default ``eval.ece_bins``).
       options: its validated ``Options`` (:func:`options`).
     """
 
@@ -82,9 +101,12 @@ class EvalContext:
     load: Callable[[str], tuple[np.ndarray, np.ndarray]]
     predict_split: Callable[[str], tuple[np.ndarray, float]]
     cached: Callable[..., dict[str, np.ndarray]]
+    predict_logits: Callable[[np.ndarray], np.ndarray]
+    predict_split_logits: Callable[[str], np.ndarray]
     temperature: float | None = None
     name: str = ""
     options: Any = None
+    ece_bins: int = 15
 
 
 class NoOptions(pydantic.BaseModel):
@@ -144,3 +166,17 @@ def options(name: str, spec: EvaluatorSpec) -> pydantic.BaseModel:
             f"config key 'eval.evaluators.{name}.{where}': {first['msg']}",
             fix=f"give {spec.type} options it takes ({known}) with valid values",
         ) from None
+
+
+def check_data(config: PipelineConfig, dataset: DatasetInfo) -> None:
+    """Run every configured evaluator's ``check`` (where its module defines one) against the
+    run's dataset, before any compute (the preflight calls it).
+
+    Raises:
+      ConfigError: an evaluator's options are invalid (:func:`options`).
+      DataError: an evaluator's data cannot be made for this dataset (its one line).
+    """
+    for name, spec in config.eval.evaluators.items():
+        module = get(spec.type)
+        if hasattr(module, "check"):
+            module.check(config, dataset, name, options(name, spec))

@@ -37,10 +37,7 @@ class Options(BaseModel):
     @field_validator("corruptions")
     @classmethod
     def _known(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        unknown = [n for n in names if n not in NAMES]
-        if unknown or len(set(names)) != len(names):
-            raise ValueError(f"corruptions {list(names)} must be distinct names among {', '.join(NAMES)}")
-        return names
+        return shift_base.distinct_levels("corruptions", names, NAMES)
 
 
 def evaluate(ctx: EvalContext) -> EvaluatorOutput:

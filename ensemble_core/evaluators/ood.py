@@ -20,10 +20,16 @@ Sources (``source``):
 - ``tfds`` (``name``, optionally ``data_dir``/``manual_dir``), ``image_folder`` or
   ``arrays`` (``path``): a dataset prepared as a data snapshot like the training data
   (:func:`ensemble_core.data.prepare`), its ``split`` resized and converted with Pillow
-  to the model's ``[H, W, C]`` (:func:`ensemble_core.image_decoding.convert_images`).
+  to the model's ``[H, W, C]`` (:func:`ensemble_core.image_decoding.convert_images`);
+- ``held_out_classes``: the test images of the training dataset's classes that
+  ``data.classes`` leaves out of training (:func:`ensemble_core.data.load_held_out`: the first
+  ``data.max_test_examples`` of them, as the kept classes' test split is capped), the
+  open-set setting: unseen classes of the same images. It needs ``data.classes`` (refused
+  before any compute without it, or when it keeps every class) and takes no ``path``,
+  ``name``, ``data_dir``, ``manual_dir`` or ``split: train``.
 
 As many OOD images as test images (``num_examples`` to choose; a dataset gives at most its
-split). Figures: :mod:`ensemble_core.evaluators.ood_base`.
+split; ``held_out_classes`` all its images). Figures: :mod:`ensemble_core.evaluators.ood_base`.
 """
 
 from __future__ import annotations
@@ -38,11 +44,16 @@ from ensemble_core import data as data_lib
 from ensemble_core import image_decoding
 from ensemble_core.config import PipelineConfig
 from ensemble_core.config.data_section import snake_case
+from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import DataError
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput, ood_base
 
 SYNTHETIC = ("uniform_noise", "gaussian_noise", "constant")
 DATASETS = ("tfds", "image_folder", "arrays")
+#: The source of the classes ``data.classes`` leaves out of training.
+HELD_OUT_CLASSES = "held_out_classes"
+#: Held-out classes named in the OOD set's description (the rest are counted).
+NAMES_SHOWN = 10
 CACHE_VERSION = 1
 
 
@@ -51,8 +62,12 @@ class Options(pydantic.BaseModel):
 
     model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
 
-    source: Literal["uniform_noise", "gaussian_noise", "constant", "tfds", "image_folder", "arrays"] = pydantic.Field(
-        "uniform_noise", description="The OOD set: a synthetic one, or a dataset (tfds, image_folder, arrays)."
+    source: Literal[
+        "uniform_noise", "gaussian_noise", "constant", "tfds", "image_folder", "arrays", "held_out_classes"
+    ] = pydantic.Field(
+        "uniform_noise",
+        description="The OOD set: a synthetic one, a dataset (tfds, image_folder, arrays), or the test images of "
+        "the classes data.classes leaves out of training (held_out_classes).",
     )
     name: str | None = pydantic.Field(
         None, description="source tfds: the TFDS dataset; image_folder/arrays: the snapshot's name (default: path's)."
@@ -61,7 +76,9 @@ class Options(pydantic.BaseModel):
     split: Literal["train", "test"] = pydantic.Field("test", description="The dataset's split to use.")
     data_dir: str | None = pydantic.Field(None, description="Where the dataset is prepared (default: data.data_dir).")
     manual_dir: str | None = pydantic.Field(None, description="source tfds: its files for offline preparation.")
-    num_examples: int | None = pydantic.Field(None, ge=1, description="OOD images (default: as many as test images).")
+    num_examples: int | None = pydantic.Field(
+        None, ge=1, description="OOD images (default: as many as test images; held_out_classes: all of them)."
+    )
     seed: int = pydantic.Field(0, ge=0, le=2**32 - 1, description="The synthetic sets' seed.")
 
     @pydantic.model_validator(mode="after")
@@ -72,6 +89,13 @@ class Options(pydantic.BaseModel):
             raise ValueError("source tfds needs name, a TFDS dataset name such as mnist")
         if self.source in SYNTHETIC and (self.path or self.name):
             raise ValueError(f"source {self.source} is synthetic: it takes no path or name")
+        if self.source == HELD_OUT_CLASSES and (
+            self.path or self.name or self.data_dir or self.manual_dir or self.split != "test"
+        ):
+            raise ValueError(
+                f"source {HELD_OUT_CLASSES} is the test split of the training dataset's classes left out by "
+                "data.classes: it takes no path, name, data_dir, manual_dir or split train"
+            )
         return self
 
 
@@ -120,9 +144,84 @@ def dataset_images(opts: Options, shape: tuple[int, int, int], n: int, default_d
         ) from None
 
 
+def check_held_out_classes(config: PipelineConfig, dataset: DatasetInfo, name: str = "ood") -> DatasetInfo:
+    """The run's view of ``dataset`` (:func:`ensemble_core.data.subset_view`) when source
+    ``held_out_classes`` of evaluator ``name`` has classes to score.
+
+    Raises:
+      DataError: ``data.classes`` is not set (every class trains: none is held out), or
+        it lists every class of the dataset.
+      ConfigError: see :func:`ensemble_core.data.resolve_classes`.
+    """
+    view = data_lib.subset_view(dataset, config.data.classes)
+    where = f"eval.evaluators.{name}: source {HELD_OUT_CLASSES} scores the classes left out of training"
+    if view.class_indices is None:
+        raise DataError(
+            f"{where}, and data.classes is not set (every class trains)",
+            fix="set data.classes to the classes to train on",
+        )
+    everything = data_lib.full_class_names(view)
+    if everything and len(view.class_indices) >= len(everything):
+        raise DataError(
+            f"{where}, and data.classes lists all {len(everything)} classes of '{view.name}'",
+            fix="leave the classes to score as out-of-distribution out of data.classes",
+        )
+    return view
+
+
+def held_out_images(ctx: EvalContext, n: int | None) -> tuple[np.ndarray, str]:
+    """The first ``n`` (None: all) test images of the classes ``data.classes`` leaves out,
+    and their description.
+
+    Raises:
+      DataError: see :func:`check_held_out_classes`; the test split holds no image of a
+        held-out class.
+    """
+    view = check_held_out_classes(ctx.config, ctx.dataset, ctx.name or "ood")
+    kept = view.class_indices or ()
+    images, labels = data_lib.load_held_out(
+        ctx.config.data.name, view.tfds_data_dir, kept, ctx.config.data.max_test_examples
+    )
+    images, labels = images[:n], labels[:n]
+    everything = data_lib.full_class_names(view)
+    held = sorted(set(range(len(everything))) - set(kept)) if everything else sorted(set(labels.tolist()))
+    names = ", ".join(everything[i] if everything else str(i) for i in held[:NAMES_SHOWN])
+    names += f", ... ({len(held)} classes)" if len(held) > NAMES_SHOWN else ""
+    if not len(images):
+        raise DataError(
+            f"eval.evaluators.{ctx.name or 'ood'}: the test split of '{view.name}' has no image of the held-out "
+            f"classes ({names})",
+            fix="leave other classes out of data.classes, or choose another ood source",
+        )
+    return images, f"{HELD_OUT_CLASSES} {names} of {view.name} (test, {len(images)} images)"
+
+
+def check(config: PipelineConfig, dataset: DatasetInfo, name: str, opts: Options) -> None:
+    """Refuse, before any compute, an OOD set this run cannot score: ``held_out_classes``
+    with no class held out (:func:`check_held_out_classes`), or a dataset source that
+    cannot be prepared or whose images cannot be converted to the model's ``[H, W, C]``
+    (it is prepared now, as evaluation would, and one image converted; the snapshot is
+    reused by the evaluation).
+
+    Raises:
+      DataError, ConfigError: the one-line refusal.
+    """
+    if opts.source == HELD_OUT_CLASSES:
+        check_held_out_classes(config, dataset, name)
+    elif opts.source in DATASETS:
+        shape = tuple(int(d) for d in dataset.image_shape)
+        try:
+            dataset_images(opts, (shape[0], shape[1], shape[2]), 1, config.data.data_dir)
+        except DataError as err:
+            raise DataError(f"eval.evaluators.{name}: {err.problem}", fix=err.fix) from None
+
+
 def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     """The test split vs the OOD set of ``ctx.options``; see :mod:`ensemble_core.evaluators.ood_base`."""
     opts: Options = ctx.options
+    if opts.source == HELD_OUT_CLASSES:
+        images, what = held_out_images(ctx, opts.num_examples)
+        return ood_base.evaluate_ood(ctx, images, what)
     height, width, channels = (int(d) for d in ctx.dataset.image_shape)
     shape = (height, width, channels)
     n = opts.num_examples or len(ctx.load("test")[0])

@@ -5,6 +5,7 @@ shift"), plus the plot of each figure against the level and a report section."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,13 +28,35 @@ EXAMPLES = 8
 CACHE_VERSION = 1
 
 
+def distinct_levels(option: str, values: tuple, known: Sequence) -> tuple:
+    """``values`` when they are distinct members of ``known`` (an evaluator option listing
+    levels: corruptions, severities).
+
+    Raises:
+      ValueError: naming ``option``, the values and the known ones (pydantic makes it the
+        one-line refusal of ``eval.evaluators.<name>.<option>``).
+    """
+    if any(v not in known for v in values) or len(set(values)) != len(values):
+        raise ValueError(f"{option} {list(values)} must be distinct values among {', '.join(map(str, known))}")
+    return values
+
+
 def shifted_test_set(
-    ctx: EvalContext, name: str, levels: Sequence[float], transform: Callable[[np.ndarray, float], np.ndarray]
+    ctx: EvalContext,
+    name: str,
+    levels: Sequence[float],
+    transform: Callable[[np.ndarray, float], np.ndarray],
+    num_examples: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The test split transformed at every level, cached: images uint8 ``[L*N, H, W, C]``
-    (level-major), labels int32 ``[L*N]`` and level float32 ``[L*N]``."""
+    """The test split (its first ``num_examples`` images; default all) transformed at every
+    level, cached: images uint8 ``[L*N, H, W, C]`` (level-major), labels int32 ``[L*N]``
+    and level float32 ``[L*N]``."""
     images, labels = ctx.load("test")
+    if num_examples is not None:
+        images, labels = images[:num_examples], labels[:num_examples]
     key = f"{name}-v{CACHE_VERSION}-n{len(images)}-" + "_".join(f"{x:g}" for x in levels)
+    if len(key) > 200:  # many levels: name them by a digest
+        key = f"{name}-v{CACHE_VERSION}-n{len(images)}-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def build() -> dict[str, np.ndarray]:
         shifted = []
@@ -50,17 +73,18 @@ def shifted_test_set(
 def score_levels(
     ctx: EvalContext, probs: np.ndarray, labels: np.ndarray, level: np.ndarray, levels: Sequence[float]
 ) -> list[dict]:
-    """Per level: ``{"level", "ensemble", "member_mean", "best_member", "best_member_index",
-    "aurc"}`` (accuracy, NLL, Brier, ECE of each; the ensemble's AURC, Geifman & El-Yaniv
-    2017), and ``ensemble_temperature_scaled`` when the context has a temperature."""
-    bins = ctx.config.eval.ece_bins
+    """Per level: ``{"level", "ensemble", "member_mean", "best_member", "best_member_index"}``
+    (:data:`ensemble_core.metrics.SCORES` of each: accuracy, NLL, Brier, ECE and adaptive
+    ECE with the evaluator's ``ece_bins``, AURC and accuracy at 80% coverage, Geifman &
+    El-Yaniv 2017), and ``ensemble_temperature_scaled`` when the context has a temperature."""
+    bins = ctx.ece_bins
     out = []
     healthy = ctx.healthy
     for value in levels:
         at = level == np.float32(value)
         s = metrics_lib.shift_scores(probs[:, at], labels[at], bins, healthy=healthy)
         ens = metrics_lib.ensemble_probs(probs[healthy][:, at])
-        row = {"level": float(value), **s, "aurc": metrics_lib.aurc(ens, labels[at])}
+        row = {"level": float(value), **s}
         if ctx.temperature is not None:
             row[SCALED] = metrics_lib.scores(apply_temperature(ens, ctx.temperature), labels[at], bins)
         out.append(row)
@@ -72,7 +96,7 @@ def summary(per_level: list[dict]) -> dict:
     ``best_member`` (the best member per level), and ``ensemble_beats_best_member``: at
     how many levels the ensemble's NLL / Brier is below the best member's."""
     present = [who for who in (*WHO, SCALED) if who in per_level[0]]
-    mean = {who: {f: float(np.mean([r[who][f] for r in per_level])) for f in FIGURES} for who in present}
+    mean = {who: {f: float(np.mean([r[who][f] for r in per_level])) for f in metrics_lib.SCORES} for who in present}
     wins = {f: int(sum(r["ensemble"][f] < r["best_member"][f] for r in per_level)) for f in ("nll", "brier", "ece")}
     return {"mean": mean, "ensemble_beats_best_member": {**wins, "of_levels": len(per_level)}}
 
@@ -84,7 +108,16 @@ def evaluate_shift(
     levels: Sequence[float],
     transform: Callable[[np.ndarray, Any], np.ndarray],  # (images, level): degrees or pixels
 ) -> EvaluatorOutput:
-    """Score the members on the test split under ``transform`` at each level.
+    """Score the members on the test split under ``transform`` at each level
+    (:func:`shifted_test_set` then :func:`evaluate_shifted`)."""
+    images, labels, level = shifted_test_set(ctx, name, levels, transform)
+    return evaluate_shifted(ctx, images, labels, level, levels, unit)
+
+
+def evaluate_shifted(
+    ctx: EvalContext, images: np.ndarray, labels: np.ndarray, level: np.ndarray, levels: Sequence[float], unit: str
+) -> EvaluatorOutput:
+    """Score the members on a shifted test set (:func:`shifted_test_set`'s arrays).
 
     Returns:
       metrics ``{"unit", "levels": [per level], "mean", "ensemble_beats_best_member"}``;
@@ -92,7 +125,6 @@ def evaluate_shift(
       ``level`` float32 ``[L*N]``, ``healthy`` bool ``[E]``, ``examples`` uint8
       ``[L, 8, H, W, C]`` (the first test images at every level, for the plots).
     """
-    images, labels, level = shifted_test_set(ctx, name, levels, transform)
     probs, _ = ctx.predict(images)
     per_level = score_levels(ctx, probs, labels, level, levels)
     metrics = {"unit": unit, "levels": per_level, **summary(per_level)}

@@ -24,18 +24,20 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
 
     Returns:
       metrics: :func:`ensemble_core.metrics.evaluate_all` (``ensemble``, ``members``,
-      ``member_mean``, ``diversity``, ``diverged_members``) plus
-      ``eval_member_images_per_s``; with a fitted temperature also ``temperature`` and
-      ``ensemble_temperature_scaled`` (accuracy, NLL, Brier, ECE after scaling).
+      ``member_mean``, ``diversity``, ``diverged_members``; ECE and adaptive ECE with the
+      evaluator's ``ece_bins``) plus ``eval_member_images_per_s`` and ``ece_bins``; with a
+      fitted temperature also ``temperature`` and ``ensemble_temperature_scaled`` (the
+      same figures after scaling).
     """
     _, labels = ctx.load("test")
     probs, throughput = ctx.predict_split("test")
-    metrics = metrics_lib.evaluate_all(probs, labels, ctx.config.eval.ece_bins, healthy=ctx.healthy)
+    metrics = metrics_lib.evaluate_all(probs, labels, ctx.ece_bins, healthy=ctx.healthy)
     metrics["eval_member_images_per_s"] = throughput
+    metrics["ece_bins"] = ctx.ece_bins
     if ctx.temperature is not None:
         scaled = apply_temperature(metrics_lib.ensemble_probs(probs[ctx.healthy]), ctx.temperature)
         metrics["temperature"] = ctx.temperature
-        metrics["ensemble_temperature_scaled"] = metrics_lib.scores(scaled, labels, ctx.config.eval.ece_bins)
+        metrics["ensemble_temperature_scaled"] = metrics_lib.scores(scaled, labels, ctx.ece_bins)
     arrays = {"member_probs": probs, "labels": labels.astype(np.int32), "healthy": ctx.healthy}
     return EvaluatorOutput(metrics=metrics, arrays=arrays)
 
@@ -55,7 +57,7 @@ def plot(metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig, n
         (f"ensemble (ECE {ensemble['ece']:.3f})", metrics_lib.ensemble_probs(member_probs)),
         (f"best member {best} (ECE {members[best]['ece']:.3f})", member_probs[best]),
     ):
-        curve = metrics_lib.reliability_curve(probs, labels, config.eval.ece_bins)
+        curve = metrics_lib.reliability_curve(probs, labels, metrics.get("ece_bins", config.eval.ece_bins))
         xs = [c for c, n in zip(curve["confidence"], curve["count"], strict=True) if n]
         ys = [a for a, n in zip(curve["accuracy"], curve["count"], strict=True) if n]
         ax.plot(xs, ys, "o-", label=name)

@@ -119,6 +119,7 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
         import_model_function(cfg.model.name)
     dataset = prepare(cfg.data)
     check_against_dataset(cfg, dataset)
+    evaluators.check_data(cfg, dataset)  # OOD sets that can be made for this dataset
     check_promotion_figure(cfg, dataset)
     check_memory(cfg, dataset)
     checked = [(run, mesh_plan.padded_members, cfg)] + [(d, group_plan.padded_members, cfg) for d in group_dirs]

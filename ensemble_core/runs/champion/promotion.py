@@ -18,7 +18,8 @@ import pydantic
 
 from ensemble_core import diskspace
 from ensemble_core.config import PipelineConfig
-from ensemble_core.errors import EnsembleError
+from ensemble_core.data.class_subset import resolve_classes
+from ensemble_core.errors import ConfigError, EnsembleError
 from ensemble_core.figures import TEST_METRICS, decide_promotion
 from ensemble_core.runs.results import Evaluation, PromotionDecision
 from ensemble_core.runs.storage.champion_record import (
@@ -34,7 +35,14 @@ from ensemble_core.runs.storage.layout import CHAMPION_FILE, RunDir
 if TYPE_CHECKING:
     from ensemble_core.data import DatasetInfo
 
-__all__ = ["champion_class_names", "champion_snapshot", "class_map_changed", "figure_value", "promote"]
+__all__ = [
+    "champion_class_indices",
+    "champion_class_names",
+    "champion_snapshot",
+    "class_map_changed",
+    "figure_value",
+    "promote",
+]
 
 log = logging.getLogger(__name__)
 
@@ -166,11 +174,31 @@ def champion_snapshot(record: dict) -> str | None:
 
 
 def champion_class_names(record: dict) -> tuple[str, ...] | None:
-    """The class map of the champion's data snapshot (label ``i`` is the ``i``-th name;
-    None: a record that predates class maps)."""
+    """The champion's class map: its data snapshot's class names, of the classes its
+    ``data.classes`` kept (label ``i`` is the ``i``-th name; None: a record that predates
+    class maps)."""
     snap = record.get("snapshot")
     names = snap.get("class_names") if isinstance(snap, dict) else None
-    return tuple(str(n) for n in names) if isinstance(names, list | tuple) and names else None
+    if not (isinstance(names, list | tuple) and names):
+        return None
+    kept = champion_class_indices(record)
+    return tuple(str(names[i]) for i in kept) if kept is not None else tuple(str(n) for n in names)
+
+
+def champion_class_indices(record: dict) -> tuple[int, ...] | None:
+    """The classes of its data snapshot the champion trained on (``data.classes`` of its
+    record, resolved against the snapshot's class names, ascending); None: every class (or
+    a record without class names to resolve them against)."""
+    data = record.get("data") if isinstance(record.get("data"), dict) else (record.get("config") or {}).get("data")
+    classes = data.get("classes") if isinstance(data, dict) else None
+    snap = record.get("snapshot")
+    names = snap.get("class_names") if isinstance(snap, dict) else None
+    if not classes or not isinstance(names, list | tuple) or not names:
+        return None
+    try:
+        return resolve_classes(classes, [str(n) for n in names], len(names))
+    except ConfigError:  # a record that no longer resolves: no subset the comparison can trust
+        return None
 
 
 def class_map_changed(record: dict, dataset: DatasetInfo | None) -> bool:

@@ -22,9 +22,14 @@ from ensemble_core import diskspace
 from ensemble_core import drift as drift_lib
 from ensemble_core.atomic import atomic_write_json
 from ensemble_core.config import PipelineConfig
-from ensemble_core.data import DatasetInfo, DataSnapshot, load_split
+from ensemble_core.data import DatasetInfo, DataSnapshot, keep_classes, load_split
 from ensemble_core.errors import DataError
-from ensemble_core.runs.champion.promotion import champion_class_names, champion_snapshot, class_map_changed
+from ensemble_core.runs.champion.promotion import (
+    champion_class_indices,
+    champion_class_names,
+    champion_snapshot,
+    class_map_changed,
+)
 from ensemble_core.runs.dataset import load
 from ensemble_core.runs.results import DriftReport, SkipDecision
 from ensemble_core.runs.storage.champion_record import read_champion
@@ -80,7 +85,8 @@ def unchanged_since_champion(cfg: PipelineConfig, dataset: DatasetInfo, output_d
 @diskspace.output_errors("run_dir")
 def check_class_map(cfg: PipelineConfig, dataset: DatasetInfo, output_dir: str | Path) -> None:
     """Refuse a run whose class map differs from the champion's (a class folder appeared or
-    disappeared, or ``data.class_names`` changed): its members would be compared with, and
+    disappeared, ``data.class_names`` changed, or ``data.classes`` keeps other classes: each
+    side's class map is that of the classes it trains on): its members would be compared with, and
     replace, a champion that predicts other classes. Never remapped silently; training a
     new head is the user's choice, ``nightly.when_classes_change: retrain``.
 
@@ -109,8 +115,8 @@ def check_class_map(cfg: PipelineConfig, dataset: DatasetInfo, output_dir: str |
     raise DataError(
         f"{what} since champion {current['run_name']} ({len(before)} classes: {', '.join(before)}; now "
         f"{len(now)}: {', '.join(now)}), so this run's members would predict other classes than the champion's",
-        fix="restore the class folders (or data.class_names), or set nightly.when_classes_change: retrain "
-        "to train a new head that replaces the champion",
+        fix="restore the class folders (or data.class_names, data.classes), or set "
+        "nightly.when_classes_change: retrain to train a new head that replaces the champion",
     )
 
 
@@ -128,7 +134,8 @@ def detect_drift(cfg: PipelineConfig, dataset: DatasetInfo, output_dir: str | Pa
     """The champion's view of the new data snapshot (:mod:`ensemble_core.drift`).
 
     - label shift: the class counts of the new training split (the whole split, from the
-      snapshot's lineage record) against those of the champion's snapshot;
+      snapshot's lineage record) against those of the champion's snapshot, each of the
+      classes its run trains on (``data.classes``);
     - uncertainty shift: the champion ensemble (its selection, without temperature) on
       the first ``nightly.drift.max_examples`` examples of this run's training split,
       against the champion on the first ``nightly.drift.max_examples`` examples of its own
@@ -154,14 +161,15 @@ def detect_drift(cfg: PipelineConfig, dataset: DatasetInfo, output_dir: str | Pa
         report["not_computed"].append("label shift: the class map changed since the champion")
     elif "train" not in champion.class_counts or "train" not in dataset.snapshot.class_counts:
         report["not_computed"].append("label shift: class counts of a training split are missing")
-    else:
+    else:  # of the classes each side trained on (data.classes): the class maps are equal here
         report["label_shift"] = drift_lib.label_shift(
-            dataset.snapshot.class_counts["train"], champion.class_counts["train"]
+            _kept(dataset.snapshot.class_counts["train"], dataset.class_indices),
+            _kept(champion.class_counts["train"], champion_class_indices(current)),
         )
     n = cfg.nightly.drift.max_examples
     try:
         images = load(cfg, dataset, "train")[0][:n]
-        reference = _champion_test_images(champion, cfg, dataset, n)
+        reference = _champion_test_images(champion, cfg, dataset, n, champion_class_indices(current))
         probs = predict_images(current["run_dir"], np.concatenate([images, reference]))["member_probs"]
         report["uncertainty"] = drift_lib.uncertainty_shift(probs[:, : len(images)], probs[:, len(images) :])
     except Exception as err:  # noqa: BLE001  (another shape, damaged checkpoints: a figure less, not a failed run)
@@ -184,10 +192,24 @@ def _snapshot_of(record: dict) -> DataSnapshot | None:
         return None
 
 
-def _champion_test_images(champion: DataSnapshot | None, cfg: PipelineConfig, dataset: DatasetInfo, n: int):
-    """The first ``n`` test images of the champion's snapshot (this run's test split when
-    the champion predates snapshots or its snapshot was removed)."""
+def _kept(counts: list[int], class_indices: tuple[int, ...] | None) -> list[int]:
+    """Class counts of the classes a run kept (``data.classes``; None: all of them)."""
+    return list(counts) if class_indices is None else [counts[i] if i < len(counts) else 0 for i in class_indices]
+
+
+def _champion_test_images(
+    champion: DataSnapshot | None,
+    cfg: PipelineConfig,
+    dataset: DatasetInfo,
+    n: int,
+    class_indices: tuple[int, ...] | None = None,
+):
+    """The first ``n`` test images of the champion's snapshot, of the classes it trained on
+    (``class_indices``; None: every class); this run's test split when the champion
+    predates snapshots or its snapshot was removed."""
     if champion is not None and Path(champion.path, champion.name).is_dir():
+        if class_indices is not None:
+            return keep_classes(*load_split(champion.name, "test", champion.path), class_indices, n)[0]
         return load_split(champion.name, "test", champion.path, n)[0]
     log.warning("the champion's data snapshot is not available; its uncertainty is measured on this run's test split")
     return load(cfg, dataset, "test")[0][:n]

@@ -70,11 +70,12 @@ class Members:
     healthy: np.ndarray
     expand: np.ndarray
 
-    def predict(self, cfg: PipelineConfig, images: np.ndarray) -> tuple[np.ndarray, float]:
-        """Probabilities float32 ``[K, N, C]`` of every row on ``images`` (float or uint8
-        ``[N, H, W, C]``) and the steady-state throughput in member-images/s (the program
-        is compiled first, on the first ``eval.batch_size`` images)."""
-        predict = self.setup.predict_fn()
+    def predict(self, cfg: PipelineConfig, images: np.ndarray, *, logits: bool = False) -> tuple[np.ndarray, float]:
+        """Probabilities float32 ``[K, N, C]`` (``logits``: the logits before the softmax)
+        of every row on ``images`` (float or uint8 ``[N, H, W, C]``) and the steady-state
+        throughput in member-images/s (the program is compiled first, on the first
+        ``eval.batch_size`` images)."""
+        predict = self.setup.predict_fn(logits=logits)
         one = self.setup.strategy == "unroll"
         batch = cfg.eval.batch_size
         member_probs(predict, self.variables, images[:batch], self.setup.mesh, batch, one_member_per_device=one)

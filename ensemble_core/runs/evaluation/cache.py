@@ -18,9 +18,14 @@ log = logging.getLogger(__name__)
 
 def derived_dir(dataset: DatasetInfo) -> Path:
     """Where arrays derived from a prepared dataset are cached (transformed test sets,
-    rendered OOD sets): ``<TFDS data dir>/ensemble-derived/<dataset>/<version>/``."""
+    rendered OOD sets): ``<TFDS data dir>/ensemble-derived/<dataset>/<version>/``, and for a
+    run on a subset of its classes (``data.classes``) its own ``classes-<i>-<j>-...``
+    below it: a subset's test split is other images under the same image count."""
     variant = Path(dataset.data_dir)  # <root>/<name>/<version>
-    return variant.parents[1] / "ensemble-derived" / variant.parent.name / variant.name
+    root = variant.parents[1] / "ensemble-derived" / variant.parent.name / variant.name
+    if dataset.class_indices is None:
+        return root
+    return root / ("classes-" + "-".join(str(i) for i in dataset.class_indices))
 
 
 def cached_arrays(

@@ -53,6 +53,9 @@ def evaluate(
     def predict(images: np.ndarray) -> tuple[np.ndarray, float]:
         return members.predict(cfg, images)
 
+    def predict_logits(images: np.ndarray) -> np.ndarray:
+        return members.predict(cfg, images, logits=True)[0]
+
     load_split = functools.cache(lambda split: load(cfg, dataset, split))
     ctx = evaluators.EvalContext(
         config=cfg,
@@ -62,13 +65,16 @@ def evaluate(
         load=load_split,
         predict_split=functools.cache(lambda split: predict(load_split(split)[0])),
         cached=lambda key, build, shapes=None: cached_arrays(dataset, key, build, shapes),
+        predict_logits=predict_logits,
+        predict_split_logits=functools.cache(lambda split: predict_logits(load_split(split)[0])),
         temperature=ensemble.temperature,
     )
     results = {}
     for name, spec in cfg.eval.evaluators.items():
         stopping.check()  # a stop request ends evaluation between evaluators (and batches)
         module = evaluators.get(spec.type)
-        out = module.evaluate(dataclasses.replace(ctx, name=name, options=evaluators.options(name, spec)))
+        opts = evaluators.options(name, spec)
+        out = module.evaluate(dataclasses.replace(ctx, name=name, options=opts, ece_bins=spec.bins(cfg.eval.ece_bins)))
         plots: dict[str, str] = {}
         if out.skipped:
             log.warning("evaluator %s skipped: %s", name, out.skipped)

@@ -55,10 +55,13 @@ def probe(cfg: PipelineConfig, dataset: DatasetInfo, name: str) -> evaluators.Ev
         load=lambda split: (images, labels),
         predict_split=lambda split: predict(images),
         cached=lambda key, build, shapes=None: build(),
+        predict_logits=lambda x: rng.normal(size=(members, len(x), c)).astype(np.float32),
+        predict_split_logits=lambda split: rng.normal(size=(members, len(images), c)).astype(np.float32),
         temperature=1.0 if cfg.eval.temperature_scaling else None,
     )
     module = evaluators.get(spec.type)
-    return module.evaluate(dataclasses.replace(ctx, name=name, options=evaluators.options(name, spec)))
+    opts = evaluators.options(name, spec)
+    return module.evaluate(dataclasses.replace(ctx, name=name, options=opts, ece_bins=spec.bins(cfg.eval.ece_bins)))
 
 
 def figure_paths(metrics: dict | list, prefix: str = "") -> list[str]:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ensemble_core import diskspace, evaluators
+from ensemble_core import metrics as metrics_lib
 from ensemble_core.atomic import atomic_write_json, atomic_write_text
 from ensemble_core.plotting import save, subplots
 from ensemble_core.runs.report.data import drift_lines, snapshot_lines
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from ensemble_core.data import DatasetInfo
 
 SCORE_KEYS = ("accuracy", "nll", "brier", "ece")
+#: The member table's columns (:data:`ensemble_core.metrics.SCORES`).
+MEMBER_KEYS = metrics_lib.SCORES
 TRAINING_CURVES = "training_curves.png"
 
 
@@ -235,11 +238,11 @@ def member_table(report: dict) -> list[dict]:
     ids = sel.get("members") if report["config"]["ensemble"].get("select_size") else None
     ids = ids or list(range(len(report["members"])))
     rows = [
-        {"model": f"member {i}", **{k: round(m[k], 4) for k in SCORE_KEYS}}
+        {"model": f"member {i}", **{k: round(m[k], 4) for k in MEMBER_KEYS if k in m}}
         for i, m in zip(ids, report["members"], strict=True)
     ]
-    rows.append({"model": "member mean", **{k: round(report["member_mean"][k], 4) for k in SCORE_KEYS}})
-    rows.append({"model": "ensemble", **{k: round(report["ensemble"][k], 4) for k in SCORE_KEYS}})
+    for model, key in (("member mean", "member_mean"), ("ensemble", "ensemble")):
+        rows.append({"model": model, **{k: round(v, 4) for k, v in report[key].items() if k in MEMBER_KEYS}})
     return rows
 
 
@@ -272,11 +275,11 @@ def render_markdown(report: dict, plots: bool = True) -> str:
         f"**Ensemble**: accuracy {fixed(ens['accuracy'])}, NLL {fixed(ens['nll'])} "
         f"(member mean {fixed(mean['nll'])}), Brier {fixed(ens['brier'])}, ECE {fixed(ens['ece'])}.",
         "",
-        "| model | accuracy | NLL | Brier | ECE |",
-        "| --- | --- | --- | --- | --- |",
+        "| model | accuracy | NLL | Brier | ECE | adaptive ECE | AURC | accuracy@80% coverage |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in member_table(report):
-        lines.append(f"| {row['model']} | " + " | ".join(fixed(row[k]) for k in SCORE_KEYS) + " |")
+        lines.append(f"| {row['model']} | " + " | ".join(fixed(row.get(k)) for k in MEMBER_KEYS) + " |")
     lines += [
         "",
         f"**Diversity**: pairwise disagreement {fixed(div['disagreement'])}, mean predictive entropy "

@@ -47,8 +47,14 @@ SAVE_MARGIN_BYTES = 256 * 1024
 
 def dataset_record(dataset: DatasetInfo) -> dict:
     """The dataset as a checkpoint's metadata records it: ``name``, ``num_classes``,
-    ``image_shape`` (``[H, W, C]``)."""
-    return {"name": dataset.name, "num_classes": dataset.num_classes, "image_shape": list(dataset.image_shape)}
+    ``image_shape`` (``[H, W, C]``) and ``class_names`` (the run's class map, what
+    prediction names its classes by; ``[]`` when the dataset has none)."""
+    return {
+        "name": dataset.name,
+        "num_classes": dataset.num_classes,
+        "image_shape": list(dataset.image_shape),
+        "class_names": list(dataset.class_names or ()),
+    }
 
 
 def training_sessions(meta: dict) -> list[dict]:

@@ -5,8 +5,11 @@ epochs in all (more, never fewer than are done), where the data files are, the d
 layout, checkpoint and evaluation settings, the divergence policy, ensemble selection,
 promotion and where member groups run, not how many there are (nor the epochs of a run
 whose learning rate decays over them). Every
-other key changes what the saved steps mean (the model, the data, the seed, E, the
-optimizer and its learning rate, the batch), so resuming under it is refused.
+other key changes what the saved steps mean (the model, the data and the classes trained
+on, ``data.classes``, whose labels the saved heads predict, the seed, E, the optimizer and its
+learning rate, the batch), so resuming under it is refused. ``data.classes`` is compared as
+the config holds it, sorted (a reordered list is the same run; a class given by its name
+instead of its index, or the other way round, is refused as a change).
 """
 
 from __future__ import annotations

@@ -1,0 +1,246 @@
+"""The 15 common corruptions of Hendrycks & Dietterich 2019 ("Benchmarking Neural Network
+Robustness to Common Corruptions and Perturbations") at severities 1-5, on the test split
+of any dataset (:mod:`ensemble_core.shifts.common_corruptions` says how each corruption and
+its parameters follow the reference code at the image's size).
+
+Every (corruption, severity) cell holds the same first ``num_examples`` test images, so the
+cells are paired; the corrupted copies are generated once per test split, seed and
+selection, and cached beside the prepared dataset like every derived set. The figures are
+those of every shift evaluator (:mod:`ensemble_core.evaluators.shift_base`) per cell, and
+the literature's summary: the mean over all corruptions and severities (uncertainty-
+baselines' cA / cNLL / cECE) for the ensemble, the mean member, the best member and each
+member, and the mean over severities per corruption.
+
+Options (:class:`Options`): ``corruptions`` (default: all 15), ``severities`` (default:
+1-5), ``num_examples`` (test images per cell; default: the whole test split), ``seed``.
+
+Arrays (``eval/<name>.npz``): ``member_probs`` float32 ``[E, L*N, C]``, ``labels`` int32
+``[L*N]``, ``level`` float32 ``[L*N]`` (the cell's index in ``metrics["levels"]``, whose
+rows carry ``corruption`` and ``severity``), ``healthy`` bool ``[E]``, ``examples`` uint8
+``[L, 8, H, W, C]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ensemble_core import metrics as metrics_lib
+from ensemble_core.config import PipelineConfig
+from ensemble_core.evaluators import EvalContext, EvaluatorOutput, shift_base
+from ensemble_core.plotting import save, subplots
+from ensemble_core.shifts.common_corruptions import NAMES, SEVERITIES, corrupt
+
+log = logging.getLogger(__name__)
+
+#: Bump when a corruption changes, so cached corrupted sets are built again.
+CACHE_VERSION = 1
+
+
+class Options(BaseModel):
+    """The common_corruptions evaluator's options."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    corruptions: tuple[str, ...] = Field(
+        NAMES, min_length=1, description=f"Corruptions to run (Hendrycks & Dietterich 2019): {', '.join(NAMES)}."
+    )
+    severities: tuple[int, ...] = Field(SEVERITIES, min_length=1, description="Severities to run, among 1-5.")
+    num_examples: int | None = Field(
+        None, ge=1, description="Test images per corruption and severity (the first ones; default: all)."
+    )
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the random corruptions (noise, snow, ...).")
+
+    @field_validator("corruptions")
+    @classmethod
+    def _known(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        return shift_base.distinct_levels("corruptions", names, NAMES)
+
+    @field_validator("severities")
+    @classmethod
+    def _severities(cls, values: tuple[int, ...]) -> tuple[int, ...]:
+        return shift_base.distinct_levels("severities", values, SEVERITIES)
+
+
+def cells(opts: Options) -> list[tuple[str, int]]:
+    """The (corruption, severity) cells, corruption-major, in the options' order."""
+    return [(name, severity) for name in opts.corruptions for severity in opts.severities]
+
+
+def cache_key(opts: Options, num_examples: int) -> str:
+    """The derived set's name: everything the corrupted images depend on."""
+    selection = ",".join(opts.corruptions) + "|" + ",".join(map(str, opts.severities))
+    digest = hashlib.sha256(selection.encode()).hexdigest()[:12]
+    return f"common_corruptions-v{CACHE_VERSION}-n{num_examples}-seed{opts.seed}-{digest}"
+
+
+def evaluate(ctx: EvalContext) -> EvaluatorOutput:
+    """Every member on each corrupted copy of the test split; see the module docstring.
+
+    Returns:
+      metrics ``{"unit", "levels": [per cell, with "corruption" and "severity"], "mean",
+      "ensemble_beats_best_member", "members_mean", "by_corruption", "num_examples",
+      "seconds"}``: ``mean`` holds the averages over every cell of
+      :data:`ensemble_core.metrics.SCORES` for ``ensemble``, ``member_mean`` and
+      ``best_member`` (the best member per cell); ``members_mean`` the same per member
+      (``[E]``, diverged members included, with ``healthy``); ``by_corruption`` the
+      averages over severities per corruption; ``seconds`` the wall time of generating
+      (``generate``, 0 when cached) and of predicting and scoring (``evaluate``).
+    """
+    opts: Options = ctx.options or Options()
+    images, _ = ctx.load("test")
+    n = min(len(images), opts.num_examples or len(images))
+    grid = cells(opts)
+    generated = {"seconds": 0.0}
+
+    def transform(test_images: np.ndarray, index: float) -> np.ndarray:
+        name, severity = grid[int(index)]
+        if severity == opts.severities[0]:
+            log.info(
+                "%s: corrupting %d test images with %s (%d/%d, severities %s)",
+                ctx.name,
+                len(test_images),
+                name,
+                opts.corruptions.index(name) + 1,
+                len(opts.corruptions),
+                list(opts.severities),
+            )
+        t0 = time.perf_counter()
+        out = corrupt(test_images, name, severity, opts.seed)
+        generated["seconds"] += time.perf_counter() - t0
+        return out
+
+    t0 = time.perf_counter()
+    shifted, labels, level = shift_base.shifted_test_set(
+        ctx, cache_key(opts, n), tuple(range(len(grid))), transform, num_examples=n
+    )
+    built = time.perf_counter() - t0
+    log.info("%s: predicting %d corrupted images (%d cells of %d)", ctx.name, len(shifted), len(grid), n)
+    t0 = time.perf_counter()
+    out = shift_base.evaluate_shifted(ctx, shifted, labels, level, tuple(range(len(grid))), "corruption and severity")
+    for row in out.metrics["levels"]:
+        row["corruption"], row["severity"] = grid[int(row["level"])]
+        row["name"] = f"{row['corruption']}-{row['severity']}"
+    metrics = out.metrics
+    metrics["num_examples"] = n
+    metrics["members_mean"] = members_mean(out.arrays["member_probs"], labels, level, len(grid), ctx)
+    metrics["by_corruption"] = by_corruption(metrics["levels"], opts.corruptions)
+    metrics["seconds"] = {"generate": built if generated["seconds"] else 0.0, "evaluate": time.perf_counter() - t0}
+    log.info(
+        "%s: mean over %d cells: ensemble accuracy %.4f, NLL %.4f, ECE %.4f (best member NLL %.4f)",
+        ctx.name,
+        len(grid),
+        metrics["mean"]["ensemble"]["accuracy"],
+        metrics["mean"]["ensemble"]["nll"],
+        metrics["mean"]["ensemble"]["ece"],
+        metrics["mean"]["best_member"]["nll"],
+    )
+    return out
+
+
+def members_mean(probs: np.ndarray, labels: np.ndarray, level: np.ndarray, cells_: int, ctx: EvalContext) -> list:
+    """Each member's :data:`~ensemble_core.metrics.SCORES` averaged over the cells:
+    ``[{figure: value, "healthy": bool}] * E``."""
+    out = []
+    for e in range(len(probs)):
+        per_cell = [
+            metrics_lib.scores(probs[e, level == np.float32(c)], labels[level == np.float32(c)], ctx.ece_bins)
+            for c in range(cells_)
+        ]
+        mean = {f: float(np.mean([s[f] for s in per_cell])) for f in metrics_lib.SCORES}
+        out.append({**mean, "healthy": bool(ctx.healthy[e])})
+    return out
+
+
+def by_corruption(rows: list[dict], names: tuple[str, ...]) -> dict:
+    """``{corruption: {"ensemble" | "member_mean" | "best_member": {figure: mean over its
+    severities}}}``."""
+    out = {}
+    for name in names:
+        mine = [r for r in rows if r["corruption"] == name]
+        out[name] = {
+            who: {f: float(np.mean([r[who][f] for r in mine])) for f in metrics_lib.SCORES}
+            for who in ("ensemble", "member_mean", "best_member")
+        }
+    return out
+
+
+def plot(
+    metrics: dict, arrays: dict, plots_dir: Path, config: PipelineConfig, name: str = "common_corruptions"
+) -> dict[str, Path]:
+    """``<name>.png``: accuracy, NLL and ECE against the severity (1-5), averaged over the
+    corruptions, ensemble vs mean member vs best member (Ovadia et al. 2019, Fig. 1's
+    layout); ``<name>_corruptions.png``: NLL per corruption, averaged over severities;
+    ``<name>_examples.png``: the first test images in every cell."""
+    rows = metrics["levels"]
+    severities = sorted({r["severity"] for r in rows})
+    styles = {"ensemble": ("tab:red", "-"), "member_mean": ("tab:gray", "--"), "best_member": ("tab:blue", ":")}
+    fig, axes = subplots(1, 3, figsize=(13, 3.6))
+    for ax, figure in zip(axes, ("accuracy", "nll", "ece"), strict=True):
+        for who, (color, style) in styles.items():
+            ys = [np.mean([r[who][figure] for r in rows if r["severity"] == s]) for s in severities]
+            ax.plot(severities, ys, style, marker="o", color=color, label=who.replace("_", " "))
+        ax.set(xlabel="severity", title=f"{figure}, mean over corruptions")
+        ax.set_xticks(severities)
+    axes[0].legend(fontsize=8)
+    paths = {name: save(fig, plots_dir / f"{name}.png")}
+    names = list(metrics["by_corruption"])
+    fig, ax = subplots(figsize=(max(6, 0.55 * len(names)), 3.8))
+    xs = np.arange(len(names))
+    for k, (who, (color, _)) in enumerate(styles.items()):
+        heights = [metrics["by_corruption"][c][who]["nll"] for c in names]
+        ax.bar(xs + (k - 1) * 0.27, heights, 0.27, color=color, label=who)
+    ax.set_xticks(xs, names, rotation=60, ha="right", fontsize=7)
+    ax.set(ylabel="NLL (nats), mean over severities", title="NLL per corruption")
+    ax.legend(fontsize=8)
+    paths[f"{name}_corruptions"] = save(fig, plots_dir / f"{name}_corruptions.png")
+    paths[f"{name}_examples"] = shift_base.plot_examples(metrics, arrays, plots_dir, name)
+    return paths
+
+
+def markdown(metrics: dict) -> list[str]:
+    """The summary (means over every cell, per who), the per-corruption table."""
+    mean = metrics["mean"]
+    lines = [
+        f"**Common corruptions** (Hendrycks & Dietterich 2019; {len(metrics['by_corruption'])} corruptions x "
+        f"{len({r['severity'] for r in metrics['levels']})} severities, {metrics['num_examples']} test images each), "
+        "mean over corruptions and severities:",
+        "",
+        "| | accuracy | NLL | Brier | ECE | adaptive ECE | AURC |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for who in ("ensemble", "member_mean", "best_member", shift_base.SCALED):
+        if who in mean:
+            m = mean[who]
+            lines.append(
+                f"| {who.replace('_', ' ')} | {m['accuracy']:.4f} | {m['nll']:.4f} | {m['brier']:.4f} | "
+                f"{m['ece']:.4f} | {m.get('adaptive_ece', float('nan')):.4f} | {m.get('aurc', float('nan')):.4f} |"
+            )
+    lines += [
+        "",
+        "| corruption | accuracy | NLL | ECE | best member NLL | mean member NLL |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, by in metrics["by_corruption"].items():
+        e = by["ensemble"]
+        lines.append(
+            f"| {name} | {e['accuracy']:.4f} | {e['nll']:.4f} | {e['ece']:.4f} | {by['best_member']['nll']:.4f} | "
+            f"{by['member_mean']['nll']:.4f} |"
+        )
+    wins = metrics["ensemble_beats_best_member"]
+    lines += [
+        "",
+        f"Ensemble below the best member in {wins['nll']}/{wins['of_levels']} cells in NLL, "
+        f"{wins['brier']}/{wins['of_levels']} in Brier, {wins['ece']}/{wins['of_levels']} in ECE.",
+    ]
+    return lines
+
+
+def table(metrics: dict) -> list[dict]:
+    """One row per (corruption, severity) cell (:func:`ensemble_core.evaluators.shift_base.table`)."""
+    return shift_base.table(metrics)
