@@ -180,6 +180,16 @@ CHANGED_CONFIGS: dict[str, dict] = {
     # Its search pool is 24 (the 3 settings the first selection keeps on mnist5k are among
     # the first 24, and the whole flow stays within 6x the default run's time).
     "hyper.yaml": {"ensemble.stratify": 8, "ensemble.size": 24},
+    # The CIFAR-10 recipe evaluates as every dataset does now (issue 41): the dataset's
+    # defaults, the common corruptions and an OOD set beside test, rotation and translation.
+    "cifar10_resnet20.yaml": {
+        "eval.evaluators.common_corruptions.type": "common_corruptions",
+        "eval.evaluators.common_corruptions.ece_bins": None,
+        "eval.evaluators.common_corruptions.num_examples": 1000,
+        "eval.evaluators.ood.type": "ood",
+        "eval.evaluators.ood.ece_bins": None,
+        "eval.evaluators.ood.source": "uniform_noise",
+    },
 }
 
 
