@@ -511,3 +511,17 @@ def test_snow_only_brightens(shape):
         y = corrupted("snow", shape, s).astype(int)
         assert (y >= x - 1).all()  # the blend with max(x, 1.5 grey + 0.5) and the flakes add
         assert y.mean() > x.mean()
+
+
+def test_the_evaluator_corrupts_in_blocks_each_with_its_own_seed():
+    """``evaluators.common_corruptions.corrupt_in_blocks``: block b of BLOCK images is
+    ``corrupt`` of that block with the seed ``SeedSequence([seed, b])``."""
+    from ensemble_core.evaluators import common_corruptions as evaluator
+
+    rng = np.random.default_rng(4)
+    images = rng.integers(0, 256, (evaluator.BLOCK + 7, 12, 12, 1), dtype=np.uint8)
+    out = evaluator.corrupt_in_blocks(images, "shot_noise", 3, 5)
+    for b, start in enumerate((0, evaluator.BLOCK)):
+        seed = int(np.random.SeedSequence([5, b]).generate_state(1)[0])
+        expected = cc.corrupt(images[start : start + evaluator.BLOCK], "shot_noise", 3, seed)
+        np.testing.assert_array_equal(out[start : start + evaluator.BLOCK], expected)

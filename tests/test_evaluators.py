@@ -125,7 +125,9 @@ def test_common_corruptions_figures_are_recomputed_from_the_npz(finished, tfds_d
         assert row["ensemble"]["nll"] == pytest.approx(_nll(ens, y), rel=1e-6)
         assert row["ensemble"]["ece"] == pytest.approx(_ece(ens, y, 10), abs=1e-9)  # the evaluator's own bins
         # The cached corrupted images are the corruption of the first 40 test images.
-        expected = corrupt(test_images[:40], row["corruption"], row["severity"], 0)
+        # (40 images are one block of the evaluator's, seeded with SeedSequence([seed 0, block 0]).)
+        seed = int(np.random.SeedSequence([0, 0]).generate_state(1)[0])
+        expected = corrupt(test_images[:40], row["corruption"], row["severity"], seed)
         np.testing.assert_array_equal(examples[int(row["level"])], expected[: examples.shape[1]])
     for who in ("ensemble", "best_member", "member_mean"):
         for figure in ("accuracy", "nll", "brier", "ece", "aurc"):
