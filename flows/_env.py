@@ -8,6 +8,7 @@ cache variables below: set them yourself to move or disable the cache.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -28,6 +29,10 @@ def apply() -> None:
     # Warnings of ensemble_core (a damaged checkpoint or champion pointer set aside) go to
     # the flow run's logs too (effective when Prefect is imported after this module).
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "ensemble_core")
+    # ... and its progress lines (INFO: corrupted sets generated, snapshots written, runs
+    # pruned): Prefect gives the extra loggers its handlers but not a level, so they would
+    # inherit the root logger's WARNING.
+    logging.getLogger("ensemble_core").setLevel(logging.INFO)
     # JAX's persistent compilation cache, shared by every run of this user: a nightly
     # rerun of the same config loads its programs instead of compiling them again.
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache" / "ensemble-pipeline" / "jax"))

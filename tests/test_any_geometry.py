@@ -69,7 +69,8 @@ def _run(ctx, name, options):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_every_evaluator_runs_on_this_geometry(shape, tmp_path):
+def test_every_evaluator_runs_on_this_geometry(shape, tmp_path, caplog):
+    caplog.set_level("INFO", logger="ensemble_core")
     ctx = _context(shape, tmp_path)
     outputs = {}
     for name, options in ANY.items():
@@ -97,6 +98,9 @@ def test_every_evaluator_runs_on_this_geometry(shape, tmp_path):
             drawn = module.plot(out.metrics, out.arrays, tmp_path, ctx.config, name=name)
             assert drawn and all(p.stat().st_size > 2_000 for p in drawn.values())
     cc = outputs["common_corruptions"]
+    # Progress: one line per corruption as it is generated (the flows send these to Prefect).
+    progress = [r.getMessage() for r in caplog.records if "corrupting" in r.getMessage()]
+    assert len(progress) == 15 and "with gaussian_noise (1/15" in progress[0]
     assert len(cc.metrics["levels"]) == 75 and len(cc.metrics["by_corruption"]) == 15
     # Severity 5 leaves the images further from the clean ones than severity 1 on average.
     examples = cc.arrays["examples"].astype(np.float64)  # [75, 6, H, W, C]
