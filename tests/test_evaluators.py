@@ -217,7 +217,7 @@ def test_fashion_mnist_is_skipped_with_one_line_when_its_files_are_absent(tmp_pa
     assert "apt-get install dataset-fashion-mnist" in reason
     assert f"fashion_mnist**: skipped ({reason})" in result.run_dir.report_md.read_text()
     assert not (result.run_dir.eval_dir / "fashion_mnist.npz").exists()
-    assert [r.message for r in caplog.records if "skipped" in r.message] == [
+    assert [r.message for r in caplog.records if r.levelname == "WARNING" and "skipped" in r.message] == [
         f"evaluator fashion_mnist skipped: {reason}"
     ]
 
