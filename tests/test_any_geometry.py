@@ -94,7 +94,7 @@ def test_every_evaluator_runs_on_this_geometry(shape, tmp_path, caplog):
             assert out.metrics["num_ood"] == 9 and is_ood.sum() == 9 and out.arrays["examples"].shape[1:] == shape
             entropy = -np.sum(probs.mean(0) * np.log(probs.mean(0)), -1)
             assert out.metrics["ensemble"]["auroc"]["entropy"] == pytest.approx(roc_auc_score(is_ood, entropy))
-        if shape == (32, 32, 3):  # the plots (each evaluator's plot code is geometry-free)
+        if shape == (32, 32, 3) and name in ("common_corruptions", "ood"):  # the new plots (the others: elsewhere)
             drawn = module.plot(out.metrics, out.arrays, tmp_path, ctx.config, name=name)
             assert drawn and all(p.stat().st_size > 2_000 for p in drawn.values())
     cc = outputs["common_corruptions"]
