@@ -119,9 +119,18 @@ def accuracy_at_coverage(probs: np.ndarray, labels: np.ndarray, coverage: float 
     Raises:
       ValueError: ``coverage`` not in (0, 1].
     """
+    return accuracy_on_curve(risk_coverage(probs, labels)[1], coverage)
+
+
+def accuracy_on_curve(risk: np.ndarray, coverage: float) -> float:
+    """``1 - risk(coverage)`` of a risk-coverage curve's ``risk`` ``[N]``
+    (:func:`risk_coverage`): the accuracy of the ``ceil(coverage * N)`` most confident.
+
+    Raises:
+      ValueError: ``coverage`` not in (0, 1].
+    """
     if not 0 < coverage <= 1:
         raise ValueError(f"coverage must be in (0, 1]; got {coverage}")
-    _, risk = risk_coverage(probs, labels)
     k = max(1, int(np.ceil(coverage * len(risk) - 1e-9)))
     return float(1.0 - risk[k - 1])
 
@@ -130,14 +139,15 @@ def scores(probs: np.ndarray, labels: np.ndarray, num_bins: int = 15) -> dict[st
     """The figures :data:`SCORES` of one probability table ``[N, C]``: accuracy, NLL,
     Brier, ECE and adaptive ECE (``num_bins`` bins each), AURC and the accuracy at 80%
     coverage (selective prediction)."""
+    risk = risk_coverage(probs, labels)[1]  # one curve for AURC and the accuracy at 80%
     return {
         "accuracy": accuracy(probs, labels),
         "nll": nll(probs, labels),
         "brier": brier(probs, labels),
         "ece": ece(probs, labels, num_bins),
         "adaptive_ece": adaptive_ece(probs, labels, num_bins),
-        "aurc": aurc(probs, labels),
-        "accuracy_at_80_coverage": accuracy_at_coverage(probs, labels, 0.8),
+        "aurc": float(np.mean(risk)),
+        "accuracy_at_80_coverage": accuracy_on_curve(risk, 0.8),
     }
 
 

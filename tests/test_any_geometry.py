@@ -64,8 +64,7 @@ def _context(shape, tmp_path) -> EvalContext:
 def _run(ctx, name, options):
     spec = EvaluatorSpec.model_validate({"type": options.get("type", name), **options})
     module = evaluators.get(spec.type)
-    ctx = ctx.__class__(**{**ctx.__dict__, "name": name, "options": evaluators.options(name, spec)})
-    return module, module.evaluate(ctx)
+    return module, module.evaluate(ctx.for_evaluator(name, spec))
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))

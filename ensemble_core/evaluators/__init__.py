@@ -108,6 +108,17 @@ class EvalContext:
     options: Any = None
     ece_bins: int = 15
 
+    def for_evaluator(self, name: str, spec: EvaluatorSpec) -> EvalContext:
+        """This context as evaluator ``name`` of ``eval.evaluators`` sees it: its name, its
+        validated options (:func:`options`) and its ECE bins (``spec.ece_bins``, else
+        ``eval.ece_bins``).
+
+        Raises:
+          ConfigError: see :func:`options`.
+        """
+        bins = spec.bins(self.config.eval.ece_bins)
+        return dataclasses.replace(self, name=name, options=options(name, spec), ece_bins=bins)
+
 
 class NoOptions(pydantic.BaseModel):
     """The options of an evaluator that takes none."""

@@ -162,12 +162,10 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
 def members_mean(probs: np.ndarray, labels: np.ndarray, level: np.ndarray, cells_: int, ctx: EvalContext) -> list:
     """Each member's :data:`~ensemble_core.metrics.SCORES` averaged over the cells:
     ``[{figure: value, "healthy": bool}] * E``."""
+    masks = [level == np.float32(c) for c in range(cells_)]
     out = []
     for e in range(len(probs)):
-        per_cell = [
-            metrics_lib.scores(probs[e, level == np.float32(c)], labels[level == np.float32(c)], ctx.ece_bins)
-            for c in range(cells_)
-        ]
+        per_cell = [metrics_lib.scores(probs[e, at], labels[at], ctx.ece_bins) for at in masks]
         mean = {f: float(np.mean([s[f] for s in per_cell])) for f in metrics_lib.SCORES}
         out.append({**mean, "healthy": bool(ctx.healthy[e])})
     return out
@@ -235,7 +233,7 @@ def markdown(metrics: dict) -> list[str]:
             m = mean[who]
             lines.append(
                 f"| {who.replace('_', ' ')} | {m['accuracy']:.4f} | {m['nll']:.4f} | {m['brier']:.4f} | "
-                f"{m['ece']:.4f} | {m.get('adaptive_ece', float('nan')):.4f} | {m.get('aurc', float('nan')):.4f} |"
+                f"{m['ece']:.4f} | {m['adaptive_ece']:.4f} | {m['aurc']:.4f} |"
             )
     lines += [
         "",
@@ -248,13 +246,7 @@ def markdown(metrics: dict) -> list[str]:
             f"| {name} | {e['accuracy']:.4f} | {e['nll']:.4f} | {e['ece']:.4f} | {by['best_member']['nll']:.4f} | "
             f"{by['member_mean']['nll']:.4f} |"
         )
-    wins = metrics["ensemble_beats_best_member"]
-    lines += [
-        "",
-        f"Ensemble below the best member in {wins['nll']}/{wins['of_levels']} cells in NLL, "
-        f"{wins['brier']}/{wins['of_levels']} in Brier, {wins['ece']}/{wins['of_levels']} in ECE.",
-    ]
-    return lines
+    return [*lines, "", shift_base.wins_sentence(metrics, "cells")]
 
 
 def table(metrics: dict) -> list[dict]:

@@ -209,9 +209,9 @@ def check(config: PipelineConfig, dataset: DatasetInfo, name: str, opts: Options
     if opts.source == HELD_OUT_CLASSES:
         check_held_out_classes(config, dataset, name)
     elif opts.source in DATASETS:
-        shape = tuple(int(d) for d in dataset.image_shape)
+        height, width, channels = (int(d) for d in dataset.image_shape)
         try:
-            dataset_images(opts, (shape[0], shape[1], shape[2]), 1, config.data.data_dir)
+            dataset_images(opts, (height, width, channels), 1, config.data.data_dir)
         except DataError as err:
             raise DataError(f"eval.evaluators.{name}: {err.problem}", fix=err.fix) from None
 

@@ -180,12 +180,7 @@ def markdown(metrics: dict, title: str, unit: str) -> list[str]:
             f"| {label} | {e['accuracy']:.4f} | {e['nll']:.4f} | {e['brier']:.4f} | {e['ece']:.4f} | "
             f"{b['nll']:.4f} | {b['brier']:.4f} | {b['ece']:.4f} |"
         )
-    wins = metrics["ensemble_beats_best_member"]
-    lines += [
-        "",
-        f"Ensemble below the best member at {wins['nll']}/{wins['of_levels']} levels in NLL, "
-        f"{wins['brier']}/{wins['of_levels']} in Brier, {wins['ece']}/{wins['of_levels']} in ECE.",
-    ]
+    lines += ["", wins_sentence(metrics, "levels")]
     if SCALED in metrics["mean"]:
         before, after = metrics["mean"]["ensemble"], metrics["mean"][SCALED]
         lines += [
@@ -194,6 +189,17 @@ def markdown(metrics: dict, title: str, unit: str) -> list[str]:
             f"Brier {before['brier']:.4f} -> {after['brier']:.4f}, ECE {before['ece']:.4f} -> {after['ece']:.4f}.",
         ]
     return lines
+
+
+def wins_sentence(metrics: dict, unit: str) -> str:
+    """The report.md sentence of :func:`summary`'s ``ensemble_beats_best_member``: at how
+    many ``unit`` (levels, cells) the ensemble's NLL, Brier and ECE are below the best member's."""
+    wins = metrics["ensemble_beats_best_member"]
+    n = wins["of_levels"]
+    return (
+        f"Ensemble below the best member at {wins['nll']}/{n} {unit} in NLL, "
+        f"{wins['brier']}/{n} in Brier, {wins['ece']}/{n} in ECE."
+    )
 
 
 def table(metrics: dict) -> list[dict]:

@@ -4,7 +4,6 @@ nothing else (the ensemble is chosen by the select stage and loaded by
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from pathlib import Path
@@ -73,8 +72,7 @@ def evaluate(
     for name, spec in cfg.eval.evaluators.items():
         stopping.check()  # a stop request ends evaluation between evaluators (and batches)
         module = evaluators.get(spec.type)
-        opts = evaluators.options(name, spec)
-        out = module.evaluate(dataclasses.replace(ctx, name=name, options=opts, ece_bins=spec.bins(cfg.eval.ece_bins)))
+        out = module.evaluate(ctx.for_evaluator(name, spec))
         plots: dict[str, str] = {}
         if out.skipped:
             log.warning("evaluator %s skipped: %s", name, out.skipped)

@@ -13,7 +13,6 @@ the evaluators.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 
 import numpy as np
@@ -60,8 +59,7 @@ def probe(cfg: PipelineConfig, dataset: DatasetInfo, name: str) -> evaluators.Ev
         temperature=1.0 if cfg.eval.temperature_scaling else None,
     )
     module = evaluators.get(spec.type)
-    opts = evaluators.options(name, spec)
-    return module.evaluate(dataclasses.replace(ctx, name=name, options=opts, ece_bins=spec.bins(cfg.eval.ece_bins)))
+    return module.evaluate(ctx.for_evaluator(name, spec))
 
 
 def figure_paths(metrics: dict | list, prefix: str = "") -> list[str]:
