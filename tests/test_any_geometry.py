@@ -4,6 +4,10 @@ every figure can be recomputed here from the arrays the evaluator returns."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from scipy.ndimage import gaussian_filter
@@ -114,3 +118,19 @@ def test_the_digit_sets_are_skipped_elsewhere_in_one_line(shape, tmp_path):
     for name in DIGITS_ONLY:
         out = _run(ctx, name, {})[1]
         assert out.skipped and "\n" not in out.skipped and str(shape) in out.skipped
+
+
+def test_progress_lines_reach_prefects_handlers():
+    """ensemble_core's INFO lines (the corruption progress above) reach Prefect's console
+    handler once the flows' environment is applied (flows/_env.py): Prefect gives its extra
+    loggers handlers but no level, so without the flows' setting they inherit WARNING."""
+    code = (
+        "import flows, logging\n"
+        "from prefect.logging.configuration import setup_logging\n"
+        "setup_logging()\n"
+        "logging.getLogger('ensemble_core.evaluators.common_corruptions').info('corrupting 3 test images')\n"
+    )
+    env = {**os.environ, "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "INFO" in done.stdout + done.stderr and "corrupting 3 test images" in done.stdout + done.stderr
