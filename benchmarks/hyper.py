@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from benchmarks._provenance import stamp
+from benchmarks.stage_timings import timed_stages
 from flows import _env  # noqa: F401  (applies the XLA/JAX environment on import)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,26 +77,6 @@ def _config(method: str, dataset: str, data_dir: str | None):
     if data_dir and dataset == "mnist5k":
         overrides.append(f"data.data_dir={data_dir}")
     return load_config(path, overrides)
-
-
-def _timed_stages(seconds: dict):
-    """:class:`ensemble_core.runs.Stages` whose every stage adds its wall time to ``seconds``."""
-    import dataclasses
-
-    from ensemble_core import runs
-
-    def timed(name, fn):
-        def call(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
-
-        return call
-
-    base = runs.Stages()
-    return runs.Stages(**{f.name: timed(f.name, getattr(base, f.name)) for f in dataclasses.fields(base)})
 
 
 def figures(result) -> dict:
@@ -176,7 +157,7 @@ def run_one(method: str, dataset: str, out_dir: Path, data_dir: str | None) -> d
     cfg = _config(method, dataset, data_dir)
     seconds: dict = {}
     t0 = time.perf_counter()
-    result = runs.run(cfg, out_dir, f"{dataset}-{method}", _timed_stages(seconds))
+    result = runs.run(cfg, out_dir, f"{dataset}-{method}", timed_stages(seconds))
     wall = time.perf_counter() - t0
     row = {
         "members_trained": cfg.ensemble.size

@@ -155,7 +155,8 @@ class EnsembleSetup:
         return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
 
     def train_step(self, donate: bool | None = None) -> Callable:
-        """The jitted step (:func:`ensemble_core.train.make_train_step`)."""
+        """The jitted step (:func:`ensemble_core.train.make_train_step`) at the compute
+        precision ``train.precision``."""
         augment = self.config.data.augment
         return make_train_step(
             self.model,
@@ -165,12 +166,14 @@ class EnsembleSetup:
             donate=donate,
             crop_padding=augment.crop_padding,
             flip=augment.flip,
+            precision=self.config.train.precision,
         )
 
     def predict_fn(self, *, logits: bool = False) -> Callable:
         """The jitted ``predict(params, images) -> member_probs`` (or member logits)
-        (:func:`ensemble_core.predict.make_predict`)."""
-        return make_predict(self.model, self.mesh, self.strategy, logits=logits)
+        (:func:`ensemble_core.predict.make_predict`), at the compute precision the members
+        train at (``train.precision``); float32 outputs."""
+        return make_predict(self.model, self.mesh, self.strategy, logits=logits, precision=self.config.train.precision)
 
 
 def build(

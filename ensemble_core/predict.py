@@ -15,22 +15,31 @@ from ensemble_core import stopping
 from ensemble_core.data import to_float
 from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS, host_value
 from ensemble_core.train import map_members
-from ensemble_core.train.forward import Network, apply_inference
+from ensemble_core.train.forward import Network, apply_inference, check_precision
 
 
-def make_predict(model: Network, mesh: Mesh, strategy: str = "vmap", *, logits: bool = False):
+def make_predict(
+    model: Network, mesh: Mesh, strategy: str = "vmap", *, logits: bool = False, precision: str = "float32"
+):
     """Build ``predict(variables, images) -> member_probs`` (``logits``: the member logits
     instead, before the softmax), every member in inference mode
-    (:func:`~ensemble_core.train.forward.apply_inference`: BatchNorm's running averages, no dropout).
+    (:func:`~ensemble_core.train.forward.apply_inference`: BatchNorm's running averages, no dropout)
+    at compute precision ``precision`` (``train.precision``, as the members trained).
 
     ``variables``: every member's Flax variables (``EnsembleState.variables`` or
     ``final_variables``), leaves ``[E, ...]`` sharded over ``'ensemble'``; ``images`` uint8
     ``[B, H, W, C]`` sharded over ``'data'`` (every member sees the same batch, the
-    the Flax ensembling guide's ``in_axes=(0, None)``). Returns float32 ``[E, B, C]`` softmax probabilities.
+    the Flax ensembling guide's ``in_axes=(0, None)``). Returns float32 ``[E, B, C]``
+    softmax probabilities (or logits), whatever ``precision``: the softmax is computed
+    from float32 logits.
+
+    Raises:
+      ConfigError: an unknown ``precision``.
     """
+    check_precision(precision)
 
     def member(variables, images):
-        z = apply_inference(model, variables, to_float(images))
+        z = apply_inference(model, variables, to_float(images), precision)
         return z.astype(jnp.float32) if logits else jax.nn.softmax(z, axis=-1)
 
     def local(variables, images):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+from collections.abc import Callable
 
 from prefect import get_run_logger
 from prefect.exceptions import FailedRun
@@ -101,24 +102,29 @@ def exit_code(state: State) -> tuple[int, str | None]:
     return EXIT_BAD_INPUT, message if message.startswith("error: ") else f"error: {message}"
 
 
-def finish_cli(state: State) -> int:
-    """End a CLI on its flow run's final state: the result (the path written) as the last
-    stdout line and 0, or the :func:`exit_code` line on stderr and its code."""
+def finish_cli(state: State, closing: Callable[[str], list[str]] | None = None) -> int:
+    """End a CLI on its flow run's final state: ``closing(result)``'s lines (if given), then
+    the result (the path written) as the last stdout line, and 0; or the :func:`exit_code`
+    line on stderr and its code."""
     code, line = exit_code(state)
     if line:
         print(in_flags(line), file=sys.stderr)
         return code
-    print(state.result(), flush=True)
+    result = state.result()
+    if closing is not None:
+        for text in closing(str(result)):
+            print(text)
+    print(result, flush=True)
     return 0
 
 
-def run_cli(flow_fn, **parameters) -> int:
+def run_cli(flow_fn, closing: Callable[[str], list[str]] | None = None, **parameters) -> int:
     """Run ``flow_fn(**parameters)`` for a command line and return :func:`finish_cli`'s
-    exit code. The flow runs against the configured Prefect server, or a temporary one
-    that dies with this process even on SIGKILL (:mod:`flows._ephemeral`)."""
+    exit code (``closing``: its closing lines). The flow runs against the configured Prefect
+    server, or a temporary one that dies with this process even on SIGKILL (:mod:`flows._ephemeral`)."""
     try:
         with _ephemeral.temporary_server():
-            return finish_cli(flow_fn(**parameters, return_state=True))
+            return finish_cli(flow_fn(**parameters, return_state=True), closing)
     except _ephemeral.ServerStartError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

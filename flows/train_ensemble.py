@@ -20,7 +20,10 @@ from flows import _env  # noqa: F401  (must precede every JAX import)
 
 import argparse
 import datetime as dt
+import functools
+import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -31,6 +34,7 @@ from prefect.states import State
 from ensemble_core import runs
 from ensemble_core.config import PipelineConfig, load_config, validate
 from ensemble_core.errors import ConfigError, EnsembleError, PreemptedError
+from ensemble_core.runs.report.timing import timing_lines
 from flows import _outcome
 from flows import _server
 from flows import _services
@@ -223,7 +227,22 @@ def _main(args: argparse.Namespace, run_name: str) -> int:
         preflight_before_flow(config, args.output_dir, run_name)  # the flow run's preflight takes it over
     except EnsembleError as err:
         return report_error(err)
-    return _outcome.run_cli(train_ensemble, config=config, output_dir=args.output_dir, run_name=run_name)
+    closing = functools.partial(stage_times, run_name)
+    return _outcome.run_cli(train_ensemble, closing, config=config, output_dir=args.output_dir, run_name=run_name)
+
+
+def stage_times(run_name: str, run_dir: str) -> list[str]:
+    """The CLI's closing lines: where run ``run_name``'s time went (``report.json ->
+    timing.stages``, :func:`ensemble_core.runs.report.timing.timing_lines`); none when
+    ``run_dir`` is another run's (a skipped run names the champion) or has no timings."""
+    try:
+        report = json.loads((Path(run_dir) / "report.json").read_text())
+    except (OSError, ValueError):
+        return []
+    timing = report.get("timing") or {}
+    if report.get("run_name") != run_name or "stages" not in timing:
+        return []
+    return ["time per stage:", *timing_lines(timing)]
 
 
 if __name__ == "__main__":

@@ -41,10 +41,22 @@ def publish_report(
     drift: runs.DriftReport | None = None,
     stratification: runs.StratificationSummary | None = None,
     selection: dict[str, Any] | None = None,
+    timing: dict[str, Any] | None = None,
 ) -> str:
-    """Write the report files and publish them as artifacts; returns report.json's path."""
+    """Write the report files and publish them as artifacts; returns report.json's path.
+    ``timing``: the run's stage timings so far (:func:`ensemble_core.runs.write_report`)."""
     rep = runs.write_report(
-        run_name, config, training, evaluation, Path(run_dir), promotion, dataset, drift, stratification, selection
+        run_name,
+        config,
+        training,
+        evaluation,
+        Path(run_dir),
+        promotion,
+        dataset,
+        drift,
+        stratification,
+        selection,
+        timing,
     )
     create_markdown_artifact(
         markdown=report_lib.render_markdown(rep, plots=False),

@@ -170,6 +170,7 @@ NEW_KEYS = {
         "on_bad_image": "fail",
     },
     "nightly": {"when_classes_change": "refuse"},
+    "train": {"precision": "float32"},  # the compute precision (issue 42); float32 computes as before
 }
 
 #: Config files whose meaning changed on purpose: {file: {dotted key: value now}}, with why.

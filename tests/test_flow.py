@@ -176,6 +176,57 @@ def test_artifacts_and_task_runs(finished_run):
     } <= names
 
 
+def test_stage_times_agree_with_the_task_runs_and_close_the_cli_output(finished_run):
+    """``report.json -> timing.stages`` against Prefect's own record of each task run
+    (``total_run_time``, read back from the server): each stage timed by the run includes
+    its task run, and exceeds it by the task's orchestration only (at most 1.5 s or 10%).
+    The CLI's closing lines and the report artifact give the same stages."""
+    import asyncio
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    _, stdout, run_dir = finished_run
+    t = json.loads((run_dir / "report.json").read_text())["timing"]
+
+    async def read():
+        async with get_client() as client:
+            tasks = await client.read_task_runs()
+            arts = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[REPORT])))
+            return tasks, arts
+
+    REPORT = "ensemble-report"  # noqa: N806
+    tasks, arts = asyncio.run(read())
+    flow_run = next(r.flow_run_id for r in tasks if r.name.startswith("train_members"))
+    seconds = {
+        r.name.rsplit("-", 1)[0]: r.total_run_time.total_seconds()
+        for r in tasks
+        if r.flow_run_id == flow_run and r.state and r.state.is_completed()
+    }
+    task_of = {
+        "prepare": "prepare_dataset",
+        "unchanged_check": "check_unchanged",
+        "drift_check": "detect_drift",
+        "train": "train_members",
+        "select": "select_members",
+        "evaluate": "evaluate_members",
+        "promote": "compare_with_champion",
+    }
+    for stage, task in task_of.items():
+        outer = t["stages"][stage]["seconds"]
+        assert seconds[task] <= outer + 0.05, (stage, seconds[task], outer)
+        assert outer - seconds[task] <= max(1.5, 0.1 * outer), (stage, seconds[task], outer)
+    # the report stage stops its clock when report.json is written, inside its task run
+    assert t["stages"]["report"]["seconds"] <= seconds["publish_report"] + 0.05
+    lines = stdout.strip().splitlines()
+    closing = lines[lines.index("time per stage:") + 1 : -1]
+    assert [line.split(":")[0] for line in closing[: len(t["stages"])]] == list(t["stages"])
+    assert f"train: {t['stages']['train']['seconds']:.1f} s" in closing[list(t["stages"]).index("train")]
+    assert "not training steps" in closing[-1] and lines[-1] == str(run_dir)
+    report_md = next(a for a in arts if a.key == REPORT and str(run_dir) in (a.data or "")).data
+    assert f"- evaluate: {t['stages']['evaluate']['seconds']:.1f} s" in report_md
+
+
 def test_rerun_same_name_resumes_without_training(finished_run, tfds_dir):
     from flows.train_ensemble import main
 

@@ -31,6 +31,13 @@ from ensemble_core.config.messages import show
 from ensemble_core.figures import figure_direction
 from ensemble_core.registry import MODEL_NAMES
 
+#: ``train.precision`` values: the compute precision of every member's forward and backward
+#: pass (:mod:`ensemble_core.train.forward`); master weights, gradients and optimizer state
+#: are float32 under each.
+PRECISIONS = ("float32", "high", "bfloat16")
+#: Other names accepted for a ``train.precision`` value, and the value each stands for.
+PRECISION_ALIASES = {"tf32": "high"}
+
 
 class ModelConfig(Section):
     """Which network each member is: a module of ensemble_core.models, or the user's own by import path."""
@@ -178,6 +185,16 @@ class EnsembleConfig(Section):
         "(seed, i) only. None: every member has the train section's values.",
     )
 
+    @field_validator("search", mode="before")
+    @classmethod
+    def _not_precision(cls, search: Any) -> Any:
+        if isinstance(search, dict) and "precision" in search:
+            raise ValueError(
+                "ensemble.search cannot vary precision: train.precision is the compute precision of the one "
+                "program that trains every member; set train.precision instead and drop ensemble.search.precision"
+            )
+        return search
+
     @field_validator("search")
     @classmethod
     def _search_entries(cls, search: dict | None) -> dict | None:
@@ -261,6 +278,15 @@ class TrainConfig(Section):
         description="When a member's loss or parameters become non-finite: 'freeze' it (its "
         "updates are masked, it is left out of the ensemble metrics) or 'fail' the run.",
     )
+    precision: Literal[PRECISIONS] = Field(  # type: ignore[valid-type]
+        "float32",
+        description="Compute precision of every member's forward and backward pass, in training, validation, "
+        "evaluation and prediction (one program for all members, not searchable); parameters, gradients, "
+        "optimizer state and BatchNorm statistics stay float32, logits and probabilities are float32. "
+        "float32: as written. high (alias tf32): matmuls and convolutions at jax.lax.Precision.HIGH, TF32 on "
+        "NVIDIA Ampere and newer GPUs, bf16_3x on TPU, no effect on CPU. bfloat16: bfloat16 compute on float32 "
+        "master weights, the loss in float32. May change on resume (recorded in the training session).",
+    )
 
     @field_validator("learning_rate", "weight_decay")
     @classmethod
@@ -270,6 +296,16 @@ class TrainConfig(Section):
                 f"{value!r} is below {FLOAT32_MIN_NORMAL!r}, the smallest normal float32, and is lost as the "
                 f"float32 hyperparameter optax holds"
             )
+        return value
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _known_precision(cls, value: Any) -> Any:
+        if isinstance(value, str) and value in PRECISION_ALIASES:
+            return PRECISION_ALIASES[value]
+        if not isinstance(value, str) or value not in PRECISIONS:
+            aliases = ", ".join(f"{alias} is an alias of {name}" for alias, name in PRECISION_ALIASES.items())
+            raise ValueError(f"the compute precision must be one of {', '.join(PRECISIONS)} ({aliases})")
         return value
 
     @field_validator("momentum")

@@ -33,6 +33,9 @@ class Options(BaseModel):
         min_length=1,
         description=f"MNIST-C corruptions to run, each at its published severity: {', '.join(NAMES)}.",
     )
+    num_examples: int | None = Field(
+        None, ge=1, description="Test images per level: the first ones of the test split (default: all of it)."
+    )
 
     @field_validator("corruptions")
     @classmethod
@@ -44,7 +47,8 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     """Every member on each corrupted copy of the test split; see the module docstring."""
     if tuple(ctx.dataset.image_shape) != (28, 28, 1):
         return skipped(f"MNIST-C corruptions are defined for 28x28x1 images, not {tuple(ctx.dataset.image_shape)}")
-    names = (ctx.options or Options()).corruptions
+    opts = ctx.options or Options()
+    names = opts.corruptions
     # The cached arrays depend on which corruptions (the levels are their indices): a
     # subset is cached under its own key.
     key = (
@@ -56,6 +60,7 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
         "MNIST-C corruption (published severity)",
         tuple(range(len(names))),
         lambda images, index: shifts.corrupt(images, names[int(index)]),
+        opts.num_examples,
     )
     for row in out.metrics["levels"]:
         row["name"] = names[int(row["level"])]

@@ -39,6 +39,9 @@ class Options(BaseModel):
     selective_degrees: float = Field(
         SELECTIVE_DEGREES, description="The angle of the selective-prediction figures; one of degrees."
     )
+    num_examples: int | None = Field(
+        None, ge=1, description="Test images per level: the first ones of the test split (default: all of it)."
+    )
 
     @model_validator(mode="after")
     def _valid(self) -> Options:
@@ -56,7 +59,7 @@ def _selective_key(degrees: float) -> str:
 def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     """Every member on the rotated test split; see the module docstring."""
     opts = ctx.options or Options()
-    out = shift_base.evaluate_shift(ctx, "rotation", "degrees", opts.degrees, shifts.rotate)
+    out = shift_base.evaluate_shift(ctx, "rotation", "degrees", opts.degrees, shifts.rotate, opts.num_examples)
     at = out.arrays["level"] == np.float32(opts.selective_degrees)
     probs, labels = out.arrays["member_probs"][:, at], out.arrays["labels"][at]
     healthy = ctx.healthy

@@ -107,11 +107,37 @@ def evaluate_shift(
     unit: str,
     levels: Sequence[float],
     transform: Callable[[np.ndarray, Any], np.ndarray],  # (images, level): degrees or pixels
+    num_examples: int | None = None,
 ) -> EvaluatorOutput:
-    """Score the members on the test split under ``transform`` at each level
-    (:func:`shifted_test_set` then :func:`evaluate_shifted`)."""
-    images, labels, level = shifted_test_set(ctx, name, levels, transform)
+    """Score the members on the test split (its first ``num_examples`` images; default all)
+    under ``transform`` at each level (:func:`shifted_test_set` then :func:`evaluate_shifted`)."""
+    images, labels, level = shifted_test_set(ctx, name, levels, transform, num_examples)
     return evaluate_shifted(ctx, images, labels, level, levels, unit)
+
+
+def predict_levels(ctx: EvalContext, images: np.ndarray, levels: int) -> np.ndarray:
+    """Every member's probabilities float32 ``[E, L*N, C]`` on a level-major shifted set
+    (``images`` uint8 ``[L*N, H, W, C]``, ``L = levels``). A level whose N images are the test
+    split's first N (rotation by 0 degrees, translation by 0 pixels) is not predicted again:
+    its rows are the test split's predictions (:attr:`EvalContext.predict_split`), which
+    evaluation computes once for every evaluator."""
+    n = len(images) // levels
+    blocks = [images[b * n : (b + 1) * n] for b in range(levels)]
+    test = ctx.load("test")[0][:n]
+    same = [block.shape == test.shape and np.array_equal(block, test) for block in blocks]
+    if not any(same):
+        return ctx.predict(images)[0]
+    known = ctx.predict_split("test")[0][:, :n]
+    out = np.empty((known.shape[0], len(images), known.shape[2]), np.float32)
+    rest = [b for b in range(levels) if not same[b]]
+    if rest:
+        probs = ctx.predict(np.concatenate([blocks[b] for b in rest]))[0]
+        for i, b in enumerate(rest):
+            out[:, b * n : (b + 1) * n] = probs[:, i * n : (i + 1) * n]
+    for b in range(levels):
+        if same[b]:
+            out[:, b * n : (b + 1) * n] = known
+    return out
 
 
 def evaluate_shifted(
@@ -125,7 +151,7 @@ def evaluate_shifted(
       ``level`` float32 ``[L*N]``, ``healthy`` bool ``[E]``, ``examples`` uint8
       ``[L, 8, H, W, C]`` (the first test images at every level, for the plots).
     """
-    probs, _ = ctx.predict(images)
+    probs = predict_levels(ctx, images, len(levels))
     per_level = score_levels(ctx, probs, labels, level, levels)
     metrics = {"unit": unit, "levels": per_level, **summary(per_level)}
     n = len(images) // len(levels)

@@ -29,6 +29,9 @@ class Options(BaseModel):
         description="Shifts in pixels along the width (each in [0, 27]); default 0..14 (rolls by k and 28 - k "
         "mirror each other).",
     )
+    num_examples: int | None = Field(
+        None, ge=1, description="Test images per level: the first ones of the test split (default: all of it)."
+    )
 
     @field_validator("pixels")
     @classmethod
@@ -41,7 +44,7 @@ class Options(BaseModel):
 def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     """Every member on the translated test split; see the module docstring."""
     opts = ctx.options or Options()
-    return shift_base.evaluate_shift(ctx, "translation", "pixels", opts.pixels, shifts.translate)
+    return shift_base.evaluate_shift(ctx, "translation", "pixels", opts.pixels, shifts.translate, opts.num_examples)
 
 
 def plot(

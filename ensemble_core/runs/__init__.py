@@ -31,6 +31,8 @@ retention. The Prefect flow runs it with each stage replaced by its task
 from __future__ import annotations
 
 import dataclasses
+import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -149,6 +151,7 @@ class RunResult:
     retention: RetentionReport | None = None
     stratification: StratificationSummary | None = None
     selection: dict[str, Any] | None = None  # the select stage's record (None: no validation split)
+    timing: dict[str, Any] | None = None  # report.json's timing (stages...), and retention_seconds
 
 
 def run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Stages = Stages()) -> RunResult:
@@ -174,42 +177,57 @@ def run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Stag
 
 def _run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Stages) -> RunResult:
     fix = resume_fix(run_name)
+    started_at = time.time()
+    seconds: dict[str, float] = {}  # every stage's wall time, report.json's timing.stages
 
-    def stage(what: str, call: Callable[..., Any], *args: Any) -> Any:
-        with stopping.stage(what, fix):
+    def timed(name: str, call: Callable[..., Any], *args: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
             return call(*args)
+        finally:
+            seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
 
-    stages.preflight(cfg, output_dir, run_name)
+    def stage(name: str, what: str, call: Callable[..., Any], *args: Any) -> Any:
+        with stopping.stage(what, fix):
+            return timed(name, call, *args)
+
+    timed("preflight", stages.preflight, cfg, output_dir, run_name)
     run_dir = OutputDir(Path(output_dir)).run(run_name)
-    dataset = stage("dataset preparation", stages.prepare, cfg.data)
+    dataset = stage("prepare", "dataset preparation", stages.prepare, cfg.data)
     skipped = None
     if not run_dir.has_checkpoint():
-        stage("the class-map check", check_class_map, cfg, dataset, str(output_dir))
-        skipped = stage("the unchanged-data check", stages.check_unchanged, cfg, dataset, str(output_dir))
+        stage("class_map_check", "the class-map check", check_class_map, cfg, dataset, str(output_dir))
+        skipped = stage(
+            "unchanged_check", "the unchanged-data check", stages.check_unchanged, cfg, dataset, str(output_dir)
+        )
     if skipped is not None:
         retention = stages.retain(cfg, str(output_dir))
         champion = RunDir(Path(skipped.champion_run_dir))
         return RunResult(champion, None, None, None, skipped=skipped, retention=retention)
     drift = None
     if cfg.promotion.enabled:
-        drift = stage("the drift check", stages.detect_drift, cfg, dataset, str(output_dir))
+        drift = stage("drift_check", "the drift check", stages.detect_drift, cfg, dataset, str(output_dir))
     record_snapshot(run_dir.path, dataset)
-    training = stage("training", stages.train, cfg, dataset, str(run_dir.path))
+    training = stage("train", "training", stages.train, cfg, dataset, str(run_dir.path))
     stratification = None
     if cfg.ensemble.stratify is not None:
-        stratification = stage("stratification", stages.stratify, cfg, dataset, str(run_dir.path))
-    selection = stage("member selection", stages.select, cfg, dataset, str(run_dir.path))
-    evaluation = stage("evaluation", stages.evaluate, cfg, dataset, str(run_dir.path))
+        stratification = stage("stratify", "stratification", stages.stratify, cfg, dataset, str(run_dir.path))
+    selection = stage("select", "member selection", stages.select, cfg, dataset, str(run_dir.path))
+    evaluation = stage("evaluate", "evaluation", stages.evaluate, cfg, dataset, str(run_dir.path))
     decision = None
     if cfg.promotion.enabled:
         args = (cfg, dataset, run_name, str(run_dir.path), evaluation, str(output_dir))
-        decision = stage("the champion/challenger comparison", stages.promote, *args)
+        decision = stage("promote", "the champion/challenger comparison", stages.promote, *args)
     with stopping.stage("the report", fix):
         pass  # a stop before the report stops there; once it is written, the run is complete
     config = cfg.model_dump(mode="json")
     report_args = (run_name, config, training, evaluation, str(run_dir.path), decision, dataset, drift)
-    stages.report(*report_args, stratification, selection)
+    report = stages.report(*report_args, stratification, selection, {"started_at": started_at, "stages": seconds})
+    t0 = time.perf_counter()
     retention = stages.retain(cfg, str(output_dir))
+    timing = _report_timing(report, run_dir)
+    if timing is not None:
+        timing = {**timing, "retention_seconds": time.perf_counter() - t0}
     return RunResult(
         run_dir,
         training,
@@ -219,4 +237,16 @@ def _run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Sta
         retention=retention,
         stratification=stratification,
         selection=selection,
+        timing=timing,
     )
+
+
+def _report_timing(report: Any, run_dir: RunDir) -> dict[str, Any] | None:
+    """``report.json -> timing`` of the report stage's result: the report dict itself, or
+    (the Prefect task returns the path) read back from the run directory."""
+    if isinstance(report, dict):
+        return report.get("timing")
+    try:
+        return json.loads(run_dir.report_json.read_text()).get("timing")
+    except (OSError, ValueError):
+        return None

@@ -28,6 +28,8 @@ class TrainingTiming(_Result):
     steps: int  # optimizer steps run by this call
     stopped_at: dict | None = None  # the DataPosition where a stop request ended it
     train_member_images_per_s: float | None = None  # steps * batch * E / train_seconds
+    validation_seconds: float = 0.0  # the validation split's forward passes after each epoch
+    checkpoint_seconds: float = 0.0  # writing checkpoints (the loop's share, and waiting for the last)
 
 
 class TrainingSummary(_Result):
@@ -80,9 +82,13 @@ class EvaluatorResult(_Result):
 
 
 class Evaluation(_Result):
-    """Every evaluator's result, by name; ``results["test"]`` is always there."""
+    """Every evaluator's result, by name; ``results["test"]`` is always there. ``timing``:
+    where the stage's wall time went (:meth:`ensemble_core.timing.Span.to_json`: loading
+    the ensemble, then per evaluator its derived sets, forward passes, writing and plotting);
+    None when not measured."""
 
     results: dict[str, EvaluatorResult]
+    timing: dict[str, Any] | None = None
 
     @property
     def test(self) -> dict[str, Any]:

@@ -23,12 +23,32 @@ the member's *whole* batch the unit of its stochastic and batch-dependent layers
 
 Both are done with :func:`flax.linen.intercept_methods`, so the user's module is used
 unchanged.
+
+Both modes run at the *compute precision* ``train.precision`` (:data:`PRECISIONS`), for
+Linen and NNX members alike; the caller's arrays (params, mutable collections, optimizer
+state) stay float32 whatever it is:
+
+- ``float32``: the member as written (no cast, no context: the program of a run without
+  the setting);
+- ``high``: every matmul and convolution traced with precision ``HIGH``
+  (``jax.default_matmul_precision("high")``, so the backward pass's too): TF32 on NVIDIA
+  Ampere and newer GPUs, bf16_3x on TPU; XLA:CPU computes float32 as it would anyway;
+- ``bfloat16``: the ``params`` collection and the images are cast to bfloat16 *inside*
+  the function, so the forward and backward pass compute in bfloat16 while the gradient
+  with respect to the float32 master parameters arrives in float32 (the cast's transpose);
+  the mutable collections (BatchNorm's running averages) are passed as stored and their
+  updates cast back to their stored dtype; an NNX ``BatchNorm`` that infers its dtype
+  normalises in bfloat16 (:func:`~ensemble_core.train.nnx_member.compute_in`); the logits
+  are returned as float32, so the loss and the softmax are float32. A layer that sets its
+  own ``dtype`` computes in it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import flax.linen as nn
@@ -36,6 +56,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Key
 
+from ensemble_core.config.sections import PRECISIONS
+from ensemble_core.errors import ConfigError
 from ensemble_core.mesh import DATA_AXIS
 from ensemble_core.train import nnx_member, whole_batch
 from ensemble_core.train.nnx_member import PARAMS, NnxNetwork
@@ -45,6 +67,70 @@ Network = nn.Module | NnxNetwork
 
 #: The RNG stream of dropout (Flax's ``nn.Dropout.rng_collection`` default).
 DROPOUT = "dropout"
+
+
+# MARK: compute precision
+
+
+def check_precision(precision: str) -> str:
+    """``precision`` if it is one of :data:`PRECISIONS` (``train.precision`` after the
+    config's validation; its alias ``tf32`` is already ``high`` there).
+
+    Raises:
+      ConfigError: any other value, one line naming the allowed ones.
+    """
+    if precision not in PRECISIONS:
+        raise ConfigError(
+            f"unknown compute precision {precision!r}", fix=f"use one of {', '.join(PRECISIONS)} (train.precision)"
+        )
+    return precision
+
+
+def compute_dtype(precision: str) -> Any:
+    """The dtype a member computes in at ``precision``: ``jnp.bfloat16`` for ``bfloat16``,
+    None (the arrays' own float32) for ``float32`` and ``high``.
+
+    Raises:
+      ConfigError: an unknown ``precision`` (:func:`check_precision`).
+    """
+    return jnp.bfloat16 if check_precision(precision) == "bfloat16" else None
+
+
+@contextlib.contextmanager
+def matmul_precision(precision: str) -> Iterator[None]:
+    """While tracing inside it, matmuls and convolutions without an explicit precision get
+    ``jax.lax.Precision.HIGH`` for ``precision="high"`` (``jax.default_matmul_precision``,
+    resolved at trace time into every ``dot_general`` / ``conv_general_dilated``, and
+    carried by their transposes into the backward pass); the backend's default otherwise.
+
+    Raises:
+      ConfigError: an unknown ``precision`` (:func:`check_precision`).
+    """
+    if check_precision(precision) == "high":
+        with jax.default_matmul_precision("high"):
+            yield
+    else:
+        yield
+
+
+def cast_floats(tree: Any, dtype: Any) -> Any:
+    """``tree`` with every floating-point leaf cast to ``dtype`` (integer, boolean and key
+    leaves as they are); ``dtype`` None returns ``tree`` itself, untouched."""
+    if dtype is None:
+        return tree
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def _like(new: Any, old: Any) -> Any:
+    """``new`` (a collection's updated leaves) cast leaf by leaf to the dtypes of ``old``."""
+    return jax.tree.map(lambda n, o: n if n.dtype == o.dtype else n.astype(o.dtype), new, old)
+
+
+def _float32(logits: Any) -> Any:
+    return logits if logits.dtype == jnp.float32 else logits.astype(jnp.float32)
+
+
+# MARK: the forward pass
 
 
 def split_variables(variables: Any) -> tuple[Any, dict[str, Any]]:
@@ -102,13 +188,29 @@ def init_variables(model: Network, key: Key[Array, ""], image_shape: tuple[int, 
     return dict(model.init(key, jnp.zeros((1, *image_shape), jnp.float32), **mode(model, False)))
 
 
-def apply_inference(model: Network, variables: Any, images: Float[Array, "B H W C"]) -> Float[Array, "B K"]:
+def apply_inference(
+    model: Network, variables: Any, images: Float[Array, "B H W C"], precision: str = "float32"
+) -> Float[Array, "B K"]:
     """One member's logits float32 ``[B, K]`` in inference mode (``train=False``, or
     ``model.eval()`` for NNX: BatchNorm uses its running averages, dropout is off);
-    ``images`` float32 ``[B, H, W, C]`` in [0, 1]."""
-    if isinstance(model, NnxNetwork):
-        return nnx_member.apply_inference(model, variables, images, mode(model, False))
-    return model.apply(variables, images, **mode(model, False))  # type: ignore[return-value]
+    ``images`` float32 ``[B, H, W, C]`` in [0, 1]; at compute precision ``precision``
+    (the module docstring: ``bfloat16`` casts the ``params`` collection and the images,
+    not the running averages).
+
+    Raises:
+      ConfigError: an unknown ``precision``.
+    """
+    dtype = compute_dtype(precision)
+    if dtype is not None:
+        variables = {**variables, PARAMS: cast_floats(variables[PARAMS], dtype)}
+        images = cast_floats(images, dtype)
+    logits: Any
+    with matmul_precision(precision):
+        if isinstance(model, NnxNetwork):
+            logits = nnx_member.apply_inference(model, variables, images, mode(model, False), dtype)
+        else:
+            logits = model.apply(variables, images, **mode(model, False))
+    return logits if dtype is None else _float32(logits)
 
 
 def apply_train(
@@ -118,6 +220,7 @@ def apply_train(
     images: Float[Array, "b H W C"],
     key: Key[Array, ""],
     data_shards: int,
+    precision: str = "float32",
 ) -> tuple[Float[Array, "b K"], dict[str, Any]]:
     """One member's logits in training mode and its updated mutable collections.
 
@@ -128,33 +231,56 @@ def apply_train(
       key: the member's key for this step (its dropout stream).
       data_shards: the size of mesh axis ``'data'``; the call must run inside a
         ``shard_map`` that binds it (always true in the train step).
+      precision: the compute precision (module docstring). With ``bfloat16``, ``params``
+        (float32 master weights) and ``images`` are cast here, so the gradient of a loss
+        of the logits with respect to ``params`` is float32.
 
     Returns:
       float32 logits ``[b, K]`` and ``model_state`` updated (BatchNorm's running averages
-      from the whole batch's statistics); ``{}`` stays ``{}``.
+      from the whole batch's statistics), each leaf in its stored dtype; ``{}`` stays ``{}``.
+
+    Raises:
+      ConfigError: an unknown ``precision``.
     """
-    if isinstance(model, NnxNetwork):
-        return nnx_member.apply_train(model, params, model_state, images, key, data_shards, mode(model, True))
-    variables = {PARAMS: params, **model_state}
-    with nn.intercept_methods(_whole_batch(data_shards)):
-        train = mode(model, True)
-        logits, updates = model.apply(variables, images, **train, rngs={DROPOUT: key}, mutable=list(model_state))
-    return logits, {name: updates.get(name, model_state[name]) for name in model_state}
+    dtype = compute_dtype(precision)
+    params, images = cast_floats(params, dtype), cast_floats(images, dtype)
+    with matmul_precision(precision):
+        if isinstance(model, NnxNetwork):
+            logits, updated = nnx_member.apply_train(
+                model, params, model_state, images, key, data_shards, mode(model, True), dtype
+            )
+        else:
+            variables = {PARAMS: params, **model_state}
+            with nn.intercept_methods(_whole_batch(data_shards)):
+                train = mode(model, True)
+                logits, updates = model.apply(
+                    variables, images, **train, rngs={DROPOUT: key}, mutable=list(model_state)
+                )
+            updated = {name: updates.get(name, model_state[name]) for name in model_state}
+    if dtype is None:
+        return logits, updated
+    return _float32(logits), _like(updated, model_state)
 
 
-def train_unsharded(model: Network, variables: Any, images: Any) -> tuple[Any, dict[str, Any]]:
+def train_unsharded(
+    model: Network, variables: Any, images: Any, precision: str = "float32"
+) -> tuple[Any, dict[str, Any]]:
     """:func:`apply_train` as the train step runs it, outside the step: the mesh axis
-    ``'data'`` bound with one shard, dropout from a fixed key. For ``jax.eval_shape``
-    checks before any compute (a BatchNorm with its own ``axis_name``, the ``'batch'`` of
-    Flax's ImageNet example, traces as it will train) and for tests.
+    ``'data'`` bound with one shard, dropout from a fixed key, at compute precision
+    ``precision``. For ``jax.eval_shape`` checks before any compute (a BatchNorm with its
+    own ``axis_name``, the ``'batch'`` of Flax's ImageNet example, traces as it will
+    train) and for tests.
 
     Returns:
       float32 logits ``[B, K]`` and the updated mutable collections (``{}`` for none).
+
+    Raises:
+      ConfigError: an unknown ``precision``.
     """
     params, model_state = split_variables(variables)
 
     def one(p: Any, ms: Any, x: Any) -> Any:
-        return apply_train(model, p, ms, x, jax.random.key(0), 1)
+        return apply_train(model, p, ms, x, jax.random.key(0), 1, precision)
 
     out = jax.vmap(one, in_axes=(None, None, None), axis_size=1, axis_name=DATA_AXIS)(params, model_state, images)
     return jax.tree.map(lambda leaf: leaf[0], out)

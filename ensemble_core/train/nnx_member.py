@@ -177,23 +177,43 @@ def init_variables(net: NnxNetwork, key: Key[Array, ""]) -> dict[str, Any]:
     return net.variables(net.construct(nnx.Rngs(key)))
 
 
+def compute_in(module: nnx.Module, dtype: Any) -> nnx.Module:
+    """``module`` (a merged copy) with every ``nnx.BatchNorm`` that infers its dtype
+    (``dtype=None``) computing in ``dtype`` (None: unchanged). NNX's BatchNorm promotes its
+    input with its running averages, which stay float32, so a bfloat16 activation would
+    leave it as float32; with ``dtype`` it normalises in ``dtype``, computes the batch
+    statistics in float32 and updates the float32 running averages in float32, as Flax's
+    mixed-precision layers (``dtype=bfloat16, param_dtype=float32``) do. (Linen's BatchNorm
+    takes its output dtype from its input and parameters alone.)"""
+    if dtype is not None:
+        for _, layer in nnx.iter_modules(module):
+            if isinstance(layer, nnx.BatchNorm) and layer.dtype is None:
+                layer.dtype = dtype
+    return module
+
+
 def apply_inference(
-    net: NnxNetwork, variables: dict[str, Any], images: Float[Array, "B H W C"], call: dict[str, Any]
+    net: NnxNetwork, variables: dict[str, Any], images: Float[Array, "B H W C"], call: dict[str, Any], dtype: Any = None
 ) -> Float[Array, "B K"]:
-    """One member's logits float32 ``[B, K]`` in inference mode (``module.eval()``: BatchNorm
+    """One member's logits ``[B, K]`` in inference mode (``module.eval()``: BatchNorm
     uses its running averages, dropout is off); ``call`` is the mode argument of
-    ``__call__`` when it takes one (:func:`ensemble_core.train.forward.mode`)."""
-    module = net.merge(variables, jax.random.key(0))
+    ``__call__`` when it takes one (:func:`ensemble_core.train.forward.mode`); ``dtype``:
+    the compute dtype of its BatchNorm layers (:func:`compute_in`; None: as written). The
+    logits are float32, or ``dtype`` when ``variables``' params are ``dtype``."""
+    module = compute_in(net.merge(variables, jax.random.key(0)), dtype)
     module.eval()
     return module(images, **call)
 
 
-def training_module(net: NnxNetwork, variables: dict[str, Any], key: Key[Array, ""], data_shards: int) -> nnx.Module:
+def training_module(
+    net: NnxNetwork, variables: dict[str, Any], key: Key[Array, ""], data_shards: int, dtype: Any = None
+) -> nnx.Module:
     """The member merged from ``variables`` and ``key`` (:meth:`NnxNetwork.merge`) in
     training mode (``module.train()``), its whole batch the unit of its batch-dependent
     and stochastic layers: every ``nnx.BatchNorm`` averages over axis ``'data'``, and with
-    ``data_shards > 1`` every ``nnx.Dropout`` is a :class:`WholeBatchDropout`."""
-    module = net.merge(variables, key)
+    ``data_shards > 1`` every ``nnx.Dropout`` is a :class:`WholeBatchDropout`; ``dtype``:
+    the compute dtype of its BatchNorm layers (:func:`compute_in`; None: as written)."""
+    module = compute_in(net.merge(variables, key), dtype)
     module.train()
     for _, layer in nnx.iter_modules(module):
         if isinstance(layer, nnx.BatchNorm):
@@ -211,14 +231,16 @@ def apply_train(
     key: Key[Array, ""],
     data_shards: int,
     call: dict[str, Any],
+    dtype: Any = None,
 ) -> tuple[Float[Array, "b K"], dict[str, Any]]:
     """One member's logits in training mode (``module.train()``) and its updated
     collections; the contract of :func:`ensemble_core.train.forward.apply_train`.
 
-    ``key`` seeds every RNG stream of the module (its dropout). Must run where mesh axis
-    ``'data'`` is bound (the train step's ``shard_map``, or a ``vmap`` naming it).
+    ``key`` seeds every RNG stream of the module (its dropout). ``dtype``: the compute
+    dtype of its BatchNorm layers (:func:`compute_in`; None: as written). Must run where
+    mesh axis ``'data'`` is bound (the train step's ``shard_map``, or a ``vmap`` naming it).
     """
-    module = training_module(net, {PARAMS: params, **model_state}, key, data_shards)
+    module = training_module(net, {PARAMS: params, **model_state}, key, data_shards, dtype)
     logits = module(images, **call)
     updated = net.variables(module)
     return logits, {name: updated[name] for name in model_state}

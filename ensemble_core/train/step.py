@@ -24,7 +24,7 @@ from jaxtyping import Array, Float, Int, Key, UInt8, UInt32
 from ensemble_core.data import to_float
 from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS
 from ensemble_core.train.augment import augment
-from ensemble_core.train.forward import Network, apply_train
+from ensemble_core.train.forward import Network, apply_train, check_precision
 from ensemble_core.train.members import map_members
 from ensemble_core.train.optimizer import set_hyperparameters
 from ensemble_core.train.state import EnsembleState
@@ -112,6 +112,7 @@ def make_train_step(
     *,
     crop_padding: int = 0,
     flip: bool = False,
+    precision: str = "float32",
 ) -> Callable:
     """Build ``train_step(state, images, labels, member_keys, indices, learning_rates=None) -> (state, metrics)``.
 
@@ -121,6 +122,12 @@ def make_train_step(
     with or without mutable collections (whichever the state it gets holds).
     ``crop_padding``/``flip``: the on-device augmentation ``data.augment``
     (:func:`ensemble_core.train.augment.augment`), drawn per member and per step.
+    ``precision``: ``train.precision``, the compute precision of the forward and backward
+    pass (:mod:`ensemble_core.train.forward`): with ``bfloat16`` the float32 params and the
+    images are cast to bfloat16 inside the differentiated loss, so the gradients, the
+    update, the optimizer state and the params stay float32, and the loss and accuracy
+    are computed from float32 logits; ``high`` traces matmuls and convolutions at
+    ``Precision.HIGH``; ``float32`` is the step as it was before the setting.
 
     Every member runs in training mode (:func:`~ensemble_core.train.forward.apply_train`):
     its mutable collections (BatchNorm's ``batch_stats``) are updated from the statistics
@@ -149,9 +156,11 @@ def make_train_step(
       ``healthy=False`` for good; a member stopped early (``state.active`` False) keeps them too.
 
     Raises:
-      ConfigError: an unknown ``strategy`` (when the step is first traced).
+      ConfigError: an unknown ``precision`` (here), or an unknown ``strategy`` (when the
+        step is first traced).
     """
 
+    check_precision(precision)
     data_size = mesh.shape[DATA_AXIS]
 
     def member_update(params, model_state, opt_state, healthy, active, smoothing, lr, key, step, images, labels):
@@ -173,7 +182,11 @@ def make_train_step(
         )
 
         def loss_fn(p):
-            logits, new_model_state = apply_train(model, p, model_state, to_float(images), dropout_key, data_size)
+            # p: the float32 master params; apply_train casts them to the compute dtype, so
+            # the gradient is float32, and returns float32 logits for a float32 loss.
+            logits, new_model_state = apply_train(
+                model, p, model_state, to_float(images), dropout_key, data_size, precision
+            )
             losses = cross_entropy(logits, labels, smoothing)
             return losses.sum() / global_batch, (logits, new_model_state)
 

@@ -4,13 +4,15 @@ nothing else (the ensemble is chosen by the select stage and loaded by
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
 
-from ensemble_core import diskspace, evaluators, stopping
+from ensemble_core import diskspace, evaluators, stopping, timing
 from ensemble_core.atomic import atomic_savez
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
@@ -21,6 +23,14 @@ from ensemble_core.runs.results import Evaluation, EvaluatorResult
 from ensemble_core.runs.storage.layout import RunDir
 
 log = logging.getLogger(__name__)
+
+#: The parts of an evaluator's time in ``Evaluation.timing`` (:mod:`ensemble_core.timing`),
+#: besides ``other`` (its metrics and the rest): building or reading its derived sets
+#: (shifted, corrupted, OOD images), the ensemble's forward passes, its arrays and plots written.
+DERIVED, FORWARD, WRITE = "derived sets", "forward passes", "writing and plotting"
+#: The evaluation's part after the last evaluator: waiting for the background writer to
+#: finish the arrays and plots (each evaluator's own seconds: ``timing["background"][WRITE]``).
+WAIT = "waiting for writing and plotting"
 
 
 @diskspace.output_errors("run_dir")
@@ -40,20 +50,42 @@ def evaluate(
     (``predictions.npz`` for ``test``, ``eval/<name>.npz`` for the others; see
     :mod:`ensemble_core.evaluators`) and its plots drawn into ``plots/``.
 
+    The arrays and plots of an evaluator are written by a background thread while the next
+    one computes; the stage returns when all are written (an error writing them is raised here).
+
+    The result's ``timing`` says where the stage's wall time went: ``load ensemble``, one
+    part per evaluator, each split into :data:`DERIVED`, :data:`FORWARD` and ``other``
+    (metrics, loading), then :data:`WAIT` (:meth:`ensemble_core.timing.Span.to_json`); and
+    ``background``: ``{WRITE: {evaluator: seconds}}``, the writer thread's time per evaluator.
+
     Raises:
       CheckpointError: no checkpoint, or one that does not fit ``cfg``.
       DivergenceError: every member diverged (there is no ensemble to evaluate).
     """
-    run = RunDir(Path(run_dir))
-    ensemble = load_ensemble(cfg, run.path, dataset.num_classes, dataset.image_shape, strategy=strategy)
+    with timing.measure() as span:
+        evaluation, background = _evaluate(cfg, dataset, RunDir(Path(run_dir)), strategy, write)
+    return evaluation.model_copy(update={"timing": {**span.to_json(), "background": background}})
+
+
+def _evaluate(
+    cfg: PipelineConfig, dataset: DatasetInfo, run: RunDir, strategy: str | None, write: bool
+) -> tuple[Evaluation, dict]:
+    with timing.part("load ensemble"):
+        ensemble = load_ensemble(cfg, run.path, dataset.num_classes, dataset.image_shape, strategy=strategy)
     cfg, members = ensemble.config, ensemble.members
 
     # Every evaluator starts from the test split: read it, and predict it, once per evaluation.
     def predict(images: np.ndarray) -> tuple[np.ndarray, float]:
-        return members.predict(cfg, images)
+        with timing.part(FORWARD):
+            return members.predict(cfg, images)
 
     def predict_logits(images: np.ndarray) -> np.ndarray:
-        return members.predict(cfg, images, logits=True)[0]
+        with timing.part(FORWARD):
+            return members.predict(cfg, images, logits=True)[0]
+
+    def cached(key, build, shapes=None):
+        with timing.part(DERIVED):
+            return cached_arrays(dataset, key, build, shapes)
 
     load_split = functools.cache(lambda split: load(cfg, dataset, split))
     ctx = evaluators.EvalContext(
@@ -63,23 +95,47 @@ def evaluate(
         predict=predict,
         load=load_split,
         predict_split=functools.cache(lambda split: predict(load_split(split)[0])),
-        cached=lambda key, build, shapes=None: cached_arrays(dataset, key, build, shapes),
+        cached=cached,
         predict_logits=predict_logits,
         predict_split_logits=functools.cache(lambda split: predict_logits(load_split(split)[0])),
         temperature=ensemble.temperature,
     )
-    results = {}
-    for name, spec in cfg.eval.evaluators.items():
-        stopping.check()  # a stop request ends evaluation between evaluators (and batches)
-        module = evaluators.get(spec.type)
-        out = module.evaluate(ctx.for_evaluator(name, spec))
-        plots: dict[str, str] = {}
-        if out.skipped:
-            log.warning("evaluator %s skipped: %s", name, out.skipped)
-        elif write:
-            atomic_savez(run.evaluator_arrays(name), **out.arrays)
-            if hasattr(module, "plot"):
-                drawn = module.plot(out.metrics, out.arrays, run.plots, cfg, name=name)
-                plots = {key: str(path.relative_to(run.path)) for key, path in drawn.items()}
-        results[name] = EvaluatorResult(name=name, type=spec.type, metrics=out.metrics, plots=plots)
-    return Evaluation(results=results)
+    outputs = {}
+    # Each evaluator's arrays and plots are written by one background thread while the next
+    # evaluator computes (matplotlib runs in that thread only); its errors surface here.
+    writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluation-writer")
+    jobs: dict[str, concurrent.futures.Future] = {}
+    try:
+        for name, spec in cfg.eval.evaluators.items():
+            stopping.check()  # a stop request ends evaluation between evaluators (and batches)
+            module = evaluators.get(spec.type)
+            with timing.part(name):
+                out = module.evaluate(ctx.for_evaluator(name, spec))
+            outputs[name] = (spec, out)
+            if out.skipped:
+                log.warning("evaluator %s skipped: %s", name, out.skipped)
+            elif write:
+                jobs[name] = writer.submit(_write, run, module, name, out, cfg)
+        with timing.part(WAIT):
+            written = {name: job.result() for name, job in jobs.items()}
+    finally:
+        writer.shutdown(wait=True, cancel_futures=True)
+    results = {
+        name: EvaluatorResult(
+            name=name, type=spec.type, metrics=out.metrics, plots=written[name][0] if name in written else {}
+        )
+        for name, (spec, out) in outputs.items()
+    }
+    return Evaluation(results=results), {WRITE: {name: seconds for name, (_, seconds) in written.items()}}
+
+
+def _write(run: RunDir, module, name: str, out, cfg: PipelineConfig) -> tuple[dict[str, str], float]:
+    """Evaluator ``name``'s arrays (atomically) and plots: the plots' paths relative to the
+    run directory, and the seconds it took."""
+    t0 = time.perf_counter()
+    atomic_savez(run.evaluator_arrays(name), **out.arrays)
+    plots: dict[str, str] = {}
+    if hasattr(module, "plot"):
+        drawn = module.plot(out.metrics, out.arrays, run.plots, cfg, name=name)
+        plots = {key: str(path.relative_to(run.path)) for key, path in drawn.items()}
+    return plots, time.perf_counter() - t0

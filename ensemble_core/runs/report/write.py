@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from ensemble_core.plotting import save, subplots
 from ensemble_core.runs.report.data import drift_lines, snapshot_lines
 from ensemble_core.runs.report.numbers import fixed
 from ensemble_core.runs.report.stratify import stratification_lines, stratification_report
+from ensemble_core.runs.report.timing import timing_lines, timing_section
 from ensemble_core.runs.results import (
     DriftReport,
     Evaluation,
@@ -289,6 +291,7 @@ def render_markdown(report: dict, plots: bool = True) -> str:
         f"{t['train_member_images_per_s'] or 0:.0f} member-images/s training, "
         f"{t['eval_member_images_per_s']:.0f} member-images/s evaluation.",
         "",
+        *([*(f"- {line}" for line in timing_lines(t)), ""] if "stages" in t else []),
         f"Checkpoint: `{report['checkpoint']['dir']}` step {report['checkpoint']['step']}.",
         "",
         *snapshot_lines(report.get("data_snapshot")),
@@ -370,13 +373,28 @@ def write_report(
     drift: DriftReport | None = None,
     stratification: StratificationSummary | None = None,
     selection: dict[str, Any] | None = None,
+    timing: dict[str, Any] | None = None,
 ) -> dict:
     """Write ``report.json``, ``report.md`` and ``plots/training_curves.png`` (atomically,
-    the plot first); returns the report dict (:func:`build_report`)."""
+    the plot first); returns the report dict (:func:`build_report`).
+
+    ``timing`` (from :func:`ensemble_core.runs.run`): ``started_at`` (the run's start,
+    seconds since the epoch) and ``stages`` (seconds of every stage before this one); with
+    it, ``report.json -> timing`` gains ``stages`` (this stage's own time, up to writing the
+    files, as ``report``), ``wall_seconds``, ``training_steps_seconds`` and
+    ``not_training_steps_fraction`` (:func:`ensemble_core.runs.report.timing.timing_section`).
+    """
+    t0 = time.perf_counter()
     run = RunDir(Path(run_dir))
     args = (run_name, config, training, evaluation, run.path, promotion, dataset, drift, stratification, selection)
     rep = build_report(*args)
     plot_training_curves(rep, run.plots)
+    if timing is not None:
+        stage_seconds = {**timing["stages"], "report": time.perf_counter() - t0}
+        strat = stratification.training.timing.train_seconds if stratification is not None else 0.0
+        wall = time.time() - timing["started_at"]
+        rep["timing"].update(timing_section(stage_seconds, wall, training, evaluation, strat))
+    markdown = render_markdown(rep)
     atomic_write_json(run.report_json, rep)
-    atomic_write_text(run.report_md, render_markdown(rep))
+    atomic_write_text(run.report_md, markdown)
     return rep

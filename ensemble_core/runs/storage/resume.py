@@ -2,7 +2,9 @@
 
 What may differ between a run's checkpoint and the config that resumes it: how many
 epochs in all (more, never fewer than are done), where the data files are, the device
-layout, checkpoint and evaluation settings, the divergence policy, ensemble selection,
+layout, the compute precision (``train.precision``: the master weights and optimizer state
+are float32 under each, so the checkpoint means the same; the session that changes it
+records it, as for the mesh), checkpoint and evaluation settings, the divergence policy, ensemble selection,
 promotion and where member groups run, not how many there are (nor the epochs of a run
 whose learning rate decays over them). Every
 other key changes what the saved steps mean (the model, the data and the classes trained
@@ -23,6 +25,7 @@ from ensemble_core.errors import IncompatibleRunError
 RESUMABLE_KEYS = (
     "train.epochs",
     "train.on_divergence",
+    "train.precision",
     "ensemble.select_size",
     "ensemble.selection.*",
     "ensemble.first_selection.*",

@@ -113,6 +113,8 @@ def join_summaries(
                 train_seconds=seconds,
                 steps=first.timing.steps,
                 train_member_images_per_s=images_per_s(steps, images_per_step, 1, seconds),
+                validation_seconds=max(s.timing.validation_seconds for s in summaries),
+                checkpoint_seconds=max(s.timing.checkpoint_seconds for s in summaries),
             ),
             "members_trained": members_trained,
             "resumed_from": min((s.resumed_from for s in summaries if s.resumed_from is not None), default=None),

@@ -167,8 +167,16 @@ class _Checkpoints:
     def __init__(self, ckpt: EnsembleCheckpointer, training: TrainingRun, record: _Record, on_epoch) -> None:
         self.ckpt, self.training, self.record, self.on_epoch = ckpt, training, record, on_epoch
         self.saved: set[int] = set()
+        self.seconds = 0.0  # wall time of the saves and of waiting for the last one to be written
 
     def save(self, state, position: DataPosition) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._save(state, position)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _save(self, state, position: DataPosition) -> None:
         step = int(state.step)
         if step in self.saved:  # e.g. a stop right after an epoch's checkpoint
             return
@@ -228,7 +236,10 @@ class _Checkpoints:
                 f"{int(state.step)}); a checkpoint was saved there",
                 fix=resume_fix(self.training.run_name),
             )
+        t0 = time.perf_counter()
         self.ckpt.wait()
+        self.seconds += time.perf_counter() - t0
+        timing["checkpoint_seconds"] = self.seconds
         return self.ckpt.latest_step()
 
 
@@ -252,6 +263,16 @@ def execute_training(training: TrainingRun, hooks: Hooks = Hooks()) -> TrainingS
     member_key = _member_keys(training)
     images, labels = load(cfg, training.dataset, "train")
     validate = setup.validation(*load(cfg, training.dataset, "validation")) if cfg.has_validation else None
+    validation_seconds = 0.0
+
+    def validated(epoch: int, state):  # the validation hook, timed (fit's end_of_epoch)
+        nonlocal validation_seconds
+        t0 = time.perf_counter()
+        try:
+            return validate(epoch, state)  # type: ignore[misc]  # only passed when validate is set
+        finally:
+            validation_seconds += time.perf_counter() - t0
+
     state = setup.init_state(member_key["init"], training.dataset.image_shape)
     with (
         run_lock(training.run.path, _lock_wait(training)) if training.own_run_dir else contextlib.nullcontext(),
@@ -273,13 +294,14 @@ def execute_training(training: TrainingRun, hooks: Hooks = Hooks()) -> TrainingS
             batch_size=cfg.train.batch_size,
             start=record.position,
             learning_rates=setup.learning_rates(len(images)),
-            end_of_epoch=validate,
+            end_of_epoch=validated if validate is not None else None,
             on_step=hooks.on_step,
             on_epoch_end=checkpoints.end_of_epoch,
             # A stop request from a signal in any thread's run (a member group on a thread
             # pool never receives one itself), or the caller's.
             should_stop=lambda: stopping.requested() is not None or bool(hooks.should_stop and hooks.should_stop()),
         )
+        timing["validation_seconds"] = validation_seconds
         step = checkpoints.finish(state, timing)
     return _summary(training, state, timing, record, step)
 
