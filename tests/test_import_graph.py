@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ensemble_core", "flows", "tasks")
 # The run layer's packages and modules, lowest first: each imports only those below it
@@ -278,3 +280,16 @@ def test_no_module_re_exports_an_import():
         if lines:
             found[name] = lines
     assert found == {}
+
+
+@pytest.mark.slow  # three fresh interpreters, 2-4 s each
+@pytest.mark.parametrize("module", ["ensemble_core.models.cnn", "ensemble_core.ensemble_setup", "ensemble_core.memory"])
+def test_each_entry_module_imports_first_in_a_fresh_interpreter(module):
+    """A user's first import may be any public module: none of them may run into an import
+    cycle (models -> train -> data -> memory -> models did, until the data package stopped
+    importing the memory module at import time)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -263,11 +263,11 @@ def test_a_file_that_changes_while_the_folder_is_read_is_refused(tmp_path, monke
 
 
 def test_a_folder_too_large_for_memory_is_refused_before_decoding(tmp_path, monkeypatch):
-    from ensemble_core.data import user_source
+    from ensemble_core import memory
 
     root = tmp_path / "big"
     write_folder(root, {"a": 2, "b": 2})
-    monkeypatch.setattr(user_source, "host_available_bytes", lambda: (600, "available host memory"))
+    monkeypatch.setattr(memory, "host_available_bytes", lambda: (600, "available host memory"))
     monkeypatch.setattr(image_decoding, "decode_block", lambda *a, **k: pytest.fail("decoded"))
     with pytest.raises(
         DataError,

@@ -95,14 +95,34 @@ def _config(tfds_dir: str):
 
 
 @pytest.mark.slow
-def test_stage_times_add_up_to_the_runs_wall_time_and_match_outside_timers(tfds_dir, tmp_path):
+def test_stage_times_add_up_to_the_runs_wall_time_and_match_outside_timers(tfds_dir, tmp_path, monkeypatch):
     """Every stage of a run is in ``timing.stages``, each within 5% (or 50 ms) of a timer
     wrapped around it from outside, and they add up to the wall time of ``runs.run``
     measured here within 5%; training's and evaluation's parts add up to their stage.
+    Evaluation predicts each distinct image set once: the test split once (its logits and
+    their softmax), rotation's 0 degrees not again, and each program is warmed up once.
 
     Why slow: a whole (tiny) run, about 10 s."""
     from ensemble_core import runs
+    from ensemble_core.runs.ensemble import load as ensemble_load
 
+    predicted: list[tuple[int, bool]] = []  # (images, logits) of each Members.predict in evaluation
+    passes: list[int] = []  # every member_probs call (warm-ups included)
+    in_evaluation = []
+    original_predict, original_passes = ensemble_load.Members.predict, ensemble_load.member_probs
+
+    def predict(self, cfg, images, *, logits=False):
+        if in_evaluation:
+            predicted.append((len(images), logits))
+        return original_predict(self, cfg, images, logits=logits)
+
+    def member_probs(*args, **kwargs):
+        if in_evaluation:
+            passes.append(len(args[2]))
+        return original_passes(*args, **kwargs)
+
+    monkeypatch.setattr(ensemble_load.Members, "predict", predict)
+    monkeypatch.setattr(ensemble_load, "member_probs", member_probs)
     outside: dict[str, float] = {}
 
     def timed(name, fn):
@@ -117,6 +137,16 @@ def test_stage_times_add_up_to_the_runs_wall_time_and_match_outside_timers(tfds_
 
     base = runs.Stages()
     stages = runs.Stages(**{f.name: timed(f.name, getattr(base, f.name)) for f in dataclasses.fields(base)})
+    evaluate = stages.evaluate
+
+    def evaluating(*args, **kwargs):
+        in_evaluation.append(True)
+        try:
+            return evaluate(*args, **kwargs)
+        finally:
+            in_evaluation.clear()
+
+    stages = dataclasses.replace(stages, evaluate=evaluating)
     t0 = time.perf_counter()
     result = runs.run(_config(tfds_dir), tmp_path, "timed", stages)
     wall = time.perf_counter() - t0
@@ -165,3 +195,7 @@ def test_stage_times_add_up_to_the_runs_wall_time_and_match_outside_timers(tfds_
     assert result.timing is not None and result.timing["stages"] == recorded
     assert result.timing["retention_seconds"] == pytest.approx(outside["retain"], rel=0.05, abs=0.05)
     assert "not training steps" in (result.run_dir.path / "report.md").read_text()
+    # tiny.yaml: 200 test images; test + ood share one logits pass, rotation predicts 90 degrees
+    # only, the noise is the ood set: three forward passes, two programs each warmed up once
+    assert predicted == [(200, True), (200, False), (200, True)]
+    assert len(passes) == len(predicted) + 2

@@ -16,13 +16,14 @@ DIGIT_DATASETS = ("mnist", "mnist5k")
 #: Test images per (corruption, severity) cell of the default ``common_corruptions``: 75 cells
 #: of 1,000 images cost about 130 s of CPU prediction for 8 CNNs (docs/evaluation.md).
 DEFAULT_CORRUPTED_EXAMPLES = 1000
-#: mnist5k's (the embedded default data): 100 per cell, so the quick start stays quick.
-DEFAULT_CORRUPTED_EXAMPLES_MNIST5K = 100
-#: mnist5k's test images per level of ``rotation``, ``translation`` and MNIST-C ``corruptions``
-#: (the first 250 of its 1,000): their 43 levels of all 1,000 were two thirds of the quick
-#: start's evaluation time and a third of the run beside its training steps
-#: (docs/benchmarks.md, "Where a run's time goes"); other datasets use the whole test split.
-DEFAULT_SHIFTED_EXAMPLES_MNIST5K = 250
+#: mnist5k's (the embedded default data): 50 per cell (3,750 images in all), and
+#: :data:`DEFAULT_SHIFTED_EXAMPLES_MNIST5K`, so the quick start stays quick: with every
+#: level of every shift on all of its 1,000 test images, evaluation was a third of the
+#: run beside its training steps (docs/benchmarks.md, "Where a run's time goes").
+DEFAULT_CORRUPTED_EXAMPLES_MNIST5K = 50
+#: mnist5k's test images per level of ``rotation``, ``translation`` and MNIST-C
+#: ``corruptions`` (the first 200 of its 1,000); other datasets use the whole test split.
+DEFAULT_SHIFTED_EXAMPLES_MNIST5K = 200
 #: What ``eval.evaluators`` runs on the default dataset (``mnist5k``) when the config does not say.
 DEFAULT_EVALUATORS = (
     "test",

@@ -24,7 +24,6 @@ from ensemble_core.data import image_folder as folder
 from ensemble_core.data.npz_arrays import array_files, image_array_shape, read_arrays
 from ensemble_core.errors import DataError
 from ensemble_core.image_decoding import PILLOW_ERRORS, convert_images
-from ensemble_core.memory import host_available_bytes
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +125,11 @@ def check_memory(count: int, shape: tuple[int, int, int], where: str) -> None:
     Raises:
       DataError: naming the decoded size, the memory there is and the fix.
     """
+    # Imported here: ensemble_core.memory imports the models and the train step, which import
+    # this package, so a module-level import made ``import ensemble_core.models`` (or anything
+    # importing it first) fail with a circular import.
+    from ensemble_core.memory import host_available_bytes
+
     need = count * math.prod(shape)
     have, what = host_available_bytes()
     if have and need > MEMORY_SHARE * have:

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ensemble_core import metrics as metrics_lib
 from ensemble_core.config import PipelineConfig
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput, shift_base
-from ensemble_core.plotting import save, subplots
+from ensemble_core.plotting import image_grid, save, subplots
 from ensemble_core.shifts.common_corruptions import NAMES, SEVERITIES, corrupt
 
 log = logging.getLogger(__name__)
@@ -213,8 +213,24 @@ def plot(
     ax.set(ylabel="NLL (nats), mean over severities", title="NLL per corruption")
     ax.legend(fontsize=8)
     paths[f"{name}_corruptions"] = save(fig, plots_dir / f"{name}_corruptions.png")
-    paths[f"{name}_examples"] = shift_base.plot_examples(metrics, arrays, plots_dir, name)
+    paths[f"{name}_examples"] = plot_examples(metrics, arrays, plots_dir, name)
     return paths
+
+
+def plot_examples(metrics: dict, arrays: dict, plots_dir: Path, name: str) -> Path:
+    """``<name>_examples.png``: the first test image in every cell, a row per corruption
+    and a column per severity (Hendrycks & Dietterich 2019, Fig. 1's layout). One image
+    per cell, not the 8 ``arrays["examples"]`` holds: 75 x 8 images made a figure 70
+    inches tall, the most expensive plot of a run."""
+    rows = metrics["levels"]
+    corruptions = list(dict.fromkeys(r["corruption"] for r in rows))
+    severities = sorted({r["severity"] for r in rows})
+    examples = arrays["examples"]  # [cells, k, H, W, C]
+    grid = np.zeros((len(corruptions), len(severities), *examples.shape[2:]), examples.dtype)
+    for r in rows:
+        grid[corruptions.index(r["corruption"]), severities.index(r["severity"])] = examples[int(r["level"]), 0]
+    title = f"{name}: severities {', '.join(map(str, severities))}"
+    return save(image_grid(grid, corruptions, title), plots_dir / f"{name}_examples.png")
 
 
 def markdown(metrics: dict) -> list[str]:
