@@ -432,7 +432,7 @@ def test_only_a_damaged_champion_run_sets_the_pointer_aside(tmp_path, monkeypatc
     (out / "champion.json").write_text(pointer)
     error = {"CheckpointError": CheckpointError("checkpoint 3 is damaged"), "TypeError": TypeError("a bug")}[raised]
 
-    def unreadable(directory):
+    def unreadable(directory, **options):
         raise error
 
     monkeypatch.setattr(promotion, "EnsembleCheckpointer", unreadable)

@@ -10,10 +10,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ensemble_core.config.base import Section
 from ensemble_core.config.limits import MAX_CONFIG_BYTES
 from ensemble_core.config.messages import config_error, show
 from ensemble_core.config.pipeline import PipelineConfig
 from ensemble_core.config.strict_yaml import DuplicateKeyError, UnreadableValueError, YAMLError, describe, load_yaml
+from ensemble_core.special_files import special_kind
 
 #: At most this many invalid values are described; the rest are counted.
 _MAX_ERRORS = 8
@@ -83,7 +85,7 @@ def _set_dotted(raw: dict[str, Any], assignment: str) -> None:
             )
         node = node[p]
     try:
-        node[last] = load_yaml(text) if text.strip() else None
+        value = load_yaml(text) if text.strip() else None
     except DuplicateKeyError as err:
         raise config_error(
             f"override '{key}' has key '{err.key}' twice", fix=f"give each key of '{key}' once"
@@ -93,7 +95,35 @@ def _set_dotted(raw: dict[str, Any], assignment: str) -> None:
             f"config key '{key}': override value cannot be read ({err.reason})", fix=f"set a valid '{key}'"
         ) from None
     except YAMLError:
-        node[last] = text
+        value = text
+    if isinstance(value, dict) and isinstance(node.get(last), dict) and _is_section(parts):
+        # A mapping for a section changes the keys it names and keeps the others (a dotted
+        # override changes one key): '--set train={epochs: 1}' must not drop train's other
+        # settings from the file. A free-form mapping (model.options, eval.evaluators) is a
+        # value: the override replaces it.
+        node[last] = _merged(node[last], value)
+    else:
+        node[last] = value
+
+
+def _is_section(parts: list[str]) -> bool:
+    """Whether the dotted key ``parts`` names a config section (a :class:`Section` field of
+    :class:`PipelineConfig`, at any depth), as opposed to a value or a free-form mapping."""
+    model: Any = PipelineConfig
+    for part in parts:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return False
+        model = field.annotation
+    return isinstance(model, type) and issubclass(model, Section)
+
+
+def _merged(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``old`` with ``new``'s keys set (sub-mappings merged the same way)."""
+    out = dict(old)
+    for key, value in new.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def _read_text(p: Path) -> str:
@@ -103,6 +133,9 @@ def _read_text(p: Path) -> str:
       ConfigError: missing, unreadable, a directory, too large, binary or not UTF-8.
     """
     fix = "fix: pass a readable YAML text file (UTF-8, like configs/default.yaml) to config_path"
+    kind = special_kind(p)
+    if kind is not None:  # opening a FIFO would block, a device read without end
+        raise config_error(f"config file '{p}' is {kind}, not a file; {fix}")
     try:
         with p.open("rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)

@@ -67,6 +67,42 @@ class UnreadableValueError(YAMLError):
         super().__init__(self.reason)
 
 
+#: Most values (scalars, mappings and sequences, counted with every alias expanded) a
+#: document may hold. A config has a few hundred; an image folder's class list a few
+#: thousand. A YAML alias bomb (an anchor of ten aliases of an anchor of ten aliases ...)
+#: parses small, shares its nodes, and becomes billions of values once anything copies or
+#: serialises it (pydantic, JSON for Prefect, a checkpoint's metadata).
+MAX_VALUES = 1_000_000
+
+
+def expanded_values(node: Node) -> int:
+    """How many values the composed document ``node`` holds once its aliases are expanded
+    (each mapping, sequence and scalar counts 1; a mapping's keys count). Aliases share
+    nodes, so each node is sized once: linear in the document's text, however large the
+    expansion."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[Node, bool]] = [(node, False)]
+    while stack:  # post-order without recursion (a deep document must not hit the recursion limit)
+        current, done = stack.pop()
+        if id(current) in sizes:
+            continue
+        if done:
+            children = _children(current)
+            sizes[id(current)] = 1 + sum(sizes[id(c)] for c in children)
+            continue
+        stack.append((current, True))
+        stack.extend((c, False) for c in _children(current) if id(c) not in sizes)
+    return sizes[id(node)]
+
+
+def _children(node: Node) -> list[Node]:
+    if isinstance(node, MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, SequenceNode):
+        return list(node.value)
+    return []
+
+
 def _yaml() -> YAML:
     """A fresh loader (a ``YAML`` instance keeps per-document state)."""
     yaml = YAML(typ="safe", pure=True)  # plain dicts, lists and scalars; no Python object tags
@@ -80,7 +116,8 @@ def load_yaml(text: str) -> Any:
 
     Raises:
       DuplicateKeyError: a mapping, at any depth, holds a key twice.
-      UnreadableValueError: see there.
+      UnreadableValueError: see there; or more than :data:`MAX_VALUES` values once its
+        aliases are expanded (an alias bomb), refused before any value is built.
       YAMLError: not YAML (its ``problem_mark`` says where), more than one document, an
         anchor defined twice, or a tag outside YAML's safe ones (``!!python/tuple``).
     """
@@ -95,7 +132,14 @@ def load_yaml(text: str) -> Any:
         # PyYAML refused it, and so do we.
         warnings.simplefilter("error", ReusedAnchorWarning)
         try:
+            composed = _yaml().compose(text)
+            if composed is not None and (count := expanded_values(composed)) > MAX_VALUES:
+                raise UnreadableValueError(
+                    ValueError(f"it expands to {count:,} values through its aliases (at most {MAX_VALUES:,})")
+                )
             return _yaml().load(text)
+        except UnreadableValueError:
+            raise
         except _RuamelDuplicateKeyError as err:
             raise _locate(text, err) from None
         except ReusedAnchorWarning as err:

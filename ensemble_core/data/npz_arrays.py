@@ -12,6 +12,7 @@ import numpy as np
 
 from ensemble_core.data.sources import one_line
 from ensemble_core.errors import DataError
+from ensemble_core.special_files import special_kind
 
 #: The files of an arrays source; ``train.npz`` is required.
 ARRAY_FILES = {"train": "train.npz", "test": "test.npz"}
@@ -27,6 +28,10 @@ def array_files(root: str | os.PathLike) -> dict[str, Path]:
     if not root.is_dir():
         what = "does not exist" if not root.exists() else "is not a directory"
         raise DataError(f"data.path {root} {what}", fix="set data.path to the folder holding train.npz")
+    for name in ARRAY_FILES.values():
+        kind = special_kind(root / name)
+        if kind is not None:  # np.load would block on a FIFO, read a device without end
+            raise DataError(f"{root / name} is {kind}, not a file", fix="write it with numpy.savez")
     if not (root / ARRAY_FILES["train"]).is_file():
         raise DataError(
             f"{root} has no {ARRAY_FILES['train']}",

@@ -30,6 +30,7 @@ from ensemble_core.data.mnist5k import mnist5k_builder_class
 from ensemble_core.data.snapshot import DataSnapshot
 from ensemble_core.data.sources import EMBEDDED, FILE_FORMAT, IDX_SOURCES, one_line
 from ensemble_core.errors import DataError
+from ensemble_core.user_import import EXIT_FIX, UserModuleError, import_user_module
 
 #: The channel counts a dataset's images may have: grey and RGB (what the models, the
 #: shifts and the plots handle).
@@ -95,7 +96,9 @@ def import_builder(path: str, name: str) -> type:
     """
     module_name, _, attr = path.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(module_name)
+    except UserModuleError as err:
+        raise DataError(f"data.builder {path}: {err}", fix=EXIT_FIX) from None
     except Exception as err:  # noqa: BLE001  (a user's module may raise anything at import)
         raise DataError(
             f"data.builder {path}: cannot import {module_name} ({one_line(err)})",

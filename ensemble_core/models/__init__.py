@@ -41,6 +41,7 @@ from ensemble_core.config.messages import show
 from ensemble_core.errors import ConfigError
 from ensemble_core.train.forward import Network
 from ensemble_core.train.nnx_member import NnxNetwork
+from ensemble_core.user_import import EXIT_FIX, UserModuleError, import_user_module
 
 __all__ = ["MODEL_NAMES", "build_model", "check_model", "import_model_function", "is_import_path", "model_options"]
 
@@ -102,7 +103,9 @@ def import_model_function(path: str):
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(module_name)
+    except UserModuleError as err:
+        raise ConfigError(f"model.name '{path}': {err}", fix=EXIT_FIX) from None
     except ImportError as err:
         missing = getattr(err, "name", None)
         package = (missing or "").split(".")[0]

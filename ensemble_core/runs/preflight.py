@@ -131,7 +131,7 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
     for where, members, where_cfg in checked:
         if not where.has_checkpoint():
             continue
-        with EnsembleCheckpointer(where.checkpoints) as ckpt:
+        with EnsembleCheckpointer(where.checkpoints, read_only=True) as ckpt:
             try:
                 meta = ckpt.read_meta()
             except Exception:  # noqa: BLE001  (a damaged latest step: training falls back itself)

@@ -108,7 +108,7 @@ def promote(
             champion_metrics, champion_value = current["metrics"], figures[metric]
         else:
             try:
-                with EnsembleCheckpointer(RunDir(Path(current["run_dir"])).checkpoints) as ckpt:
+                with EnsembleCheckpointer(RunDir(Path(current["run_dir"])).checkpoints, read_only=True) as ckpt:
                     meta = ckpt.read_meta()
                 # the champion on this run's data, with only the evaluators the comparison needs
                 needed = ["test"] + ([metric.split(".")[0]] if metric not in TEST_METRICS else [])

@@ -40,7 +40,7 @@ def restore(
     """
     setup = build(cfg, num_classes, strategy=strategy)
     run = RunDir(Path(run_dir))
-    with EnsembleCheckpointer(run.checkpoints, keep=cfg.checkpoint.keep) as ckpt:
+    with EnsembleCheckpointer(run.checkpoints, read_only=True) as ckpt:
         state, _ = ckpt.restore(setup.abstract_state(tuple(image_shape)))
     return state, setup
 

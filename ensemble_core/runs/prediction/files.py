@@ -19,6 +19,7 @@ from ensemble_core.atomic import atomic_savez, atomic_write
 from ensemble_core.errors import CheckpointError, ConfigError, DataError, EnsembleError
 from ensemble_core.runs.prediction.predict import predict_images
 from ensemble_core.runs.storage.champion_record import read_champion
+from ensemble_core.special_files import special_kind
 
 
 def resolve_run(run_dir: str | None, output_dir: str | Path) -> tuple[str, str | None]:
@@ -66,11 +67,15 @@ def read_images(images_npy: str | Path) -> np.ndarray:
     """The array of a ``.npy`` file, read without pickles.
 
     Raises:
-      DataError: the file is missing or unreadable, is not a ``.npy`` (no NumPy header:
-        a text or image file renamed), or holds Python objects (a pickled object array).
+      DataError: the file is missing, unreadable or a special file (a FIFO, a device), is
+        not a ``.npy`` (no NumPy header: a text or image file renamed), or holds Python
+        objects (a pickled object array).
     """
     path = Path(images_npy)
     fix = "fix: save the images with numpy.save(path, images) as uint8 [N, H, W, C] (or float in [0, 1])"
+    kind = special_kind(path)
+    if kind is not None:  # opening a FIFO would block, a device read without end
+        raise DataError(f"images file '{path}' is {kind}, not a file; {fix}")
     try:
         with path.open("rb") as f:
             magic = f.read(len(NPY_MAGIC))
@@ -161,7 +166,7 @@ def preflight(
             f"run directory '{run}' has no checkpoint",
             fix="pass the directory of a trained run as --run-dir, or train one (python -m flows.train_ensemble)",
         )
-    with EnsembleCheckpointer(RunDir(Path(run)).checkpoints) as ckpt:
+    with EnsembleCheckpointer(RunDir(Path(run)).checkpoints, read_only=True) as ckpt:
         meta = ckpt.read_meta()
     check_model_builds(meta)
     if images_npy:

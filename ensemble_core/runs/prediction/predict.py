@@ -41,7 +41,7 @@ def predict_images(run_dir: str | Path, images: np.ndarray, *, batch_size: int |
       DivergenceError: every member of the run diverged.
     """
     run = RunDir(Path(run_dir))
-    with EnsembleCheckpointer(run.checkpoints) as ckpt:
+    with EnsembleCheckpointer(run.checkpoints, read_only=True) as ckpt:
         meta = ckpt.read_meta()
     cfg = PipelineConfig.model_validate(meta["config"])
     if batch_size:

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 #: checkpoints without the key are format 1 (params-only members) and are restored by
 #: :meth:`EnsembleCheckpointer.restore` with empty collections.
 STATE_FORMAT = 2
+#: How often a reader lists a run's checkpoints again when a step vanished while it listed
+#: them (the run's writer removed an old step meanwhile).
+READER_ATTEMPTS = 10
 
 #: Free space a checkpoint save needs beyond its arrays and metadata (orbax's own small
 #: files: commit markers, metadata, the OCDBT manifest).
@@ -172,15 +175,28 @@ class EnsembleCheckpointer:
         policy, the successor of ``max_to_keep``).
       quarantine_dir: where unreadable steps are moved (default: the run directory's
         ``corrupt-checkpoints/``, :class:`~ensemble_core.runs.storage.layout.RunDir`).
+      read_only: open the checkpoints of a run another process may be writing (prediction,
+        evaluation, the champion's re-evaluation, the drift check, the preflight): nothing
+        under ``directory`` is created, deleted or renamed (orbax's ``read_only``; no
+        clean-up of temporary directories, which are a running save's), and :meth:`save`
+        and :meth:`restore_latest_valid` are refused.
     """
 
-    def __init__(self, directory: str | Path, keep: int = 3, quarantine_dir: str | Path | None = None):
+    def __init__(
+        self, directory: str | Path, keep: int = 3, quarantine_dir: str | Path | None = None, *, read_only: bool = False
+    ):
         self.directory = Path(directory).absolute()
         self.quarantine_dir = Path(quarantine_dir or RunDir(self.directory.parent).corrupt_checkpoints).absolute()
+        self.read_only = read_only
+        # A writer cleans up the temporary directories its own crashed saves left; a reader
+        # must not: another process's save in flight is one of them.
         options = ocp.CheckpointManagerOptions(
-            preservation_policy=pp.LatestN(n=keep),
-            enable_async_checkpointing=True,
-            cleanup_tmp_directories=True,
+            preservation_policy=None if read_only else pp.LatestN(n=keep),
+            enable_async_checkpointing=not read_only,
+            cleanup_tmp_directories=not read_only,
+            read_only=read_only,
+            create=not read_only,
+            save_interval_steps=0 if read_only else 1,
         )
         # The items, each with one handler for its save and restore args: orbax's
         # ``handler_registry``, the successor of the deprecated ``item_names``.
@@ -191,7 +207,17 @@ class EnsembleCheckpointer:
         ):
             registry.add(item, save, handler)
             registry.add(item, restore, handler)
-        self._manager = ocp.CheckpointManager(self.directory, options=options, handler_registry=registry)
+        for attempt in range(READER_ATTEMPTS):
+            try:
+                self._manager = ocp.CheckpointManager(self.directory, options=options, handler_registry=registry)
+                break
+            except FileNotFoundError:
+                # orbax lists the steps, then reads each one's commit time: a writer in another
+                # process may remove an old step (its preservation policy) in between. A reader
+                # lists again; a writer owns the directory and has nothing to race with.
+                if not read_only or attempt == READER_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
         self._saving: int | None = None  # the step of the latest save started
 
     def latest_step(self) -> int | None:
@@ -217,6 +243,8 @@ class EnsembleCheckpointer:
           Either way earlier finished checkpoints are untouched (orbax writes to a
           temporary directory, removed on failure, and renames it only when complete).
         """
+        if self.read_only:
+            raise CheckpointError(f"{self.directory} was opened read-only; a reader never saves")
         self.wait()
         needed = self._latest_size() or sum(x.nbytes for x in jax.tree.leaves(state) if hasattr(x, "nbytes"))
         needed += len(json.dumps(meta)) + SAVE_MARGIN_BYTES
@@ -329,6 +357,8 @@ class EnsembleCheckpointer:
         Raises:
           CheckpointError: no step could be restored.
         """
+        if self.read_only:
+            raise CheckpointError(f"{self.directory} was opened read-only; a reader never sets a checkpoint aside")
         checked = False
         for step in sorted(self.all_steps(), reverse=True):
             try:

@@ -41,6 +41,10 @@ from ensemble_core.errors import ConfigError
 RUN_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 CHAMPION_FILE = "champion.json"
 HISTORY_FILE = "history.jsonl"
+CORRUPT_STATE_DIR = "corrupt-state"
+#: The names the output directory uses for itself (besides dot files, which a run name
+#: cannot start with): no run may be named so (compared without case, as on macOS).
+RESERVED_NAMES = (CHAMPION_FILE, HISTORY_FILE, CORRUPT_STATE_DIR)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +151,19 @@ class RunDir:
         return self.checkpoints.is_dir() and any(p.name.isdigit() for p in self.checkpoints.iterdir())
 
 
+def owning_run(path: str | Path) -> RunDir:
+    """The run a training directory belongs to, the one a user reruns by its name: ``path``
+    itself; for a member group (``<run>/groups/<g>/``) and for a hyper-deep ensemble's
+    stratified pool (``<run>/stratified/``, which holds ``plan.json``, and its groups),
+    ``<run>``. A run the user named ``stratified`` holds no ``plan.json`` and is itself."""
+    here = Path(path)
+    if here.parent.name == "groups" and here.name.isdigit():
+        here = here.parent.parent
+    if here.name == "stratified" and (here / "plan.json").is_file() and RunDir(here.parent).stratified.path == here:
+        here = here.parent
+    return RunDir(here)
+
+
 @dataclasses.dataclass(frozen=True)
 class OutputDir:
     """The parent of run directories, holding the champion state shared by its runs."""
@@ -166,7 +183,7 @@ class OutputDir:
 
     @property
     def corrupt_state(self) -> Path:
-        return self.path / "corrupt-state"
+        return self.path / CORRUPT_STATE_DIR
 
     @property
     def champion_lock(self) -> Path:
@@ -188,10 +205,16 @@ def check_output_dir(output_dir: str | Path) -> Path:
     nothing (the run creates it when it starts writing).
 
     Raises:
-      ConfigError: it is not a directory, or it (or the directory it would be created in)
-        is not writable.
+      ConfigError: its path has a control character, it is not a directory, or it (or the
+        directory it would be created in) is not writable.
     """
     out = Path(output_dir)
+    if any(ord(c) < 32 or ord(c) == 127 for c in str(output_dir)):
+        raise ConfigError(
+            f"output directory {str(output_dir)!r} has a control character (a newline, a tab, ...): the run "
+            "directory, the command's last line, would not be one line",
+            fix="pass an output directory without control characters",
+        )
     if out.exists():
         if not out.is_dir():
             raise ConfigError(f"output directory '{out}' is a file", fix="pass a directory to output_dir")
@@ -214,12 +237,18 @@ def check_run_name(run_name: str, output_dir: str | Path = ".") -> str:
 
     Raises:
       ConfigError: empty, another character (a path separator, a space, a newline, ...),
-        or longer than the file system's NAME_MAX (255 bytes on Linux file systems).
+        one of the output directory's own names (:data:`RESERVED_NAMES`), or longer than
+        the file system's NAME_MAX (255 bytes on Linux file systems).
     """
     if not isinstance(run_name, str) or not RUN_NAME_PATTERN.fullmatch(run_name):
         raise ConfigError(
             f"run name {run_name!r} is not a single directory name",
             fix="use letters, digits, '-', '_' or '.', starting with a letter or digit",
+        )
+    if run_name.lower() in RESERVED_NAMES:
+        raise ConfigError(
+            f"run name {run_name!r} is a name the output directory uses for itself ({', '.join(RESERVED_NAMES)})",
+            fix="choose another run name",
         )
     parent = nearest_existing(Path(output_dir).absolute())
     try:

@@ -40,6 +40,18 @@ class _NoTracebackFromOrbax(logging.Filter):
         return True
 
 
+class _NoReadOnlyNotices(logging.Filter):
+    """Drops orbax's warnings that a manager was opened read-only (``Given directory is
+    read only=...``, ``CheckpointManagerOptions.read_only=True, setting ...``): every
+    reader of a run opens its checkpoints so, on purpose (``EnsembleCheckpointer(...,
+    read_only=True)``), and the warnings would fill the output of every prediction."""
+
+    NOTICES = ("Given directory is read only", "CheckpointManagerOptions.read_only=True")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.NOTICES)
+
+
 def _closed_loop(unraisable: Any) -> bool:
     """Whether ``unraisable`` is a pending write completing on the closed event loop of a
     failed orbax save: ``RuntimeError('Event loop is closed')`` from asyncio's
@@ -65,12 +77,13 @@ def _orbax_coroutine(unraisable: Any) -> bool:
 
 
 def install() -> None:
-    """Install both (once per process): the ``absl`` logger's filter and the unraisable
+    """Install them (once per process): the ``absl`` logger's filters and the unraisable
     hook, which hands every other exception to the hook it replaces."""
     absl = logging.getLogger("absl")
     if any(isinstance(f, _NoTracebackFromOrbax) for f in absl.filters):
         return
     absl.addFilter(_NoTracebackFromOrbax())
+    absl.addFilter(_NoReadOnlyNotices())
     previous = sys.unraisablehook
 
     def hook(unraisable: Any) -> None:

@@ -30,7 +30,7 @@ from ensemble_core.ensemble_setup import plan
 from ensemble_core.errors import EnsembleError, MeshError, PreemptedError, resume_fix
 from ensemble_core.processutil import free_port
 from ensemble_core.runs.results import TrainingSummary
-from ensemble_core.runs.storage.layout import RunDir
+from ensemble_core.runs.storage.layout import RunDir, owning_run
 from ensemble_core.runs.storage.lock import run_lock
 
 HEARTBEAT_TIMEOUT_S = 10  # a process that misses heartbeats this long is declared dead
@@ -161,7 +161,7 @@ def train_processes(
             raise PreemptedError(
                 f"process 0 of {n} ended without a training summary ({_explaining_line(tails[0])}; log: "
                 f"{run.process_log(0)})",
-                fix=resume_fix(run.name),
+                fix=resume_fix(owning_run(run.path).name),
             )
         return TrainingSummary.model_validate(summary)
 
@@ -277,7 +277,7 @@ def _failure(failed: tuple[str, list[int]], procs, tails: list[str], run: RunDir
     if why == "stop":
         return PreemptedError(
             f"training across {n} JAX processes was stopped; the latest epoch checkpoint is kept",
-            fix=resume_fix(run.name),
+            fix=resume_fix(owning_run(run.path).name),
         )
     index = next((i for i in dead if not _CONSEQUENCE.search(_explaining_line(tails[i]))), dead[0])
     code = procs[index].returncode
@@ -288,5 +288,5 @@ def _failure(failed: tuple[str, list[int]], procs, tails: list[str], run: RunDir
     return PreemptedError(
         f"JAX process {index} of {n} {cause} ({_explaining_line(tails[index])}; log: {run.process_log(index)}); "
         f"the other processes were stopped",
-        fix=f"{resume_fix(run.name)} from the latest checkpoint",
+        fix=f"{resume_fix(owning_run(run.path).name)} from the latest checkpoint",
     )

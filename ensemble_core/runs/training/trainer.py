@@ -34,7 +34,7 @@ from ensemble_core.runs.storage.checkpoint import (
     dataset_record,
     training_sessions,
 )
-from ensemble_core.runs.storage.layout import RunDir
+from ensemble_core.runs.storage.layout import RunDir, owning_run
 from ensemble_core.runs.storage.lock import run_lock
 from ensemble_core.runs.storage.records import read_plan
 from ensemble_core.runs.storage.resume import check_resumable, config_changes, resumable_settings
@@ -78,8 +78,9 @@ class TrainingRun:
 
     @property
     def run_name(self) -> str:
-        """The run's name (a member group trains in ``<run>/groups/<g>/``)."""
-        return self.run.path.parent.parent.name if self.group is not None else self.run.name
+        """The name of the run this trains for, the one to rerun (a member group trains in
+        ``<run>/groups/<g>/``, a stratified pool in ``<run>/stratified/``: :func:`owning_run`)."""
+        return owning_run(self.run.path).name
 
     @property
     def members(self) -> int:
@@ -374,7 +375,7 @@ def train(
       PreemptedError: stopped by SIGTERM / SIGINT / ``should_stop`` (a checkpoint was saved).
       DivergenceError: a member diverged and ``train.on_divergence`` is ``fail``.
     """
-    run_name = Path(run_dir).name
+    run_name = owning_run(run_dir).name
     sig = stopping.requested()
     if sig is not None:  # e.g. a member group queued behind one that stopped
         what = "training" if group is None else f"member group {group}"

@@ -1,0 +1,59 @@
+"""Run names that collide with the output directory's own files, and output directories
+whose path is not one line, are refused in one line before anything is written (issue 43,
+class 5): ``--run-name champion.json`` gave a traceback, ``--run-name corrupt-state``
+trained into the quarantine directory and became the champion."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ensemble_core.errors import ConfigError
+from ensemble_core.runs.storage.layout import RESERVED_NAMES, check_output_dir, check_run_name
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", [*RESERVED_NAMES, "Champion.JSON", "CORRUPT-STATE", "History.jsonl"])
+def test_every_name_the_output_directory_uses_is_refused(name, tmp_path):
+    with pytest.raises(ConfigError, match="uses for itself") as caught:
+        check_run_name(name, tmp_path)
+    assert "\n" not in str(caught.value) and "fix: choose another run name" in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["champion", "champion.json.1", "history", "corrupt-state-2", "nightly"])
+def test_names_beside_them_are_accepted(name, tmp_path):
+    assert check_run_name(name, tmp_path) == name
+
+
+@pytest.mark.parametrize("path", ["runs\nfake", "runs\r", "a\tb", "x\x1b[31m"])
+def test_an_output_directory_with_a_control_character_is_refused(path, tmp_path):
+    with pytest.raises(ConfigError, match="control character"):
+        check_output_dir(tmp_path / path)
+
+
+@pytest.mark.slow  # the CLI in subprocesses: about 5 s each
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--run-name", "champion.json"], "uses for itself"),
+        (["--run-name", "history.jsonl"], "uses for itself"),
+        (["--run-name", "corrupt-state"], "uses for itself"),
+        (["--output-dir", "runs\nsecond-line"], "control character"),
+    ],
+    ids=["champion.json", "history.jsonl", "corrupt-state", "newline-output-dir"],
+)
+def test_the_cli_refuses_them_in_one_line_and_writes_nothing(tmp_path, args, fragment):
+    cmd = [sys.executable, "-m", "flows.train_ensemble", "--set", "train.epochs=1"]
+    if "--output-dir" not in args:
+        args = [*args, "--output-dir", "runs"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([*cmd, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and fragment in errors[0] and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing created
