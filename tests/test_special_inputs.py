@@ -132,3 +132,38 @@ print("accepted")
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, (proc.stdout[-500:], proc.stderr[-1500:])
     assert "expands to" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def _config_of_json_size(tmp_path, size: int) -> Path:
+    """A valid config file whose validated config is about ``size`` bytes as JSON (a long
+    free-form option)."""
+    from ensemble_core.config import PipelineConfig
+
+    base = len(PipelineConfig.model_validate({"model": {"options": {"note": ""}}}).model_dump_json())
+    path = tmp_path / f"c{size}.yaml"
+    path.write_text('model:\n  options: {note: "' + "x" * (size - base) + '"}\n')
+    return path
+
+
+def test_one_limit_for_a_configs_size_and_prefects_parameters(tmp_path):
+    """A 590 KB config (under the 1 MiB file limit) passed our checks and died in Prefect's
+    parameter-size check with a 48-line traceback (issue 43, class 4): now our limit, on the
+    config as JSON, lies under Prefect's, with room for the flow's other parameters, as
+    Prefect's own check (the oracle) confirms."""
+    import json as json_lib
+
+    from prefect._internal.schemas.validators import validate_parameter_size
+    from prefect.settings import get_current_settings
+
+    from ensemble_core.config.limits import MAX_CONFIG_JSON_BYTES, PREFECT_MAX_PARAMETER_BYTES
+
+    assert get_current_settings().server.api.max_parameter_size == PREFECT_MAX_PARAMETER_BYTES  # the pin
+    with pytest.raises(ConfigError, match=r"the config is 590,\d{3} bytes as JSON, more than the 507,904"):
+        load_config(_config_of_json_size(tmp_path, 590_000))
+    largest = load_config(_config_of_json_size(tmp_path, MAX_CONFIG_JSON_BYTES))
+    parameters = {
+        "config": json_lib.loads(largest.model_dump_json()),
+        "output_dir": "/" + "d" * 4000,
+        "run_name": "r" * 255,
+    }
+    validate_parameter_size(parameters, PREFECT_MAX_PARAMETER_BYTES)  # Prefect accepts it

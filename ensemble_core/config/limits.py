@@ -25,6 +25,14 @@ MAX_DEPTH = 64
 MAX_HIDDEN_WEIGHTS = 2**28
 #: A config file larger than this is not a config.
 MAX_CONFIG_BYTES = 1 << 20
+#: Prefect's limit on a flow run's (and a deployment's) parameters, JSON-serialised
+#: (``PREFECT_SERVER_API_MAX_PARAMETER_SIZE``, default 524,288 bytes in Prefect 3.9): a
+#: config that passes our checks but not Prefect's died in a 48-line traceback (issue 43).
+PREFECT_MAX_PARAMETER_BYTES = 524_288
+#: The most a validated config may take as compact JSON: below Prefect's limit, with room
+#: for the flow's other parameters (output_dir, run_name). The one limit every entry point
+#: applies (load_config and the flow's own validation of a deployment's parameters).
+MAX_CONFIG_JSON_BYTES = PREFECT_MAX_PARAMETER_BYTES - 16_384
 #: optax (inject_hyperparams) holds learning rate, momentum and weight decay as float32:
 #: a larger value becomes inf, a nonzero value below the smallest normal float32 becomes 0
 #: (or a denormal), and momentum 1 - 1e-9 becomes 1.

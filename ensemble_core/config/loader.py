@@ -5,13 +5,14 @@ that names the key (or file, line) and the fix.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from ensemble_core.config.base import Section
-from ensemble_core.config.limits import MAX_CONFIG_BYTES
+from ensemble_core.config.limits import MAX_CONFIG_BYTES, MAX_CONFIG_JSON_BYTES, PREFECT_MAX_PARAMETER_BYTES
 from ensemble_core.config.messages import config_error, show
 from ensemble_core.config.pipeline import PipelineConfig
 from ensemble_core.config.strict_yaml import DuplicateKeyError, UnreadableValueError, YAMLError, describe, load_yaml
@@ -44,14 +45,24 @@ def validate(raw: dict[str, Any]) -> PipelineConfig:
     """Validate a nested dict into a :class:`PipelineConfig`.
 
     Raises:
-      ConfigError: naming every offending key and what to do about it.
+      ConfigError: naming every offending key and what to do about it; or a config larger
+        than :data:`~ensemble_core.config.limits.MAX_CONFIG_JSON_BYTES` as JSON (what a flow
+        run's parameters can hold).
     """
     try:
-        return PipelineConfig.model_validate(raw)
+        cfg = PipelineConfig.model_validate(raw)
     except ValidationError as err:
         raise config_error(_describe(err)) from None
     except RecursionError:
         raise config_error("config nests too deeply", fix="use the layout of configs/default.yaml") from None
+    size = len(json.dumps(cfg.model_dump(mode="json"), separators=(",", ":")).encode())
+    if size > MAX_CONFIG_JSON_BYTES:
+        raise config_error(
+            f"the config is {size:,} bytes as JSON, more than the {MAX_CONFIG_JSON_BYTES:,} a run's parameters may "
+            f"hold (Prefect stores at most {PREFECT_MAX_PARAMETER_BYTES:,} bytes of a flow run's parameters)",
+            fix="shorten its largest values (model.options, data.class_names, eval.evaluators)",
+        )
+    return cfg
 
 
 # Kept by hand: the libraries that set a dotted key (OmegaConf.from_dotlist, glom.assign,

@@ -9,6 +9,8 @@ dataset directory as prepared and never read the new files).
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -26,6 +28,8 @@ from ensemble_core.data.user_builder import USER_VERSION, check_user_name, prepa
 from ensemble_core.data.user_source import UserSource, source_files
 from ensemble_core.errors import DataError
 from ensemble_core.filelock import flocked
+
+log = logging.getLogger(__name__)
 
 
 def tfds_root(name: str, data_dir: str | None) -> Path:
@@ -200,6 +204,8 @@ def prepare(
     target = root if source.kind == "prepared" else record_dir  # a user-prepared dataset is used in place
     root.mkdir(parents=True, exist_ok=True)
     with flocked(snap.prepare_lock_path(root, name)):
+        if source.kind != "prepared":
+            _set_aside_if_not_a_directory(record_dir)
         # fresh: prepared now (a damaged existing directory is reported, never removed here)
         fresh = source.kind != "prepared" and not (target / name).exists()
         skipped: tuple[str, ...] = ()
@@ -229,6 +235,23 @@ def prepare(
             atomic_write_json(record_dir / snap.SNAPSHOT_FILE, lineage.model_dump(mode="json"))
         snap.mark_used(record_dir)
     return info.model_copy(update={"snapshot": lineage})
+
+
+def _set_aside_if_not_a_directory(record_dir: Path) -> None:
+    """A snapshot's path taken by something else than a directory (a file, a link to one)
+    is damaged state: it is renamed beside it, ``.aside-<fingerprint>-<UTC time>``, with a
+    warning naming both, so the snapshot is prepared again there (preparing into it failed
+    with "check that it is writable" on every run until it was removed by hand)."""
+    if not (record_dir.is_symlink() or record_dir.exists()) or record_dir.is_dir():
+        return
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    aside = record_dir.with_name(f".aside-{record_dir.name}-{stamp}")
+    os.rename(record_dir, aside)
+    log.warning(
+        "data snapshot %s was not a directory (a file or a link took its place); set aside as %s and prepared again",
+        record_dir,
+        aside,
+    )
 
 
 def _lineage(

@@ -19,11 +19,13 @@ import datetime as dt
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pydantic
 
 from ensemble_core.atomic import atomic_write_json
+from ensemble_core.filelock import flocked
 
 #: The directory under a TFDS data dir that holds every snapshot: ``snapshots/<name>/<fingerprint>/``.
 SNAPSHOTS = "snapshots"
@@ -42,6 +44,23 @@ def prepare_lock_path(root: str | Path, name: str) -> Path:
 def mark_used(snapshot_dir: str | Path) -> None:
     """Record that a run uses ``snapshot_dir`` now (touch :data:`LAST_USED`)."""
     (Path(snapshot_dir) / LAST_USED).touch()  # an existing file's mtime is set to now
+
+
+def lease_path(snapshot_dir: str | Path) -> Path:
+    """The lease file of a snapshot, beside it: ``snapshots/<name>/.<fingerprint>.lease``
+    (outside the snapshot, so that setting the snapshot aside cannot move it)."""
+    path = Path(snapshot_dir)
+    return path.parent / f".{path.name}.lease"
+
+
+@contextlib.contextmanager
+def in_use(snapshot_dir: str | Path) -> Iterator[None]:
+    """Hold a lease on ``snapshot_dir`` for the block: a shared ``flock`` on its
+    :func:`lease_path`, which any number of runs hold together and the kernel releases when
+    the process ends (``kill -9`` included). Retention removes no snapshot whose lease is held
+    (:func:`ensemble_core.runs.champion.retention.apply_retention`, in any output directory)."""
+    with flocked(lease_path(snapshot_dir), shared=True):
+        yield
 
 
 def last_used(snapshot_dir: str | Path) -> float:

@@ -30,6 +30,7 @@ retention. The Prefect flow runs it with each stage replaced by its task
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -39,6 +40,7 @@ from typing import Any
 
 from ensemble_core import stopping
 from ensemble_core.config import PipelineConfig
+from ensemble_core.data.snapshot import in_use as snapshot_in_use
 from ensemble_core.errors import resume_fix
 from ensemble_core.runs.champion.promotion import promote
 from ensemble_core.runs.champion.retention import RetentionReport, apply_retention
@@ -165,17 +167,23 @@ def run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Stag
     every other stage when it ends; a request that arrives once the report is written
     stops nothing (the run is complete: retention runs, and the run is returned).
 
+    From the dataset's preparation to its end the run holds a lease on its data snapshot
+    (:func:`ensemble_core.data.snapshot.in_use`): no retention, of any output directory on
+    that data dir, removes the snapshot meanwhile.
+
     Raises:
       EnsembleError: preflight refused the run (nothing computed or written), or a stage
         failed (ConfigError, MeshError, DataError, RunLockedError, IncompatibleRunError,
         CheckpointError, DivergenceError), or the run was stopped (PreemptedError; rerun
         with the same name to resume).
     """
-    with stopping.stop_signals():
-        return _run(cfg, output_dir, run_name, stages)
+    with stopping.stop_signals(), contextlib.ExitStack() as leases:
+        return _run(cfg, output_dir, run_name, stages, leases)
 
 
-def _run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Stages) -> RunResult:
+def _run(
+    cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Stages, leases: contextlib.ExitStack
+) -> RunResult:
     fix = resume_fix(run_name)
     started_at = time.time()
     seconds: dict[str, float] = {}  # every stage's wall time, report.json's timing.stages
@@ -194,6 +202,9 @@ def _run(cfg: PipelineConfig, output_dir: str | Path, run_name: str, stages: Sta
     timed("preflight", stages.preflight, cfg, output_dir, run_name)
     run_dir = OutputDir(Path(output_dir)).run(run_name)
     dataset = stage("prepare", "dataset preparation", stages.prepare, cfg.data)
+    if dataset.snapshot is not None and dataset.tfds_data_dir is not None:
+        # held until the run ends: no retention, of any output directory, removes it meanwhile
+        leases.enter_context(snapshot_in_use(dataset.tfds_data_dir))
     skipped = None
     if not run_dir.has_checkpoint():
         stage("class_map_check", "the class-map check", check_class_map, cfg, dataset, str(output_dir))

@@ -46,7 +46,7 @@ from ensemble_core.atomic import atomic_write_json
 from ensemble_core.config.nightly_section import RetentionConfig
 from ensemble_core.data import snapshot
 from ensemble_core.errors import RunLockedError
-from ensemble_core.filelock import flocked
+from ensemble_core.filelock import LockHeldError, flocked
 from ensemble_core.runs.storage.champion_record import read_champion
 from ensemble_core.runs.storage.layout import OutputDir, RunDir
 from ensemble_core.runs.storage.lock import ensure_unlocked, run_lock
@@ -346,8 +346,14 @@ def _remove_snapshots(root: Path, refs: set[Path], fingerprints: set[str], cutof
             with flocked(snapshot.prepare_lock_path(root, name_dir.name)):
                 if not snap.is_dir() or snapshot.last_used(snap) >= cutoff:  # reused (or removed) meanwhile
                     continue
-                trash = base / f".trash-{name_dir.name}-{snap.name}-{uuid.uuid4().hex[:8]}"
-                os.rename(snap, trash)
+                try:
+                    # a run anywhere on this data dir holds the snapshot's lease while it uses it
+                    with flocked(snapshot.lease_path(snap), blocking=False):
+                        trash = base / f".trash-{name_dir.name}-{snap.name}-{uuid.uuid4().hex[:8]}"
+                        os.rename(snap, trash)
+                except LockHeldError:
+                    log.info("kept data snapshot %s: a run is using it", snap)
+                    continue
             size = _size(trash)
             _rmtree(trash)
             freed += size

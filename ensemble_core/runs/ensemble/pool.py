@@ -16,6 +16,8 @@ changes under its checkpoints).
 
 from __future__ import annotations
 
+from typing import Any
+
 from ensemble_core.config import PipelineConfig
 from ensemble_core.errors import CheckpointError, IncompatibleRunError
 from ensemble_core.runs.storage.layout import RunDir
@@ -28,7 +30,8 @@ def saved_plan(cfg: PipelineConfig, run: RunDir) -> StratificationPlan | None:
 
     Raises:
       CheckpointError: a damaged plan file (:func:`read_plan`).
-      IncompatibleRunError: the plan was made for another ``ensemble.stratify``.
+      IncompatibleRunError: the plan was made for another ``ensemble.stratify`` or another
+        ``ensemble.first_selection``.
     """
     saved = read_plan(run.stratified.path, cfg.ensemble.size)
     if saved is not None and saved.inits != cfg.ensemble.stratify:
@@ -37,7 +40,27 @@ def saved_plan(cfg: PipelineConfig, run: RunDir) -> StratificationPlan | None:
             f"{cfg.ensemble.stratify}",
             fix=f"rerun with ensemble.stratify={saved.inits}, or use a new run name",
         )
+    made_with = (saved.first_selection.get("made_with") if saved is not None else None) or {}
+    now = first_selection_settings(cfg)
+    # select_size is recorded, not compared: the final selection's size may change on resume
+    changed = {k: (v, now[k]) for k, v in made_with.items() if k in now and k != "select_size" and now[k] != v}
+    if changed:
+        key = {k: f"ensemble.first_selection.{k}" for k in changed}
+        was = ", ".join(f"{key[k]}={old!r}" for k, (old, _) in changed.items())
+        raise IncompatibleRunError(
+            f"'{run.path}' made its stratification plan with {was}; this config changes "
+            + ", ".join(f"{key[k]} to {new!r}" for k, (_, new) in changed.items()),
+            fix=f"rerun with {was}, or use a new run name",
+        )
     return saved
+
+
+def first_selection_settings(cfg: PipelineConfig) -> dict[str, Any]:
+    """What a stratification plan is made with, recorded in it (``first_selection.made_with``):
+    ``ensemble.first_selection``'s keys, compared on every resume (a change is refused, as a
+    changed ``ensemble.stratify`` is), and ``ensemble.select_size`` (recorded only: the final
+    selection's size may change on resume)."""
+    return {**cfg.ensemble.first_selection.model_dump(), "select_size": cfg.ensemble.select_size}
 
 
 def final_pool(cfg: PipelineConfig, run: RunDir) -> tuple[PipelineConfig, RunDir, StratificationPlan | None]:

@@ -18,7 +18,7 @@ from ensemble_core import diskspace, stopping
 from ensemble_core.atomic import atomic_savez
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
-from ensemble_core.runs.ensemble.pool import saved_plan
+from ensemble_core.runs.ensemble.pool import first_selection_settings, saved_plan
 from ensemble_core.runs.ensemble.select import first_selection_on
 from ensemble_core.runs.results import StratificationSummary, TrainingSummary
 from ensemble_core.runs.storage.layout import RunDir
@@ -47,6 +47,7 @@ def first_selection(cfg: PipelineConfig, dataset: DatasetInfo, run_dir: str | Pa
         return saved
     picked, record, arrays = first_selection_on(cfg, dataset, run.path)
     settings = list(dict.fromkeys(int(m) for m in picked.members))  # distinct, in order of first pick
+    record = {**record, "made_with": first_selection_settings(cfg)}  # checked on resume (saved_plan)
     plan = StratificationPlan(settings=settings, inits=inits, first_selection=record)
     atomic_savez(run.stratified.path / "search_validation.npz", **arrays)  # what the first selection saw
     write_plan(run.stratified.path, plan)

@@ -16,7 +16,7 @@ import numpy as np
 from ensemble_core import data as data_lib
 from ensemble_core import diskspace
 from ensemble_core.atomic import atomic_savez, atomic_write
-from ensemble_core.errors import CheckpointError, ConfigError, DataError, EnsembleError
+from ensemble_core.errors import CheckpointError, ConfigError, DataError
 from ensemble_core.runs.prediction.predict import predict_images
 from ensemble_core.runs.storage.champion_record import read_champion
 from ensemble_core.special_files import special_kind
@@ -191,17 +191,7 @@ def predict_file(run_dir: str | Path, images_npy: str | Path, output: str | Path
       DiskFullError, OutputError: ``output`` cannot be written (full disk, read-only).
     """
     images = read_images(images_npy)
-    try:
-        result = predict_images(run_dir, images)
-    except EnsembleError:
-        raise  # its own line (the run's model that does not import here is a ConfigError, not damage)
-    except (ValueError, KeyError, TypeError) as err:  # orbax/tensorstore/json on damaged checkpoint files
-        raise CheckpointError(
-            f"the latest checkpoint of {run_dir} cannot be read ({type(err).__name__}: {str(err)[:200]})",
-            fix="rerun "
-            "the run's training with its run name (a damaged checkpoint is set aside and it resumes from an older "
-            "one), or predict with another --run-dir",
-        ) from None
+    result = predict_images(run_dir, images)  # a damaged checkpoint: its CheckpointError
     try:
         atomic_savez(Path(output), **result)
     except OSError as err:

@@ -9,6 +9,7 @@ import numpy as np
 from ensemble_core import metrics as metrics_lib
 from ensemble_core.calibration import apply_temperature
 from ensemble_core.config import PipelineConfig
+from ensemble_core.errors import CheckpointError, EnsembleError
 from ensemble_core.runs.ensemble.load import load_ensemble
 from ensemble_core.runs.prediction.images import check_image_shape, check_image_values
 from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
@@ -21,7 +22,7 @@ def predict_images(run_dir: str | Path, images: np.ndarray, *, batch_size: int |
     Args:
       run_dir: a run directory with checkpoints (its config is read from the checkpoint).
       images: uint8 ``[N, H, W, C]`` (0..255) or float ``[N, H, W, C]`` in [0, 1]
-        (``[N, H, W]`` for one-channel images).
+        (``[N, H, W]`` for one-channel images), in either byte order.
       batch_size: overrides the run's ``eval.batch_size``.
 
     Returns:
@@ -37,19 +38,33 @@ def predict_images(run_dir: str | Path, images: np.ndarray, *, batch_size: int |
 
     Raises:
       DataError: images of the wrong shape, or values :func:`check_image_values` refuses.
-      CheckpointError: the run has no readable checkpoint.
+      CheckpointError: the run has no readable checkpoint (only reading the run maps to it).
       DivergenceError: every member of the run diverged.
     """
     run = RunDir(Path(run_dir))
-    with EnsembleCheckpointer(run.checkpoints, read_only=True) as ckpt:
-        meta = ckpt.read_meta()
-    cfg = PipelineConfig.model_validate(meta["config"])
-    if batch_size:
-        cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"batch_size": batch_size})})
-    shape = tuple(meta["dataset"]["image_shape"])
-    check_image_values(images)
-    images = check_image_shape(images, shape)
-    loaded = load_ensemble(cfg, run.path, meta["dataset"]["num_classes"], shape)
+    images = np.asarray(images)
+    if not images.dtype.isnative:  # e.g. big-endian float32 written on another machine: the same values
+        images = images.astype(images.dtype.newbyteorder("="))
+    try:
+        with EnsembleCheckpointer(run.checkpoints, read_only=True) as ckpt:
+            meta = ckpt.read_meta()
+        cfg = PipelineConfig.model_validate(meta["config"])
+        if batch_size:
+            cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"batch_size": batch_size})})
+        shape = tuple(meta["dataset"]["image_shape"])
+        check_image_values(images)
+        images = check_image_shape(images, shape)
+        loaded = load_ensemble(cfg, run.path, meta["dataset"]["num_classes"], shape)
+    except EnsembleError:
+        raise  # its own line (the images refused, the run's model that does not import here, ...)
+    except (ValueError, KeyError, TypeError) as err:  # orbax/tensorstore/json on damaged checkpoint files
+        # Only reading the run is mapped here: an error computing the predictions is not a
+        # damaged checkpoint (big-endian images used to be reported as one, with advice to retrain).
+        raise CheckpointError(
+            f"the latest checkpoint of {run_dir} cannot be read ({type(err).__name__}: {str(err)[:200]})",
+            fix="rerun the run's training with its run name (a damaged checkpoint is set aside and it resumes "
+            "from an older one), or predict with another --run-dir",
+        ) from None
     members, temperature = loaded.members, loaded.temperature
     probs, _ = members.predict(loaded.config, images)
     probs = probs[members.healthy]
