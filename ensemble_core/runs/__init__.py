@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +41,7 @@ from typing import Any
 
 from ensemble_core import stopping
 from ensemble_core.config import PipelineConfig
+from ensemble_core.data.snapshot import DataSnapshot, snapshot_dir
 from ensemble_core.data.snapshot import in_use as snapshot_in_use
 from ensemble_core.errors import resume_fix
 from ensemble_core.runs.champion.promotion import promote
@@ -70,6 +72,8 @@ from ensemble_core.runs.results import (
 from ensemble_core.runs.storage.layout import OutputDir, RunDir
 from ensemble_core.runs.training.groups import gather_groups, train_groups
 from ensemble_core.runs.training.trainer import train
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DriftReport",
@@ -202,9 +206,8 @@ def _run(
     timed("preflight", stages.preflight, cfg, output_dir, run_name)
     run_dir = OutputDir(Path(output_dir)).run(run_name)
     dataset = stage("prepare", "dataset preparation", stages.prepare, cfg.data)
-    if dataset.snapshot is not None and dataset.tfds_data_dir is not None:
-        # held until the run ends: no retention, of any output directory, removes it meanwhile
-        leases.enter_context(snapshot_in_use(dataset.tfds_data_dir))
+    if dataset.snapshot is not None:
+        _lease(leases, cfg, dataset.snapshot)
     skipped = None
     if not run_dir.has_checkpoint():
         stage("class_map_check", "the class-map check", check_class_map, cfg, dataset, str(output_dir))
@@ -250,6 +253,20 @@ def _run(
         selection=selection,
         timing=timing,
     )
+
+
+def _lease(leases: contextlib.ExitStack, cfg: PipelineConfig, lineage: DataSnapshot) -> None:
+    """Hold the lease on the run's data snapshot (the directory retention would remove:
+    ``<TFDS data dir>/snapshots/<name>/<fingerprint>``) until ``leases`` closes, at the end of
+    the run: no retention, of any output directory, removes it meanwhile. A lease that
+    cannot be taken (a read-only data dir) is a warning, never the run's failure."""
+    from ensemble_core.data import tfds_root
+
+    where = snapshot_dir(tfds_root(cfg.data.name, cfg.data.data_dir), lineage.name, lineage.fingerprint)
+    try:
+        leases.enter_context(snapshot_in_use(where))
+    except OSError as err:
+        log.warning("no lease on data snapshot %s (%s): retention elsewhere could remove it meanwhile", where, err)
 
 
 def _report_timing(report: Any, run_dir: RunDir) -> dict[str, Any] | None:
