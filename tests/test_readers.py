@@ -62,7 +62,7 @@ WRITER = textwrap.dedent(
     import sys, jax.numpy as jnp
     from ensemble_core.runs.storage.checkpoint import STATE_FORMAT, EnsembleCheckpointer
     state = {"w": jnp.ones((4, 1024, 1024))}  # 16 MB a save: each stays in flight a while
-    with EnsembleCheckpointer(sys.argv[1], keep=2) as ckpt:
+    with EnsembleCheckpointer(sys.argv[1], keep=3) as ckpt:
         for step in range(1, int(sys.argv[2]) + 1):
             ckpt.save(step, state, {"step": step})
             print("saving", step, flush=True)
@@ -100,4 +100,4 @@ def test_readers_while_another_process_saves_leave_every_save_intact(tmp_path):
     assert out.strip().splitlines()[-1] == "done" and reads > 0
     assert seen_in_flight > 0  # the readers did open the directory while a save was in flight
     with EnsembleCheckpointer(ckpts, read_only=True) as reader:
-        assert reader.all_steps() == [steps - 1, steps] and reader.read_meta() == {"step": steps}
+        assert reader.all_steps() == [steps - 2, steps - 1, steps] and reader.read_meta() == {"step": steps}

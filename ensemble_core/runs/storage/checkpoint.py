@@ -211,10 +211,11 @@ class EnsembleCheckpointer:
             try:
                 self._manager = ocp.CheckpointManager(self.directory, options=options, handler_registry=registry)
                 break
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 # orbax lists the steps, then reads each one's commit time: a writer in another
-                # process may remove an old step (its preservation policy) in between. A reader
-                # lists again; a writer owns the directory and has nothing to race with.
+                # process may remove an old step (its preservation policy) in between, which
+                # orbax reports as either error. A reader lists again; a writer owns the
+                # directory and has nothing to race with.
                 if not read_only or attempt == READER_ATTEMPTS - 1:
                     raise
                 time.sleep(0.05 * (attempt + 1))
