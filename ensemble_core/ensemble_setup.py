@@ -45,9 +45,16 @@ def group_size(cfg: PipelineConfig) -> int:
     return cfg.ensemble.size // cfg.distributed.member_groups
 
 
-def plan(cfg: PipelineConfig, num_devices: int | None = None, *, group: bool = False) -> MeshPlan:
+def plan(
+    cfg: PipelineConfig, num_devices: int | None = None, *, group: bool = False, processes: int | None = None
+) -> MeshPlan:
     """The mesh for ``cfg`` on ``num_devices`` (default: every device JAX sees); with
     ``group``, the mesh of one member group (:func:`group_size` members).
+
+    ``processes``: the JAX processes the devices belong to (default: ``jax.process_count()``
+    for every device JAX sees, else 1); a mesh gives each one a device
+    (:func:`~ensemble_core.mesh.plan_mesh`). The launcher plans the processes it will
+    start with ``processes=distributed.num_processes``.
 
     Raises:
       MeshError: the layout cannot hold E members and the batch (before any compute).
@@ -59,6 +66,7 @@ def plan(cfg: PipelineConfig, num_devices: int | None = None, *, group: bool = F
         ensemble=cfg.mesh.ensemble,
         pad=cfg.ensemble.pad,
         batch_size=cfg.train.batch_size,
+        processes=processes or (jax.process_count() if num_devices is None else 1),
     )
 
 

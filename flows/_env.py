@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from ensemble_core.config import HOST_DEVICES  # pydantic and numpy, no JAX
@@ -24,6 +25,10 @@ def apply() -> None:
     if _FLAG not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={HOST_DEVICES}".strip()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect warns at import (two lines) when it cannot create PREFECT_HOME; the commands
+    # report what that stops, the temporary server's database, in one line
+    # (flows._server.temporary_database_unwritable), and nothing else needs the directory.
+    warnings.filterwarnings("ignore", message="Failed to create the Prefect home directory", category=UserWarning)
     # Member groups on Dask: the scheduler's and workers' own INFO lines stay out of the run's log.
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
     # Warnings of ensemble_core (a damaged checkpoint or champion pointer set aside) go to

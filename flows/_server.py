@@ -1,25 +1,29 @@
-"""Is the Prefect server the commands will talk to answering? One line if not.
+"""Is the Prefect server the commands will talk to answering (or, with none configured,
+can the temporary one keep its database)? One line if not.
 
-python -m flows._server   # exit 0 if it answers (or none is configured), else 2 and one line
+python -m flows._server   # exit 0 if it answers (or a temporary one can start), else 2 and one line
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
+from pathlib import Path
 
 HEALTH_TIMEOUT_S = 5.0
 
 
 def unreachable() -> str | None:
-    """``None`` if no server is configured (Prefect then starts a temporary one) or the
-    server at ``PREFECT_API_URL`` answers ``/health`` and accepts this client's
-    ``PREFECT_API_AUTH_STRING``; else the one-line error message."""
+    """``None`` if the server at ``PREFECT_API_URL`` answers ``/health`` and accepts this
+    client's ``PREFECT_API_AUTH_STRING``, or, with no server configured, the temporary
+    server the command starts (:mod:`flows._ephemeral`) can write its database
+    (:func:`temporary_database_unwritable`); else the one-line error message."""
     import httpx
     from prefect.settings import PREFECT_API_URL
 
     url = PREFECT_API_URL.value()
     if not url:
-        return None
+        return temporary_database_unwritable()
     try:
         httpx.get(url.rstrip("/") + "/health", timeout=HEALTH_TIMEOUT_S).raise_for_status()
     except httpx.HTTPError as err:
@@ -29,6 +33,44 @@ def unreachable() -> str | None:
             f"or unset PREFECT_API_URL (`prefect config unset PREFECT_API_URL`) to run without a server"
         )
     return _refuses_this_client(url)
+
+
+def temporary_database_unwritable() -> str | None:
+    """The one-line error when the temporary server's SQLite database (Prefect's setting
+    ``PREFECT_SERVER_DATABASE_CONNECTION_URL``, by default ``prefect.db`` in
+    ``PREFECT_HOME``, itself ``~/.prefect``) cannot be created or written: a read-only
+    home directory, a full or read-only file system, a file where the directory should be.
+    The server would fail at startup (after the data was prepared) with nothing but a
+    database error. ``None`` for another database (PostgreSQL: the server checks it).
+
+    Creates the database's directory when it is missing, as the server would."""
+    from prefect.settings import get_current_settings
+    from sqlalchemy.engine import make_url
+
+    settings = get_current_settings()
+    secret = settings.server.database.connection_url
+    if secret is None:  # not configured: Prefect's default, prefect.db in PREFECT_HOME
+        url = make_url(f"sqlite+aiosqlite:///{settings.home / 'prefect.db'}")
+    else:
+        url = make_url(secret.get_secret_value())
+    if not url.drivername.startswith("sqlite") or not url.database or url.database == ":memory:":
+        return None
+    path = Path(url.database).expanduser()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+        if path.exists():
+            with path.open("r+b"):
+                pass
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        return (
+            f"the temporary Prefect server cannot write its database {path} ({reason}; PREFECT_HOME is "
+            f"{settings.home}); fix: set PREFECT_HOME to a writable directory (export PREFECT_HOME=/tmp/prefect), "
+            f"or start a server with `make serve` and set PREFECT_API_URL"
+        )
+    return None
 
 
 def _refuses_this_client(url: str) -> str | None:

@@ -23,7 +23,7 @@ from prefect.states import State
 
 from ensemble_core import stopping
 from ensemble_core.errors import EnsembleError, PreemptedError
-from flows import _cli, _outcome, _services
+from flows import _cli, _outcome, _server, _services
 from tasks.predict import load_images, predict_images, resolve_run
 
 
@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
 def _predict(args: argparse.Namespace) -> int:
     from ensemble_core.runs.prediction import files as prediction
 
+    down = _server.unreachable()  # as the training command line: the server first
+    if down:
+        print(f"error: {down}", file=sys.stderr)
+        return _cli.EXIT_BAD_INPUT
     try:  # every refusal before Prefect starts: one line, exit 2
         prediction.preflight(args.images, args.tfds_name, args.run_dir, args.output_dir, args.output)
     except EnsembleError as err:

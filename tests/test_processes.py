@@ -32,7 +32,11 @@ COMMON = ("ensemble.size=4", "data.validation_fraction=0.2", "data.max_train_exa
         # make soak: ensemble 4 x data 2, each member's data pair on one process (make test:
         # the same processes with every batch split across them, below)
         pytest.param("mesh.data=2", "inside", marks=pytest.mark.soak),
-        ("mesh.data=8", "across"),  # ensemble 1 x data 8: every batch split over both processes
+        # ensemble 1 x data 8: every batch split over both processes (make soak)
+        pytest.param("mesh.data=8", "across", marks=pytest.mark.soak),
+        # ensemble 4 x data 1 on 4 of the 8 devices: two members on each process (make test;
+        # issue 43 class 8: it took the first 4 devices, all process 0's, and was refused)
+        ("mesh.data=1", "spread"),
     ],
 )
 def test_two_processes_train_the_members_of_one(tfds_dir, tmp_path, mesh, where):
@@ -266,19 +270,63 @@ def test_process_0s_epochs_reach_on_epoch_in_the_callers_context():
     assert records == [{"epoch_record": {"epoch": 1}}, {"epoch_record": {"epoch": 2}}, {"summary": 1}]
 
 
-@pytest.mark.parametrize("size", [2, 4])
-def test_a_mesh_that_leaves_a_process_without_devices_is_refused_with_a_fix_that_works(size):
+class FakeDevice:
+    """What :func:`ensemble_core.mesh.mesh_devices` reads of a device: its id and process."""
+
+    def __init__(self, device_id: int, process_index: int):
+        self.id, self.process_index = device_id, process_index
+
+    def __repr__(self) -> str:
+        return f"d{self.id}@p{self.process_index}"
+
+
+@pytest.mark.parametrize(
+    "processes, count, expected",
+    [
+        (2, 4, [0, 1, 4, 5]),  # 4 members on 2 processes of 4 devices: two on each
+        (2, 3, [0, 1, 4]),  # uneven: the first process takes the extra one
+        (2, 2, [0, 4]),  # ensemble 1 x data 2 (widened): one device of each process
+        (4, 4, [0, 2, 4, 6]),
+        (2, 8, list(range(8))),  # the whole machine: in order
+        (1, 3, [0, 1, 2]),  # one process: the first devices, as ever
+    ],
+)
+def test_the_mesh_spreads_its_devices_over_the_jax_processes(processes, count, expected):
+    from ensemble_core.mesh import mesh_devices
+
+    per = 8 // processes
+    devices = [FakeDevice(i, i // per) for i in range(8)]
+    chosen = mesh_devices(devices, count)
+    assert [d.id for d in chosen] == expected
+    assert {d.process_index for d in chosen} == set(range(min(processes, count)))
+
+
+@pytest.mark.parametrize(
+    "sets, mesh",
+    [
+        (["ensemble.size=4"], (4, 1)),  # spread: no change
+        (["ensemble.size=1"], (1, 2)),  # one member: its batch split over the two processes
+        (["ensemble.size=1", "distributed.num_processes=4"], (1, 4)),
+        (["ensemble.size=3", "distributed.num_processes=4"], (3, 2)),  # 6 devices: 2, 2, 1, 1 per process
+    ],
+)
+def test_a_mesh_smaller_than_the_processes_widens_its_data_axis(sets, mesh):
     from ensemble_core.ensemble_setup import plan
+    from ensemble_core.runs.training.launcher import check_mesh_spans_processes
+
+    cfg = load_config(None, ["distributed.num_processes=2", *sets])
+    check_mesh_spans_processes(cfg)  # accepted
+    got = plan(cfg, 8, processes=cfg.distributed.num_processes)
+    assert (got.ensemble, got.data) == mesh
+    assert plan(cfg, 8, processes=1).data == 1  # the same config in one process is not widened
+
+
+def test_a_mesh_no_placement_can_serve_is_refused_before_any_process_starts():
     from ensemble_core.errors import MeshError
     from ensemble_core.runs.training.launcher import check_mesh_spans_processes
 
-    cfg = load_config(None, ["distributed.num_processes=2", f"ensemble.size={size}"])
-    with pytest.raises(
-        MeshError, match=r"none of JAX process 1's \(devices 4\.\.7\).*; fix: set mesh\.data=(\d)"
-    ) as err:
+    # one member and a batch of 7: no data axis (2, 4, 8 devices) divides it
+    cfg = load_config(None, ["distributed.num_processes=2", "ensemble.size=1", "train.batch_size=7"])
+    fix = "fix: use a train.batch_size divisible by 2"
+    with pytest.raises(MeshError, match=r"1 device\(s\) for 2 JAX processes.*" + fix):
         check_mesh_spans_processes(cfg)
-    data = err.value.args[0].split("fix: set mesh.data=")[1][0]
-    fixed = load_config(None, ["distributed.num_processes=2", f"ensemble.size={size}", f"mesh.data={data}"])
-    check_mesh_spans_processes(fixed)
-    mesh = plan(fixed, 8)
-    assert mesh.ensemble * mesh.data > 4  # process 1 holds devices 4..7 of the 8

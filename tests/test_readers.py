@@ -101,3 +101,23 @@ def test_readers_while_another_process_saves_leave_every_save_intact(tmp_path):
     assert seen_in_flight > 0  # the readers did open the directory while a save was in flight
     with EnsembleCheckpointer(ckpts, read_only=True) as reader:
         assert reader.all_steps() == [steps - 2, steps - 1, steps] and reader.read_meta() == {"step": steps}
+
+
+def test_a_reader_whose_latest_step_a_writer_removed_reads_the_new_latest(tmp_path):
+    """The reader listed the steps (latest 1); the writer then saved step 2 and its
+    preservation policy (keep 1) removed step 1 before the reader read it: the reader lists
+    again and reads step 2. It used to fail with "cannot be read" (a prediction slower than
+    a run's checkpoint interval)."""
+    ckpts = tmp_path / "run" / "checkpoints"
+    with EnsembleCheckpointer(ckpts, keep=1) as writer:
+        writer.save(1, {"w": jnp.full(4, 1.0)}, {"step": 1, "state_format": STATE_FORMAT})
+        writer.wait()
+        with EnsembleCheckpointer(ckpts, read_only=True) as reader:
+            assert reader.latest_step() == 1
+            writer.save(2, {"w": jnp.full(4, 2.0)}, {"step": 2, "state_format": STATE_FORMAT})
+            writer.wait()
+            assert not (ckpts / "1").exists() and reader.latest_step() == 1  # the reader's listing is stale
+            assert reader.read_meta()["step"] == 2
+            restored, meta = reader.restore({"w": jnp.zeros(4)})
+    assert meta["step"] == 2
+    np.testing.assert_array_equal(np.asarray(restored["w"]), np.full(4, 2.0))

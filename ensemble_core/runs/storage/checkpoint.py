@@ -15,8 +15,9 @@ import json
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import flax.struct
 import jax
@@ -42,6 +43,7 @@ STATE_FORMAT = 2
 #: How often a reader lists a run's checkpoints again when a step vanished while it listed
 #: them (the run's writer removed an old step meanwhile).
 READER_ATTEMPTS = 10
+_T = TypeVar("_T")
 
 #: Free space a checkpoint save needs beyond its arrays and metadata (orbax's own small
 #: files: commit markers, metadata, the OCDBT manifest).
@@ -290,15 +292,36 @@ class EnsembleCheckpointer:
                 f"fix: free disk space (or fix the write error) and rerun with the same run name to resume"
             ) from None
 
+    def _latest(self, read: Callable[[int], _T]) -> _T:
+        """``read(step)`` of the latest step. A reader whose step a writer in another process
+        removed meanwhile (its preservation policy, after a newer save) lists the steps
+        again and reads the new latest, up to ``READER_ATTEMPTS`` times; a step that is
+        still there but cannot be read is damaged, and its error is raised.
+
+        Raises:
+          CheckpointError: no checkpoint (or ``read``'s own errors).
+        """
+        for attempt in range(READER_ATTEMPTS):
+            step = self.latest_step()
+            if step is None:
+                raise CheckpointError(f"no checkpoint in {self.directory}")
+            try:
+                return read(step)
+            except Exception:
+                if not self.read_only or (self.directory / str(step)).exists() or attempt == READER_ATTEMPTS - 1:
+                    raise
+                self._manager.reload()  # the step is gone: list the steps again
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def read_meta(self, step: int | None = None) -> dict:
-        """The JSON metadata of ``step`` (default: latest) without touching the arrays.
+        """The JSON metadata of ``step`` (default: latest, see :meth:`_latest`) without
+        touching the arrays.
 
         Raises:
           CheckpointError: no checkpoint, or its metadata cannot be read (damaged).
         """
-        step = self.latest_step() if step is None else step
         if step is None:
-            raise CheckpointError(f"no checkpoint in {self.directory}")
+            return self._latest(self.read_meta)
         try:
             return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         except (ValueError, KeyError, TypeError, OSError) as err:  # json/orbax on a damaged file
@@ -316,14 +339,14 @@ class EnsembleCheckpointer:
           target: a state (or ``jax.ShapeDtypeStruct`` tree with shardings) of the same
             structure; the restored arrays get its shardings, so a checkpoint saved on 8
             devices restores on 1.
-          step: the checkpoint to restore (default: latest).
+          step: the checkpoint to restore (default: latest; a reader lists again when a
+            writer removes it meanwhile, :meth:`_latest`).
 
         Raises:
           CheckpointError: no checkpoint, or one that does not fit ``target``.
         """
-        step = self.latest_step() if step is None else step
         if step is None:
-            raise CheckpointError(f"no checkpoint in {self.directory}")
+            return self._latest(lambda latest: self.restore(target, latest))
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), target
         )

@@ -27,7 +27,7 @@ from ensemble_core import stopping
 from ensemble_core.config import HOST_DEVICES, PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.ensemble_setup import plan
-from ensemble_core.errors import EnsembleError, MeshError, PreemptedError, resume_fix
+from ensemble_core.errors import EnsembleError, PreemptedError, resume_fix
 from ensemble_core.processutil import free_port
 from ensemble_core.runs.results import TrainingSummary
 from ensemble_core.runs.storage.layout import RunDir, owning_run
@@ -45,40 +45,22 @@ def local_devices(num_processes: int) -> int:
 
 
 def check_mesh_spans_processes(cfg: PipelineConfig) -> None:
-    """With ``distributed.num_processes`` N > 1, refuse a mesh that leaves a process out.
+    """With ``distributed.num_processes`` N > 1, refuse (before any process starts) a run
+    whose mesh cannot give each of the N processes a device.
 
-    The mesh takes the first ``ensemble x data`` of the ``HOST_DEVICES`` global devices,
-    and process p holds devices ``p*D .. p*D+D-1`` (``D = 8 // N``): a smaller mesh (e.g.
-    ``ensemble.size=2`` with ``mesh.data=1``: 2 devices, both process 0's) gives the last
-    process no device, and it failed on its first read of the state.
+    Process p holds devices ``p*D .. p*D+D-1`` (``D = 8 // N``). The mesh's devices are
+    spread over the processes (:func:`~ensemble_core.mesh.mesh_devices`) and a mesh of
+    fewer devices than processes has its data axis widened
+    (:func:`~ensemble_core.mesh.plan_mesh`): e.g. 4 members on 2 processes train 2 on
+    each, 1 member trains on ``ensemble 1 x data 2``, one device of each process. A
+    process with no device of the mesh failed on its first read of the state.
 
     Raises:
-      MeshError: the mesh does not reach the last process's devices (the fix names a
-        ``mesh.data`` that does, when one exists).
+      MeshError: no mesh gives every process a device (one member, and a batch no
+        wider data axis divides).
     """
-    n = cfg.distributed.num_processes
-    if n == 1:
-        return
-    need = (n - 1) * local_devices(n) + 1  # the last process's first device must be in the mesh
-    mesh = plan(cfg, HOST_DEVICES)
-    if mesh.ensemble * mesh.data >= need:
-        return
-    fixes = []
-    for data in (d for d in range(1, HOST_DEVICES + 1) if HOST_DEVICES % d == 0):
-        try:
-            other = plan(cfg.model_copy(update={"mesh": cfg.mesh.model_copy(update={"data": data})}), HOST_DEVICES)
-        except MeshError:
-            continue
-        if other.ensemble * other.data >= need:
-            fixes.append(f"set mesh.data={data}")
-            break
-    fixes.append(f"use an ensemble.size that is a multiple of {HOST_DEVICES}, or distributed.num_processes=1")
-    raise MeshError(
-        f"the mesh (ensemble {mesh.ensemble} x data {mesh.data}) uses {mesh.ensemble * mesh.data} of the "
-        f"{HOST_DEVICES} devices, none of JAX process {n - 1}'s (devices {(n - 1) * local_devices(n)}.."
-        f"{HOST_DEVICES - 1}), with distributed.num_processes={n}",
-        fix=f"{' or '.join(fixes)}",
-    )
+    if cfg.distributed.num_processes > 1:
+        plan(cfg, HOST_DEVICES, processes=cfg.distributed.num_processes)
 
 
 def _child_env(num_processes: int) -> dict[str, str]:
