@@ -177,11 +177,19 @@ class EnsembleSetup:
             precision=self.config.train.precision,
         )
 
-    def predict_fn(self, *, logits: bool = False) -> Callable:
+    def predict_fn(self, *, logits: bool = False, stochastic: bool = False) -> Callable:
         """The jitted ``predict(params, images) -> member_probs`` (or member logits)
         (:func:`ensemble_core.predict.make_predict`), at the compute precision the members
-        train at (``train.precision``); float32 outputs."""
-        return make_predict(self.model, self.mesh, self.strategy, logits=logits, precision=self.config.train.precision)
+        train at (``train.precision``); float32 outputs. ``stochastic``: one MC dropout
+        pass (``make_predict``'s ``stochastic``)."""
+        return make_predict(
+            self.model,
+            self.mesh,
+            self.strategy,
+            logits=logits,
+            precision=self.config.train.precision,
+            stochastic=stochastic,
+        )
 
 
 def build(

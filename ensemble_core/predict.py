@@ -19,7 +19,13 @@ from ensemble_core.train.forward import Network, apply_inference, check_precisio
 
 
 def make_predict(
-    model: Network, mesh: Mesh, strategy: str = "vmap", *, logits: bool = False, precision: str = "float32"
+    model: Network,
+    mesh: Mesh,
+    strategy: str = "vmap",
+    *,
+    logits: bool = False,
+    precision: str = "float32",
+    stochastic: bool = False,
 ):
     """Build ``predict(variables, images) -> member_probs`` (``logits``: the member logits
     instead, before the softmax), every member in inference mode
@@ -33,6 +39,13 @@ def make_predict(
     softmax probabilities (or logits), whatever ``precision``: the softmax is computed
     from float32 logits.
 
+    ``stochastic``: one MC dropout pass of every member instead
+    (:func:`ensemble_core.mc_dropout.apply_stochastic`, Linen networks):
+    ``predict((variables, keys), images, index)`` with ``keys`` uint32 ``[E, 2]`` (the
+    pass's raw keys, :func:`ensemble_core.mc_dropout.pass_keys`, sharded like the
+    variables) and ``index`` int32 ``[B]`` (each image's number in the whole set, sharded
+    like the images).
+
     Raises:
       ConfigError: an unknown ``precision``.
     """
@@ -45,6 +58,25 @@ def make_predict(
     def local(variables, images):
         return map_members(lambda v: member(v, images), strategy)(variables)
 
+    def one_pass(variables_keys, images, index):
+        from ensemble_core.mc_dropout import apply_stochastic
+
+        def member_pass(v, key_data):
+            key = jax.random.wrap_key_data(key_data)
+            z = apply_stochastic(model, v, to_float(images), key, index, precision)
+            return z if logits else jax.nn.softmax(z, axis=-1)
+
+        return map_members(member_pass, strategy)(*variables_keys)
+
+    if stochastic:
+        return jax.jit(
+            jax.shard_map(
+                one_pass,
+                mesh=mesh,
+                in_specs=(P(ENSEMBLE_AXIS), P(DATA_AXIS), P(DATA_AXIS)),
+                out_specs=P(ENSEMBLE_AXIS, DATA_AXIS),
+            )
+        )
     return jax.jit(
         jax.shard_map(
             local,
@@ -56,7 +88,14 @@ def make_predict(
 
 
 def member_probs(
-    predict, variables: Any, images: np.ndarray, mesh: Mesh, batch_size: int, *, one_member_per_device: bool = False
+    predict,
+    variables: Any,
+    images: np.ndarray,
+    mesh: Mesh,
+    batch_size: int,
+    *,
+    one_member_per_device: bool = False,
+    indexed: bool = False,
 ) -> np.ndarray:
     """Every member's probabilities on ``images`` (uint8 ``[N, H, W, C]``), in chunks;
     ``variables`` as :func:`make_predict`'s.
@@ -68,6 +107,9 @@ def member_probs(
     device's working set that of a single network. The last chunk is padded to the chunk
     size (so one compiled program serves all chunks) and the padding is cut off.
 
+    ``indexed``: ``predict(variables, images, index)`` also takes each image's number in
+    ``images`` (int32, sharded like the images; a stochastic pass's, :func:`make_predict`).
+
     Returns:
       float32 ``[E, N, C]`` on the host.
     """
@@ -77,7 +119,9 @@ def member_probs(
         # Device d holds members [d * per_device, (d + 1) * per_device): group j takes member
         # d * per_device + j from every device d, so the slice stays on its device.
         groups = [
-            member_probs(predict, _take_members(variables, j, per_device, mesh), images, mesh, batch_size)
+            member_probs(
+                predict, _take_members(variables, j, per_device, mesh), images, mesh, batch_size, indexed=indexed
+            )
             for j in range(per_device)
         ]
         return np.stack(groups, axis=1).reshape(e, *groups[0].shape[1:])
@@ -93,7 +137,11 @@ def member_probs(
         pad = chunk - len(part)
         if pad:
             part = np.concatenate([part, np.zeros((pad, *part.shape[1:]), part.dtype)])
-        probs = predict(variables, jax.device_put(part, sharding))
+        if indexed:
+            index = jax.device_put(np.arange(start, start + chunk, dtype=np.int32), sharding)
+            probs = predict(variables, jax.device_put(part, sharding), index)
+        else:
+            probs = predict(variables, jax.device_put(part, sharding))
         out.append(probs[:, : chunk - pad] if pad else probs)
     return host_value(jnp.concatenate(out, axis=1)).astype(np.float32, copy=False)
 

@@ -155,6 +155,10 @@ NEW_KEYS = {
         "selection": {"replacement": False, "sorted_init": 0, "bags": 20},
         "first_selection": {"replacement": True, "sorted_init": 0, "bags": 0},
         "stratify": None,
+        # the baselines (issue 44): deep is the deep ensemble it always was; mc_samples only
+        # matters with method mc_dropout
+        "method": "deep",
+        "mc_samples": 30,
     },
     "distributed": {"group_lock_wait_s": 120.0},
     # a user's own images (data.source image_folder/arrays) and its class-map policy

@@ -124,7 +124,7 @@ def test_sigkill_then_resume_is_bitwise_with_batchnorm_dropout_and_augmentation(
             "raised ValueError: unknown option(s) ['depth']",
         ),
         (["model.name=resnet", "model.options={depth: 21}"], "model.options.depth"),
-        (["model.name=cnn", "model.options={width: 2}"], "takes no options"),
+        (["model.name=mlp", "model.options={width: 2}"], "takes no options"),
         (["data.augment.flip=true"], "data.augment.flip=true on 'mnist5k'"),
         (["data.augment.crop_padding=28"], "not smaller than the 28x28 images"),
     ],

@@ -172,6 +172,21 @@ class EnsembleConfig(Section):
     """How many members to train, with which hyperparameters, and which of them form the ensemble."""
 
     size: int = Field(8, ge=1, le=4096, description="Number of ensemble members E.")
+    method: Literal["deep", "mc_dropout"] = Field(
+        "deep",
+        description="How the E trained networks predict. deep: each network is one member (a deep ensemble, "
+        "Lakshminarayanan et al. 2017). mc_dropout: each network predicts with its dropout on, "
+        "ensemble.mc_samples stochastic passes each, and every pass is a member of the evaluation (MC dropout, "
+        "Gal & Ghahramani 2016); its networks need dropout (a Linen nn.Dropout of rate > 0, e.g. "
+        "model.options.dropout_rate of cnn, resnet and wide_resnet).",
+    )
+    mc_samples: int = Field(
+        30,
+        ge=1,
+        le=1000,
+        description="mc_dropout only: stochastic passes T per network; the evaluation's members are E x T "
+        "(30: uncertainty-baselines' MC dropout on CIFAR-10).",
+    )
     pad: bool = Field(
         False,
         description="If E does not divide over an explicit mesh.ensemble axis, train "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from ensemble_core import diskspace, evaluators
+from ensemble_core import diskspace, evaluators, mc_dropout
 from ensemble_core import memory as memory_lib
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
@@ -20,6 +20,7 @@ from ensemble_core.runs.storage.layout import RunDir, run_dir_for
 from ensemble_core.runs.storage.lock import ensure_unlocked
 from ensemble_core.runs.storage.resume import check_resumable
 from ensemble_core.runs.training.launcher import check_mesh_spans_processes
+from ensemble_core.train.forward import mode
 
 SCHEDULER_TIMEOUT_S = 5.0  # how long preflight waits for distributed.address to accept a connection
 
@@ -66,7 +67,8 @@ def check_against_dataset(cfg: PipelineConfig, dataset: DatasetInfo) -> None:
 def check_memory(cfg: PipelineConfig, dataset: DatasetInfo) -> memory_lib.MemoryEstimate:
     """Refuse, before anything compiles, a model that cannot be built or run on the
     dataset (:func:`ensemble_core.models.check_model`: its import path, options, one member
-    initialised and run in both modes on a dummy batch, abstractly) and a config whose
+    initialised and run in both modes on a dummy batch, abstractly), one MC dropout cannot
+    wrap (:func:`ensemble_core.mc_dropout.check_network`) and a config whose
     training cannot fit in memory (:mod:`ensemble_core.memory`: a lower bound from shapes alone).
 
     Raises:
@@ -75,6 +77,8 @@ def check_memory(cfg: PipelineConfig, dataset: DatasetInfo) -> memory_lib.Memory
     shape = tuple(dataset.image_shape)
     model = build_model(cfg.model, dataset.num_classes)
     check_model(model, cfg.model, shape, dataset.num_classes)
+    if cfg.ensemble.method == "mc_dropout":  # a network it can wrap, with dropout
+        mc_dropout.check_network(model, cfg.model.name, shape, mode(model, True))
 
     est = memory_lib.estimate(
         cfg, plan(cfg), dataset.num_classes, shape, num_train(cfg, dataset), resolve_strategy(cfg), model=model

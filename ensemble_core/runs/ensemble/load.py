@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ensemble_core import mc_dropout
 from ensemble_core.config import PipelineConfig
 from ensemble_core.ensemble_setup import EnsembleSetup, build
 from ensemble_core.errors import DivergenceError
@@ -62,6 +63,10 @@ class Members:
       rows: pool index of every row, int ``[K]``.
       healthy: bool ``[K]``.
       expand: int ``[K]``: row k is ``variables`` member ``expand[k]``.
+      passes: int ``[K]`` or None: with ``ensemble.method=mc_dropout`` (:func:`all_members`),
+        row k is MC dropout pass ``passes[k]`` of its member (:mod:`ensemble_core.mc_dropout`),
+        so each network gives ``ensemble.mc_samples`` rows; None: each row is its member's
+        deterministic prediction.
     """
 
     variables: Any
@@ -69,6 +74,7 @@ class Members:
     rows: np.ndarray
     healthy: np.ndarray
     expand: np.ndarray
+    passes: np.ndarray | None = None
     #: the programs already compiled and run once ((logits, batch size, image shape, dtype))
     warm: set = dataclasses.field(default_factory=set, compare=False, repr=False)
 
@@ -77,6 +83,8 @@ class Members:
         of every row on ``images`` (float or uint8 ``[N, H, W, C]``) and the steady-state
         throughput in member-images/s (a program not used before is compiled and run first,
         on the first ``eval.batch_size`` images, and that run is not timed)."""
+        if self.passes is not None:
+            return self._predict_passes(cfg, images, logits=logits)
         predict = self.setup.predict_fn(logits=logits)
         one = self.setup.strategy == "unroll"
         batch = cfg.eval.batch_size
@@ -91,10 +99,47 @@ class Members:
         throughput = distinct * probs.shape[1] / seconds
         return probs[self.expand], throughput
 
+    def _predict_passes(self, cfg: PipelineConfig, images: np.ndarray, *, logits: bool) -> tuple[np.ndarray, float]:
+        """:meth:`predict` of MC dropout rows: every member's passes ``0 .. max(passes)``
+        (one program, each pass's keys :func:`ensemble_core.mc_dropout.pass_keys` from
+        ``cfg.seed``), then row k's ``(expand[k], passes[k])``; the throughput counts passes."""
+        assert self.passes is not None
+        predict = self.setup.predict_fn(logits=logits, stochastic=True)
+        one, batch, mesh = self.setup.strategy == "unroll", cfg.eval.batch_size, self.setup.mesh
+        members = jax.tree.leaves(self.variables)[0].shape[0]
+        sharding = member_sharding(mesh)
+
+        def one_pass(t: int, x: np.ndarray) -> np.ndarray:
+            keys = jax.device_put(mc_dropout.pass_keys(cfg.seed, members, t), sharding)
+            pair = (self.variables, keys)
+            return member_probs(predict, pair, x, mesh, batch, one_member_per_device=one, indexed=True)
+
+        program = ("passes", logits, batch, images.shape[1:], images.dtype.str)
+        if program not in self.warm:
+            one_pass(0, images[:batch])
+            self.warm.add(program)
+        t0 = time.perf_counter()
+        probs = np.stack([one_pass(t, images) for t in range(int(self.passes.max()) + 1)], axis=1)  # [U, T, N, C]
+        seconds = time.perf_counter() - t0
+        throughput = (int(self.expand.max()) + 1) * probs.shape[1] * probs.shape[2] / seconds
+        return probs[self.expand, self.passes], throughput
+
 
 def all_members(cfg: PipelineConfig, state: EnsembleState, setup: EnsembleSetup) -> Members:
-    """Every trained member of ``state`` (padding dropped at prediction)."""
+    """Every trained member of ``state`` (padding dropped at prediction); with
+    ``ensemble.method=mc_dropout`` each member's ``ensemble.mc_samples`` passes, member by
+    member (rows ``u * T + t``)."""
     e = cfg.ensemble.size
+    if cfg.ensemble.method == "mc_dropout":
+        t = cfg.ensemble.mc_samples
+        return Members(
+            variables=state.final_variables,
+            setup=setup,
+            rows=np.repeat(np.arange(e), t),
+            healthy=np.repeat(np.asarray(state.healthy)[:e], t),
+            expand=np.repeat(np.arange(e), t),
+            passes=np.tile(np.arange(t), e),
+        )
     return Members(
         variables=state.final_variables,
         setup=setup,

@@ -265,6 +265,9 @@ def render_markdown(report: dict, plots: bool = True) -> str:
     cfg = report["config"]
     diverged = report.get("diverged_members") or []
     warning = [f"**Diverged members** (frozen, left out of the ensemble figures): {diverged}.", ""] if diverged else []
+    method = cfg["ensemble"].get("method", "deep")
+    passes = cfg["ensemble"].get("mc_samples")
+    mc = [f"MC dropout: each network's {passes} stochastic passes are the members below.", ""]
     lines = [
         f"# Ensemble report: {report['run_name']}",
         "",
@@ -273,6 +276,7 @@ def render_markdown(report: dict, plots: bool = True) -> str:
         f"mesh ensemble={report['mesh']['ensemble']} x data={report['mesh']['data']}, "
         f"member strategy `{report['strategy']}`.",
         "",
+        *(mc if method == "mc_dropout" else []),
         *warning,
         f"**Ensemble**: accuracy {fixed(ens['accuracy'])}, NLL {fixed(ens['nll'])} "
         f"(member mean {fixed(mean['nll'])}), Brier {fixed(ens['brier'])}, ECE {fixed(ens['ece'])}.",
