@@ -22,7 +22,7 @@ from jax.sharding import Mesh
 from ensemble_core.config import PipelineConfig
 from ensemble_core.errors import ConfigError
 from ensemble_core.mesh import MeshPlan, make_mesh, plan_mesh
-from ensemble_core.models import build_model
+from ensemble_core.networks import build_network, members_per_network
 from ensemble_core.predict import make_predict
 from ensemble_core.rngs import member_keys, stratified_member_keys
 from ensemble_core.train import (
@@ -189,6 +189,7 @@ class EnsembleSetup:
             logits=logits,
             precision=self.config.train.precision,
             stochastic=stochastic,
+            outputs=members_per_network(self.config),
         )
 
 
@@ -221,7 +222,7 @@ def build(
         config=cfg,
         plan=mesh_plan,
         mesh=make_mesh(mesh_plan, devices),
-        model=build_model(cfg.model, num_classes),
+        model=build_network(cfg, num_classes),
         optimizer=make_optimizer(cfg.train),
         strategy=strategy or resolve_strategy(cfg),
         first_member=0 if group is None else group * group_size(cfg),

@@ -33,7 +33,7 @@ import numpy as np
 from ensemble_core.config import PipelineConfig
 from ensemble_core.errors import ConfigError
 from ensemble_core.mesh import MeshPlan
-from ensemble_core.models import build_model
+from ensemble_core.networks import build_network
 from ensemble_core.train.augment import augmentation_bytes
 from ensemble_core.train.forward import Network, activation_elements, init_variables, split_variables
 
@@ -75,12 +75,13 @@ def estimate(
       strategy: ``mesh.member_strategy`` resolved (``unroll`` or ``vmap``).
       num_classes, image_shape ``(H, W, C)``, num_train: the dataset's (after
         ``data.max_train_examples``).
-      model: the member network when the caller has built it already (None: built from ``cfg.model``).
+      model: the member network when the caller has built it already (None: built from ``cfg``,
+        :func:`ensemble_core.networks.build_network`).
 
     With a validation split the state holds a second copy of every member's parameters
     (its best epoch's), counted with the optimizer slots.
     """
-    model = model if model is not None else build_model(cfg.model, num_classes)
+    model = model if model is not None else build_network(cfg, num_classes)
     variables = jax.eval_shape(lambda: init_variables(model, jax.random.key(0), tuple(image_shape)))
     params, model_state = split_variables(variables)
     count = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))

@@ -26,6 +26,7 @@ def make_predict(
     logits: bool = False,
     precision: str = "float32",
     stochastic: bool = False,
+    outputs: int = 1,
 ):
     """Build ``predict(variables, images) -> member_probs`` (``logits``: the member logits
     instead, before the softmax), every member in inference mode
@@ -46,10 +47,15 @@ def make_predict(
     variables) and ``index`` int32 ``[B]`` (each image's number in the whole set, sharded
     like the images).
 
+    ``outputs``: a network of that many members (BatchEnsemble, Packed-Ensembles:
+    :mod:`ensemble_core.networks`), whose logits are ``[M, B, C]``: the result is
+    ``[E, M, B, C]``.
+
     Raises:
       ConfigError: an unknown ``precision``.
     """
     check_precision(precision)
+    out_specs = P(ENSEMBLE_AXIS, DATA_AXIS) if outputs == 1 else P(ENSEMBLE_AXIS, None, DATA_AXIS)
 
     def member(variables, images):
         z = apply_inference(model, variables, to_float(images), precision)
@@ -74,7 +80,7 @@ def make_predict(
                 one_pass,
                 mesh=mesh,
                 in_specs=(P(ENSEMBLE_AXIS), P(DATA_AXIS), P(DATA_AXIS)),
-                out_specs=P(ENSEMBLE_AXIS, DATA_AXIS),
+                out_specs=out_specs,
             )
         )
     return jax.jit(
@@ -82,7 +88,7 @@ def make_predict(
             local,
             mesh=mesh,
             in_specs=(P(ENSEMBLE_AXIS), P(DATA_AXIS)),
-            out_specs=P(ENSEMBLE_AXIS, DATA_AXIS),
+            out_specs=out_specs,
         )
     )
 
@@ -111,7 +117,7 @@ def member_probs(
     ``images`` (int32, sharded like the images; a stochastic pass's, :func:`make_predict`).
 
     Returns:
-      float32 ``[E, N, C]`` on the host.
+      float32 ``[E, N, C]`` on the host (``[E, M, N, C]`` for a network of M members).
     """
     e = jax.tree.leaves(variables)[0].shape[0]
     per_device = e // mesh.shape[ENSEMBLE_AXIS]
@@ -142,8 +148,8 @@ def member_probs(
             probs = predict(variables, jax.device_put(part, sharding), index)
         else:
             probs = predict(variables, jax.device_put(part, sharding))
-        out.append(probs[:, : chunk - pad] if pad else probs)
-    return host_value(jnp.concatenate(out, axis=1)).astype(np.float32, copy=False)
+        out.append(probs[..., : chunk - pad, :] if pad else probs)
+    return host_value(jnp.concatenate(out, axis=-2)).astype(np.float32, copy=False)
 
 
 def _take_members(tree: Any, j: int, step: int, mesh: Mesh) -> Any:

@@ -26,7 +26,11 @@ from ensemble_core.train import EnsembleState, state_shardings
 
 
 def member_nll(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Each member's NLL (nats, :func:`ensemble_core.metrics.nll`): ``[E, N, C]`` -> float64 ``[E]``."""
+    """Each member's NLL (nats, :func:`ensemble_core.metrics.nll`): ``[E, N, C]`` -> float64
+    ``[E]``; for networks of M members ``[E, M, N, C]``, each network's, of the mean of its
+    members' probabilities (the predictive it is evaluated by)."""
+    if probs.ndim == 4:
+        probs = probs.mean(axis=1)
     return np.asarray([metrics_lib.nll(p, labels) for p in probs], np.float64)
 
 

@@ -92,11 +92,11 @@ def log_members(config: PipelineConfig, dataset: DatasetInfo) -> None:
     """Log, in the flow run, the member network, its API (Linen or NNX) and how it is put
     in training and inference mode (:func:`ensemble_core.train.forward.convention`), and how the members differ: their
     keys' derivation, and the hyperparameters ``ensemble.search`` draws for each."""
-    from ensemble_core.models import build_model
+    from ensemble_core.networks import build_network
     from ensemble_core.train.forward import convention
 
     logger = get_run_logger()
-    model = build_model(config.model, dataset.num_classes)
+    model = build_network(config, dataset.num_classes)
     logger.info("member network %s, %s", config.model.name, convention(model))
     e = config.ensemble.size
     logger.info("seed %d -> %d members, member i keyed by fold_in(fold_in(key(seed), purpose), i)", config.seed, e)

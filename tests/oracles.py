@@ -6,6 +6,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -91,7 +92,10 @@ def train_stateful_member_alone(
                 rngs={"dropout": dropout_key},
                 mutable=["batch_stats"],
             )
-            return optax.losses.softmax_cross_entropy_with_integer_labels(logits, y).mean(), updates
+            # a network of M members (logits [M, B, C]: BatchEnsemble, Packed-Ensembles)
+            # trains on the mean of its members' losses (Wen et al. 2020, Sec. 3)
+            labels = jnp.broadcast_to(y, logits.shape[:-1])
+            return optax.losses.softmax_cross_entropy_with_integer_labels(logits, labels).mean(), updates
 
         grads, updates = jax.grad(loss_fn, has_aux=True)(state.params)
         return state.apply_gradients(grads=grads).replace(batch_stats=updates["batch_stats"])

@@ -159,6 +159,8 @@ NEW_KEYS = {
         # matters with method mc_dropout
         "method": "deep",
         "mc_samples": 30,
+        "members_per_network": 4,  # batch_ensemble and packed only
+        "packed": {"alpha": 2.0, "gamma": 1},
     },
     "distributed": {"group_lock_wait_s": 120.0},
     # a user's own images (data.source image_folder/arrays) and its class-map policy

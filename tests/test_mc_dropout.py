@@ -87,13 +87,13 @@ def _reference_pass(params, x: np.ndarray, layer_key, rate: float) -> np.ndarray
 def test_each_row_is_one_stochastic_pass_of_its_member_with_the_passes_keys():
     cfg, setup, state = _setup("ensemble.mc_samples=3", "eval.batch_size=4")
     members = all_members(cfg, state, setup)
-    assert list(members.expand) == [0, 0, 0, 1, 1, 1] and list(members.passes) == [0, 1, 2, 0, 1, 2]
+    assert list(members.expand) == [0, 0, 0, 1, 1, 1] and list(members.outputs) == [0, 1, 2, 0, 1, 2]
     images = np.random.default_rng(0).integers(0, 256, (7, *SHAPE), dtype=np.uint8)
     probs, _ = members.predict(cfg, images)
     assert probs.shape == (6, 7, 10)
     x = images.astype(np.float32) / 255.0
     variables = jax.tree.map(np.asarray, state.final_variables)
-    for row, (u, t) in enumerate(zip(members.expand, members.passes, strict=True)):
+    for row, (u, t) in enumerate(zip(members.expand, members.outputs, strict=True)):
         params = jax.tree.map(lambda a, u=u: a[u], variables["params"])
         key = jax.random.wrap_key_data(pass_keys(cfg.seed, 2, int(t))[u])
         (layer_key,) = _layer_keys(setup.model, {"params": params}, key)

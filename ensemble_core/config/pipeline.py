@@ -117,11 +117,11 @@ class PipelineConfig(Section):
                     f"fix: keep train.warmup_epochs below train.epochs"
                 )
         ens = self.ensemble
-        if ens.method == "mc_dropout":
+        if ens.method != "deep":
             chosen = [k for k, on in (("ensemble.select_size", ens.select_size), ("ensemble.search", ens.search)) if on]
             if chosen:
                 raise ValueError(
-                    f"ensemble.method=mc_dropout predicts with every network's stochastic passes; {chosen[0]} "
+                    f"ensemble.method={ens.method} predicts with every member of its networks; {chosen[0]} "
                     f"chooses among networks of a deep ensemble; fix: drop {chosen[0]}, or use ensemble.method=deep"
                 )
         if ens.stratify is not None and ens.select_size is None:

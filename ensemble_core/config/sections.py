@@ -168,17 +168,42 @@ class SelectionConfig(Section):
     )
 
 
+class PackedConfig(Section):
+    """Packed-Ensembles' hyperparameters (Laurent et al. 2023, Sec. 3.2)."""
+
+    alpha: float = Field(
+        2.0,
+        gt=0,
+        le=64,
+        description="Width factor: each of the M members has alpha/M of the base network's channels "
+        "(the paper's CIFAR setting: 2).",
+    )
+    gamma: int = Field(1, ge=1, le=64, description="Groups per member inside each packed layer (the paper's 1 or 2).")
+
+
 class EnsembleConfig(Section):
     """How many members to train, with which hyperparameters, and which of them form the ensemble."""
 
     size: int = Field(8, ge=1, le=4096, description="Number of ensemble members E.")
-    method: Literal["deep", "mc_dropout"] = Field(
+    method: Literal["deep", "mc_dropout", "batch_ensemble", "packed"] = Field(
         "deep",
-        description="How the E trained networks predict. deep: each network is one member (a deep ensemble, "
+        description="What the E trained networks are. deep: each network is one member (a deep ensemble, "
         "Lakshminarayanan et al. 2017). mc_dropout: each network predicts with its dropout on, "
         "ensemble.mc_samples stochastic passes each, and every pass is a member of the evaluation (MC dropout, "
         "Gal & Ghahramani 2016); its networks need dropout (a Linen nn.Dropout of rate > 0, e.g. "
-        "model.options.dropout_rate of cnn, resnet and wide_resnet).",
+        "model.options.dropout_rate of cnn, resnet and wide_resnet). batch_ensemble (Wen et al. 2020) and "
+        "packed (Packed-Ensembles, Laurent et al. 2023): each network holds ensemble.members_per_network "
+        "members, a variant of model.name cnn or resnet; ensemble.size=1 is the papers' setting.",
+    )
+    members_per_network: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="batch_ensemble and packed only: the members M one network holds (the papers' 4).",
+    )
+    packed: PackedConfig = Field(
+        default_factory=lambda: PackedConfig(),
+        description="packed only: Packed-Ensembles' width factor alpha and groups per member gamma.",
     )
     mc_samples: int = Field(
         30,

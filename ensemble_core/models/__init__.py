@@ -258,7 +258,9 @@ def _without_rngs(path: str) -> ConfigError:
     )
 
 
-def check_model(model: Network, cfg: ModelConfig, image_shape: tuple[int, ...], num_classes: int) -> int:
+def check_model(
+    model: Network, cfg: ModelConfig, image_shape: tuple[int, ...], num_classes: int, *, outputs: int = 1
+) -> int:
     """Initialise one member on a dummy batch of the dataset's shape and run it in training
     and inference mode, abstractly (``jax.eval_shape``: no compute, no memory).
 
@@ -267,7 +269,8 @@ def check_model(model: Network, cfg: ModelConfig, image_shape: tuple[int, ...], 
 
     Raises:
       ConfigError: initialisation or a forward pass fails, or the logits are not float
-        ``[B, num_classes]``; one line naming the model and the fix.
+        ``[B, num_classes]`` (``[outputs, B, num_classes]`` for a network of ``outputs``
+        members, :mod:`ensemble_core.networks`); one line naming the model and the fix.
     """
     from ensemble_core.train.forward import apply_inference, init_variables, split_variables, train_unsharded
 
@@ -285,12 +288,13 @@ def check_model(model: Network, cfg: ModelConfig, image_shape: tuple[int, ...], 
             f"({type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''})",
             fix="make the network accept float32 [B, H, W, C] images in [0, 1] and return [B, num_classes] logits",
         ) from None
+    expected = (2, num_classes) if outputs == 1 else (outputs, 2, num_classes)
     for mode, out in (("inference", logits), ("training", trained)):
         shape = getattr(out, "shape", None)
-        if shape != (2, num_classes) or not jnp.issubdtype(out.dtype, jnp.floating):
+        if shape != expected or not jnp.issubdtype(out.dtype, jnp.floating):
             raise ConfigError(
                 f"model '{cfg.name}' returns {_describe(out)} in {mode} mode for a batch of 2, not float logits "
-                f"[2, {num_classes}]",
+                f"{list(expected)}",
                 fix=f"end the network with a Dense layer of num_classes={num_classes} outputs",
             )
     return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))

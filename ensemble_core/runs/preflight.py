@@ -11,7 +11,8 @@ from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.ensemble_setup import plan, resolve_strategy
 from ensemble_core.errors import ConfigError
-from ensemble_core.models import build_model, check_model, import_model_function, is_import_path, model_options
+from ensemble_core.models import check_model, import_model_function, is_import_path, model_options
+from ensemble_core.networks import build_network, members_per_network
 from ensemble_core.runs.dataset import num_train, num_validation, prepare
 from ensemble_core.runs.ensemble.pool import saved_plan, stratified_config
 from ensemble_core.runs.evaluation.figure_check import check_promotion_figure
@@ -75,8 +76,8 @@ def check_memory(cfg: PipelineConfig, dataset: DatasetInfo) -> memory_lib.Memory
       ConfigError: the model's problem in one line, or the estimate and the memory there is.
     """
     shape = tuple(dataset.image_shape)
-    model = build_model(cfg.model, dataset.num_classes)
-    check_model(model, cfg.model, shape, dataset.num_classes)
+    model = build_network(cfg, dataset.num_classes)
+    check_model(model, cfg.model, shape, dataset.num_classes, outputs=members_per_network(cfg))
     if cfg.ensemble.method == "mc_dropout":  # a network it can wrap, with dropout
         mc_dropout.check_network(model, cfg.model.name, shape, mode(model, True))
 

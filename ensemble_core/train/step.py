@@ -187,11 +187,15 @@ def make_train_step(
             logits, new_model_state = apply_train(
                 model, p, model_state, to_float(images), dropout_key, data_size, precision
             )
-            losses = cross_entropy(logits, labels, smoothing)
-            return losses.sum() / global_batch, (logits, new_model_state)
+            # A network of M members (BatchEnsemble, Packed-Ensembles: logits [M, b, C])
+            # trains on the mean of its members' losses (Wen et al. 2020, Sec. 3; Laurent
+            # et al. 2023, Sec. 3.2), each on the whole batch.
+            losses = cross_entropy(logits, jnp.broadcast_to(labels, logits.shape[:-1]), smoothing)
+            return losses.reshape(-1, local_batch).mean(0).sum() / global_batch, (logits, new_model_state)
 
         (share, (logits, new_model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-        correct = jnp.sum(jnp.argmax(logits, -1) == labels) / global_batch
+        hits = (jnp.argmax(logits, -1) == labels).reshape(-1, local_batch)
+        correct = jnp.sum(hits.mean(0)) / global_batch
         loss, accuracy = lax.psum((share, correct), DATA_AXIS)
         opt_state = set_hyperparameters(opt_state, {"learning_rate": lr})
         updates, new_opt_state = tx.update(grads, opt_state, params)

@@ -18,6 +18,7 @@ from ensemble_core.config import PipelineConfig
 from ensemble_core.ensemble_setup import EnsembleSetup, build
 from ensemble_core.errors import DivergenceError
 from ensemble_core.mesh import member_sharding
+from ensemble_core.networks import members_per_network
 from ensemble_core.predict import member_probs
 from ensemble_core.runs.ensemble.pool import final_pool
 from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
@@ -63,10 +64,12 @@ class Members:
       rows: pool index of every row, int ``[K]``.
       healthy: bool ``[K]``.
       expand: int ``[K]``: row k is ``variables`` member ``expand[k]``.
-      passes: int ``[K]`` or None: with ``ensemble.method=mc_dropout`` (:func:`all_members`),
-        row k is MC dropout pass ``passes[k]`` of its member (:mod:`ensemble_core.mc_dropout`),
-        so each network gives ``ensemble.mc_samples`` rows; None: each row is its member's
-        deterministic prediction.
+      outputs: int ``[K]`` or None: row k is output ``outputs[k]`` of its network
+        (:func:`all_members`): with ``ensemble.method=mc_dropout`` its MC dropout pass
+        (:mod:`ensemble_core.mc_dropout`, ``ensemble.mc_samples`` per network), with
+        ``batch_ensemble`` or ``packed`` its member inside the network
+        (:mod:`ensemble_core.networks`, ``ensemble.members_per_network``); None: each row is
+        its network's one deterministic prediction.
     """
 
     variables: Any
@@ -74,7 +77,7 @@ class Members:
     rows: np.ndarray
     healthy: np.ndarray
     expand: np.ndarray
-    passes: np.ndarray | None = None
+    outputs: np.ndarray | None = None
     #: the programs already compiled and run once ((logits, batch size, image shape, dtype))
     warm: set = dataclasses.field(default_factory=set, compare=False, repr=False)
 
@@ -83,7 +86,7 @@ class Members:
         of every row on ``images`` (float or uint8 ``[N, H, W, C]``) and the steady-state
         throughput in member-images/s (a program not used before is compiled and run first,
         on the first ``eval.batch_size`` images, and that run is not timed)."""
-        if self.passes is not None:
+        if cfg.ensemble.method == "mc_dropout":
             return self._predict_passes(cfg, images, logits=logits)
         predict = self.setup.predict_fn(logits=logits)
         one = self.setup.strategy == "unroll"
@@ -96,14 +99,16 @@ class Members:
         probs = member_probs(predict, self.variables, images, self.setup.mesh, batch, one_member_per_device=one)
         seconds = time.perf_counter() - t0
         distinct = int(self.expand.max()) + 1
-        throughput = distinct * probs.shape[1] / seconds
+        throughput = distinct * probs.shape[-2] / seconds
+        if self.outputs is not None:  # [U, M, N, C]: networks of M members
+            return probs[self.expand, self.outputs], throughput * probs.shape[1]
         return probs[self.expand], throughput
 
     def _predict_passes(self, cfg: PipelineConfig, images: np.ndarray, *, logits: bool) -> tuple[np.ndarray, float]:
-        """:meth:`predict` of MC dropout rows: every member's passes ``0 .. max(passes)``
+        """:meth:`predict` of MC dropout rows: every member's passes ``0 .. max(outputs)``
         (one program, each pass's keys :func:`ensemble_core.mc_dropout.pass_keys` from
-        ``cfg.seed``), then row k's ``(expand[k], passes[k])``; the throughput counts passes."""
-        assert self.passes is not None
+        ``cfg.seed``), then row k's ``(expand[k], outputs[k])``; the throughput counts passes."""
+        assert self.outputs is not None
         predict = self.setup.predict_fn(logits=logits, stochastic=True)
         one, batch, mesh = self.setup.strategy == "unroll", cfg.eval.batch_size, self.setup.mesh
         members = jax.tree.leaves(self.variables)[0].shape[0]
@@ -119,26 +124,27 @@ class Members:
             one_pass(0, images[:batch])
             self.warm.add(program)
         t0 = time.perf_counter()
-        probs = np.stack([one_pass(t, images) for t in range(int(self.passes.max()) + 1)], axis=1)  # [U, T, N, C]
+        probs = np.stack([one_pass(t, images) for t in range(int(self.outputs.max()) + 1)], axis=1)  # [U, T, N, C]
         seconds = time.perf_counter() - t0
         throughput = (int(self.expand.max()) + 1) * probs.shape[1] * probs.shape[2] / seconds
-        return probs[self.expand, self.passes], throughput
+        return probs[self.expand, self.outputs], throughput
 
 
 def all_members(cfg: PipelineConfig, state: EnsembleState, setup: EnsembleSetup) -> Members:
     """Every trained member of ``state`` (padding dropped at prediction); with
-    ``ensemble.method=mc_dropout`` each member's ``ensemble.mc_samples`` passes, member by
-    member (rows ``u * T + t``)."""
+    ``ensemble.method=mc_dropout`` each network's ``ensemble.mc_samples`` passes, with
+    ``batch_ensemble`` or ``packed`` each network's ``members_per_network`` members, network
+    by network (rows ``u * T + t``; ``rows`` holds the network's index)."""
     e = cfg.ensemble.size
-    if cfg.ensemble.method == "mc_dropout":
-        t = cfg.ensemble.mc_samples
+    per = cfg.ensemble.mc_samples if cfg.ensemble.method == "mc_dropout" else members_per_network(cfg)
+    if cfg.ensemble.method != "deep":
         return Members(
             variables=state.final_variables,
             setup=setup,
-            rows=np.repeat(np.arange(e), t),
-            healthy=np.repeat(np.asarray(state.healthy)[:e], t),
-            expand=np.repeat(np.arange(e), t),
-            passes=np.tile(np.arange(t), e),
+            rows=np.repeat(np.arange(e), per),
+            healthy=np.repeat(np.asarray(state.healthy)[:e], per),
+            expand=np.repeat(np.arange(e), per),
+            outputs=np.tile(np.arange(per), e),
         )
     return Members(
         variables=state.final_variables,

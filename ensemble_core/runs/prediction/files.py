@@ -127,11 +127,11 @@ def check_model_builds(meta: dict) -> None:
     Raises:
       ConfigError: the model cannot be built; the fix says to run where the module imports.
     """
-    from ensemble_core.config import ModelConfig
-    from ensemble_core.models import build_model
+    from ensemble_core.config import PipelineConfig
+    from ensemble_core.networks import build_network
 
     try:
-        build_model(ModelConfig.model_validate(meta["config"]["model"]), int(meta["dataset"]["num_classes"]))
+        build_network(PipelineConfig.model_validate(meta["config"]), int(meta["dataset"]["num_classes"]))
     except ConfigError as err:
         raise ConfigError(
             f"the run's model cannot be built here: {err.problem}",
