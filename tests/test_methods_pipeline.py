@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from scipy.special import softmax
 
-from ensemble_core import ensemble_setup, rngs
+from ensemble_core import ensemble_setup, rngs, runs
 from ensemble_core.config import PipelineConfig, load_config
-from ensemble_core.errors import ConfigError
+from ensemble_core.errors import ConfigError, PreemptedError
 from ensemble_core.networks import build_network
 from ensemble_core.runs.ensemble.load import all_members
 from ensemble_core.train import unstacked
-from tests.ensembles import BATCH, train_small
+from tests.ensembles import BATCH, assert_checkpoints_equal, stop_after, tiny_config, train_small
 from tests.oracles import train_stateful_member_alone
 
 N_TRAIN = 64
@@ -89,3 +89,36 @@ def test_what_a_method_cannot_wrap_is_refused_in_one_line():
         build_network(load_config(None, ["ensemble.method=batch_ensemble", "model.options={dropout_rate: 0.1}"]), 10)
     with pytest.raises(ConfigError, match=r"ensemble.method=packed predicts with every member.*fix: drop"):
         load_config(None, ["ensemble.method=packed", "ensemble.select_size=2"])
+
+
+@pytest.mark.slow  # three small runs per method (about 10 s each under load)
+@pytest.mark.parametrize(
+    "method",
+    [
+        "batch_ensemble",
+        # make soak: the other two (make test: one method, the resume machinery is shared)
+        pytest.param("packed", marks=pytest.mark.soak),
+        pytest.param("mc_dropout", marks=pytest.mark.soak),
+    ],
+)
+def test_each_method_resumes_bitwise_after_a_stop(tmp_path, tfds_dir, method):
+    """Stopped after 5 of the 16 steps (a checkpoint per epoch of 8) and rerun: the same
+    history, members and checkpoint arrays as the run never stopped, bit for bit."""
+    cfg = tiny_config(
+        tfds_dir,
+        "model.name=cnn",
+        "model.options={dropout_rate: 0.2}" if method == "mc_dropout" else "model.options={}",
+        f"ensemble.method={method}",
+        "ensemble.members_per_network=2",
+        "ensemble.mc_samples=3",
+        "train.epochs=2",
+        "checkpoint.keep=5",
+        "data.validation_fraction=0.25",
+    )
+    dataset = runs.prepare(cfg.data)
+    full = runs.train(cfg, dataset, tmp_path / "full")
+    with pytest.raises(PreemptedError):
+        runs.train(cfg, dataset, tmp_path / "stopped", should_stop=stop_after(5))
+    resumed = runs.train(cfg, dataset, tmp_path / "stopped")
+    assert resumed.history == full.history and resumed.members == full.members
+    assert_checkpoints_equal(cfg, dataset, tmp_path / "full", tmp_path / "stopped")
