@@ -12,8 +12,11 @@ pass's key :func:`pass_keys` ``(seed, u, t)``: a pass is the same whatever the b
 size, the mesh or the example's position in its batch (topology-invariant, as deep
 ensembles' predictions are).
 
-Wraps Flax Linen networks (the registry's and a user's Linen module by class path) whose
-dropout is ``flax.linen.Dropout``; NNX networks are refused (:func:`check_network`).
+Wraps any member network with dropout: a Linen module (the registry's, or a user's by
+class path) whose dropout is ``flax.linen.Dropout`` (a method interceptor turns it on), and
+an NNX network whose dropout is ``flax.nnx.Dropout`` (each layer of the merged member
+becomes an :class:`ExampleKeyedDropout`, on whatever the module's mode). A network without
+one of rate > 0 is refused (:func:`check_network`).
 """
 
 from __future__ import annotations
@@ -24,13 +27,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jaxtyping import Array, Float, Int, Key
 
 from ensemble_core.errors import ConfigError
+from ensemble_core.train import nnx_member
 from ensemble_core.train.forward import DROPOUT, cast_floats, compute_dtype, matmul_precision, mode
-from ensemble_core.train.nnx_member import PARAMS
+from ensemble_core.train.nnx_member import PARAMS, NnxNetwork
 
 __all__ = [
+    "ExampleKeyedDropout",
     "apply_stochastic",
     "check_network",
     "dropout_layers",
@@ -99,8 +105,40 @@ def stochastic_dropout(index: Int[Array, " B"]):
     return interceptor
 
 
+class ExampleKeyedDropout(nnx.Dropout):
+    """``nnx.Dropout`` (flax 0.12) that is on in inference mode too, with the masks of
+    :func:`example_dropout`: its key from the layer's RNG stream (seeded from the pass's
+    key when the member is merged, :meth:`~ensemble_core.train.nnx_member.NnxNetwork.merge`),
+    example ``b``'s mask from ``example_index[b]`` (set on the merged copy before the call)."""
+
+    example_index: Any
+
+    def __call__(self, inputs, *, deterministic: bool | None = None, rngs=None):
+        del deterministic  # on, whatever the mode: that is MC dropout
+        source = self.rngs if rngs is None else rngs
+        if isinstance(source, nnx.Rngs):
+            key = source[self.rng_collection]()
+        elif isinstance(source, nnx.RngStream):
+            key = source()
+        else:
+            key = source
+        return example_dropout(inputs, key, self.example_index, self.rate, tuple(self.broadcast_dims))
+
+
+def _nnx_pass(net: NnxNetwork, variables: Any, images: Any, key: Any, index: Any, dtype: Any) -> Any:
+    """One pass of an NNX member: merged with its streams seeded from ``key``, in
+    inference mode (``module.eval()``), every ``nnx.Dropout`` an :class:`ExampleKeyedDropout`."""
+    module = nnx_member.compute_in(net.merge(variables, key), dtype)
+    module.eval()
+    for _, layer in nnx.iter_modules(module):
+        if isinstance(layer, nnx.Dropout):
+            object.__setattr__(layer, "__class__", ExampleKeyedDropout)  # this merged copy only
+            object.__setattr__(layer, "example_index", index)
+    return module(images, **mode(net, False))
+
+
 def apply_stochastic(
-    model: nn.Module,
+    model: nn.Module | NnxNetwork,
     variables: Any,
     images: Float[Array, "B H W C"],
     key: Key[Array, ""],
@@ -122,6 +160,10 @@ def apply_stochastic(
         variables = {**variables, PARAMS: cast_floats(variables[PARAMS], dtype)}
         images = cast_floats(images, dtype)
     logits: Any
+    if isinstance(model, NnxNetwork):
+        with matmul_precision(precision):
+            logits = _nnx_pass(model, variables, images, key, index, dtype)
+        return logits.astype(jnp.float32)
     with matmul_precision(precision), nn.intercept_methods(stochastic_dropout(index)):
         logits = model.apply(variables, images, **mode(model, False), rngs={DROPOUT: key})
     return logits.astype(jnp.float32)
@@ -130,8 +172,18 @@ def apply_stochastic(
 def dropout_layers(model: Any, image_shape: tuple[int, ...], call: dict[str, Any]) -> list[float]:
     """The rates of the ``nn.Dropout`` layers one training-mode forward pass of Linen
     ``model`` calls (traced abstractly: no compute), in call order; ``call``: the mode
-    argument in training mode (:func:`ensemble_core.train.forward.mode`)."""
+    argument in training mode (:func:`ensemble_core.train.forward.mode`). For an NNX
+    network, the rates of its ``nnx.Dropout`` layers (in graph order)."""
     rates: list[float] = []
+    if isinstance(model, NnxNetwork):
+
+        def layers():
+            member = model.merge(nnx_member.init_variables(model, jax.random.key(0)), jax.random.key(1))
+            rates.extend(float(layer.rate) for _, layer in nnx.iter_modules(member) if isinstance(layer, nnx.Dropout))
+            return 0
+
+        jax.eval_shape(layers)
+        return rates
 
     def record(next_fun, args, kwargs, context):
         if context.method_name == "__call__" and isinstance(context.module, nn.Dropout):
@@ -153,18 +205,13 @@ def check_network(model: Any, name: str, image_shape: tuple[int, ...], call: dic
     """Refuse, before any compute, a network MC dropout cannot wrap.
 
     Raises:
-      ConfigError: an NNX network (not supported yet), or a Linen network without an
-        ``nn.Dropout`` of rate > 0 (its passes would all be equal).
+      ConfigError: a network without an ``nn.Dropout`` (Linen) or ``nnx.Dropout`` (NNX) of
+        rate > 0 (its passes would all be equal).
     """
-    if not isinstance(model, nn.Module):
-        raise ConfigError(
-            f"ensemble.method=mc_dropout wraps Flax Linen networks, and model.name={name} is an NNX network",
-            fix="use a Linen module (flax.linen, nn.Dropout), or ensemble.method=deep",
-        )
     if not any(rate > 0 for rate in dropout_layers(model, image_shape, call)):
         raise ConfigError(
-            f"ensemble.method=mc_dropout needs dropout, and model.name={name} has no nn.Dropout of rate > 0 "
+            f"ensemble.method=mc_dropout needs dropout, and model.name={name} has no dropout layer of rate > 0 "
             f"(its passes would all be equal)",
             fix="set model.options.dropout_rate (e.g. 0.1) for cnn, resnet or wide_resnet, add nn.Dropout "
-            "to your network, or use ensemble.method=deep",
+            "(Linen) or nnx.Dropout (NNX) to your network, or use ensemble.method=deep",
         )

@@ -115,7 +115,34 @@ def test_the_passes_do_not_depend_on_the_batch_size_or_the_mesh():
 def test_a_network_without_dropout_and_selection_are_refused_in_one_line():
     cfg = load_config(None, ["model.name=cnn"])
     model = build_model(cfg.model, 10)
-    with pytest.raises(ConfigError, match=r"needs dropout, and model.name=cnn has no nn.Dropout.*fix: set model"):
+    with pytest.raises(ConfigError, match=r"needs dropout, and model.name=cnn has no dropout layer.*fix: set model"):
         check_network(model, "cnn", SHAPE, mode(model, True))
     with pytest.raises(ConfigError, match=r"ensemble.select_size chooses among networks.*fix: drop"):
         load_config(None, [*MC, "ensemble.select_size=1", "data.validation_fraction=0.1"])
+
+
+NNX_NET = "tests.user_models.nnx_nets:BNDropoutNet"
+
+
+def test_an_nnx_member_s_passes_are_its_layers_with_per_example_masks():
+    """An NNX network (BatchNorm in inference mode, nnx.Dropout on): each row equals the
+    network's own layers applied in eval mode with example i's mask drawn from its dropout
+    stream's key folded with i, written here layer by layer."""
+    from flax import nnx
+
+    cfg, setup, state = _setup(f"model.name={NNX_NET}", "model.options={}", "ensemble.mc_samples=2")
+    members = all_members(cfg, state, setup)
+    images = np.random.default_rng(2).integers(0, 256, (5, *SHAPE), dtype=np.uint8)
+    probs, _ = members.predict(cfg, images)
+    x = jnp.asarray(images, jnp.float32) / 255.0
+    for row, (u, t) in enumerate(zip(members.expand, members.outputs, strict=True)):
+        variables = jax.tree.map(lambda a, u=u: jnp.asarray(np.asarray(a)[u]), state.final_variables)
+        key = jax.random.wrap_key_data(pass_keys(cfg.seed, 2, int(t))[u])
+        net = setup.model.merge(variables, key)
+        net.eval()
+        h = nnx.relu(net.norm2(net.conv2(nnx.relu(net.norm1(net.conv1(x)))))).mean(axis=(1, 2))
+        layer_key = net.dropout.rngs()  # the layer's stream, as nnx.Dropout draws it
+        keep = jnp.stack([jax.random.bernoulli(jax.random.fold_in(layer_key, i), 0.75, h.shape[1:]) for i in range(5)])
+        want = jax.nn.softmax(net.head(jnp.where(keep, h / 0.75, 0.0)))
+        np.testing.assert_allclose(probs[row], np.asarray(want), atol=2e-6)
+    assert not np.allclose(probs[0], probs[1])

@@ -190,8 +190,8 @@ class EnsembleConfig(Section):
         description="What the E trained networks are. deep: each network is one member (a deep ensemble, "
         "Lakshminarayanan et al. 2017). mc_dropout: each network predicts with its dropout on, "
         "ensemble.mc_samples stochastic passes each, and every pass is a member of the evaluation (MC dropout, "
-        "Gal & Ghahramani 2016); its networks need dropout (a Linen nn.Dropout of rate > 0, e.g. "
-        "model.options.dropout_rate of cnn, resnet and wide_resnet). batch_ensemble (Wen et al. 2020) and "
+        "Gal & Ghahramani 2016); its networks need dropout (an nn.Dropout or nnx.Dropout of rate > 0, "
+        "e.g. model.options.dropout_rate of cnn, resnet and wide_resnet). batch_ensemble (Wen et al. 2020) and "
         "packed (Packed-Ensembles, Laurent et al. 2023): each network holds ensemble.members_per_network "
         "members, a variant of model.name cnn or resnet; ensemble.size=1 is the papers' setting.",
     )
