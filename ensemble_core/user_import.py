@@ -15,15 +15,21 @@ import contextlib
 import importlib
 import io
 import logging
+import signal
+import threading
+from collections.abc import Iterator
 from types import ModuleType
 
-__all__ = ["EXIT_FIX", "UserModuleError", "import_user_module"]
+__all__ = ["CALL_EXIT_FIX", "EXIT_FIX", "UserModuleError", "import_user_module", "user_code"]
 
 #: The fix of a :class:`UserModuleError`, for the caller's one-line error.
 EXIT_FIX = (
     "move the module's exit (or its script code) under if __name__ == '__main__': so that importing it only "
     "defines things"
 )
+
+#: The fix when the user's code ends the process when called (not at import).
+CALL_EXIT_FIX = "raise an exception instead of calling sys.exit (or raising KeyboardInterrupt) in the network's code"
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +57,43 @@ def import_user_module(name: str) -> ModuleType:
     except KeyboardInterrupt:
         raise UserModuleError(f"module '{name}' raised KeyboardInterrupt while it was imported") from None
     finally:
-        printed = " | ".join(line for line in (out.getvalue() + err.getvalue()).splitlines() if line.strip())
+        # a module that closed sys.stdout closed the StringIO standing in for it: what it printed is lost
+        captured = "".join(f.getvalue() for f in (out, err) if not f.closed)
+        printed = " | ".join(line for line in captured.splitlines() if line.strip())
         if printed:
             log.info("module '%s' printed at import: %s", name, printed[:300])
+
+
+@contextlib.contextmanager
+def user_code(what: str) -> Iterator[None]:
+    """Run the body (a call into a user's code: a network's constructor, its forward pass
+    traced) so that the code cannot end the process: ``SystemExit`` (any code) and a
+    ``KeyboardInterrupt`` it raises itself become a :class:`UserModuleError` naming
+    ``what``. A real SIGINT meanwhile (Ctrl-C: its handler runs, in the main thread) still
+    propagates as the stop it is.
+
+    Raises:
+      UserModuleError: the body raised ``SystemExit`` or, without a SIGINT, ``KeyboardInterrupt``.
+    """
+    signalled: list[int] = []
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+
+            def noted(signum, frame, handler=handler):
+                signalled.append(signum)
+                return handler(signum, frame)
+
+            previous = signal.signal(signal.SIGINT, noted)
+    try:
+        yield
+    except SystemExit as exc:
+        raise UserModuleError(f"{what} called sys.exit({exc.code!r})") from None
+    except KeyboardInterrupt:
+        if signalled:
+            raise
+        raise UserModuleError(f"{what} raised KeyboardInterrupt") from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)

@@ -6,6 +6,7 @@ python -m flows._server   # exit 0 if it answers (or a temporary one can start),
 
 from __future__ import annotations
 
+import errno
 import sys
 import tempfile
 from pathlib import Path
@@ -64,11 +65,15 @@ def temporary_database_unwritable() -> str | None:
             with path.open("r+b"):
                 pass
     except OSError as err:
-        reason = err.strerror or type(err).__name__
+        where = path.parent
+        while not where.exists() and where != where.parent:  # the directory that refused
+            where = where.parent
+        state = "read-only" if err.errno == errno.EROFS else "not writable"
         return (
-            f"the temporary Prefect server cannot write its database {path} ({reason}; PREFECT_HOME is "
-            f"{settings.home}); fix: set PREFECT_HOME to a writable directory (export PREFECT_HOME=/tmp/prefect), "
-            f"or start a server with `make serve` and set PREFECT_API_URL"
+            f"the temporary Prefect server cannot write its database {path}: {where} is {state} "
+            f"({err.strerror or type(err).__name__}; PREFECT_HOME is {settings.home}); fix: set PREFECT_HOME to a "
+            f"writable directory (export PREFECT_HOME=/tmp/prefect), or start a server with `make serve` and set "
+            f"PREFECT_API_URL"
         )
     return None
 

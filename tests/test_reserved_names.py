@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ensemble_core.errors import ConfigError
-from ensemble_core.runs.storage.layout import RESERVED_NAMES, check_output_dir, check_run_name
+from ensemble_core.runs.storage.layout import RESERVED_NAMES, check_output_dir, check_run_name, run_dir_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,6 +28,25 @@ def test_every_name_the_output_directory_uses_is_refused(name, tmp_path):
 @pytest.mark.parametrize("name", ["champion", "champion.json.1", "history", "corrupt-state-2", "nightly"])
 def test_names_beside_them_are_accepted(name, tmp_path):
     assert check_run_name(name, tmp_path) == name
+
+
+@pytest.mark.parametrize("what", ["file", "link-to-file", "broken-link", "fifo"])
+def test_a_run_name_taken_by_something_else_than_a_directory_is_refused(tmp_path, what):
+    """``--run-name notes.txt`` where the output directory holds a file of that name: it
+    ended in a traceback (FileExistsError) after the data was prepared."""
+    taken = tmp_path / "notes.txt"
+    if what == "file":
+        taken.write_text("the user's notes\n")
+    elif what == "fifo":
+        os.mkfifo(taken)
+    else:
+        (tmp_path / "elsewhere.txt").write_text("x")
+        taken.symlink_to(tmp_path / ("elsewhere.txt" if what == "link-to-file" else "missing"))
+    with pytest.raises(ConfigError, match=r"notes.txt' is a .*not a run directory.*fix: choose another run name"):
+        run_dir_for(tmp_path, "notes.txt")
+    assert taken.is_symlink() or taken.exists()  # untouched
+    (tmp_path / "run-1").mkdir()
+    assert run_dir_for(tmp_path, "run-1").path == tmp_path / "run-1"  # a directory is a run to resume
 
 
 @pytest.mark.parametrize("path", ["runs\nfake", "runs\r", "a\tb", "x\x1b[31m"])

@@ -91,3 +91,33 @@ def test_the_cli_refuses_a_network_module_that_exits_0_before_training(tmp_path)
     assert len(lines) == 1 and "exiting_net" in lines[0] and "sys.exit(0)" in lines[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("where", "body", "said"),
+    [
+        ("build", "    sys.exit(0)\n", "called sys.exit(0)"),
+        ("build", "    sys.exit(3)\n", "called sys.exit(3)"),
+        ("build", "    raise KeyboardInterrupt\n", "raised KeyboardInterrupt"),
+        ("forward", "        sys.exit(0)\n", "called sys.exit(0)"),
+    ],
+    ids=["build_exit_0", "build_exit_3", "build_interrupt", "forward_exit_0"],
+)
+def test_an_exit_when_the_network_is_built_or_traced_is_a_one_line_error(modules, where, body, said, request):
+    """The module imports cleanly; its network function (``build``) or its forward pass
+    ends the process when called: found by the sweep of issue 43 (the CLI exited 0, 3 or
+    75 with no error)."""
+    from ensemble_core.config import load_config
+    from ensemble_core.models import build_model, check_model
+
+    forward = "        return nn.Dense(self.num_classes)(x.reshape((x.shape[0], -1)))\n"
+    text = "import sys\nimport flax.linen as nn\n\nclass Net(nn.Module):\n    num_classes: int = 10\n\n"
+    text += "    @nn.compact\n    def __call__(self, x, train: bool = False):\n"
+    text += (body if where == "forward" else "") + forward
+    text += "\ndef build(cfg, num_classes):\n" + (body if where == "build" else "") + "    return Net(num_classes)\n"
+    name = modules(f"calls_{request.node.callspec.id}", text)
+    cfg = load_config(None, [f"model.name={name}:build"])
+    with pytest.raises(ConfigError) as caught:
+        check_model(build_model(cfg.model, 10), cfg.model, (28, 28, 1), 10)
+    message = str(caught.value)
+    assert "\n" not in message and name in message and said in message and "fix: raise an exception" in message

@@ -28,6 +28,7 @@ from ensemble_core.data.user_builder import USER_VERSION, check_user_name, prepa
 from ensemble_core.data.user_source import UserSource, source_files
 from ensemble_core.errors import DataError
 from ensemble_core.filelock import flocked
+from ensemble_core.special_files import special_kind
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,9 @@ def _check_data_dir(data_dir: Path) -> None:
     for path in (data_dir, *data_dir.parents):
         if path.exists():
             if not path.is_dir():
+                kind = special_kind(path) or "a file"
                 raise DataError(
-                    f"data.data_dir {data_dir} cannot be a data directory: {path} is a file, not a directory; "
+                    f"data.data_dir {data_dir} cannot be a data directory: {path} is {kind}, not a directory; "
                     f"fix: set data.data_dir to a directory (it is created if missing)"
                 )
             return

@@ -41,7 +41,7 @@ from ensemble_core.config.messages import show
 from ensemble_core.errors import ConfigError
 from ensemble_core.train.forward import Network
 from ensemble_core.train.nnx_member import NnxNetwork
-from ensemble_core.user_import import EXIT_FIX, UserModuleError, import_user_module
+from ensemble_core.user_import import CALL_EXIT_FIX, EXIT_FIX, UserModuleError, import_user_module, user_code
 
 __all__ = ["MODEL_NAMES", "build_model", "check_model", "import_model_function", "is_import_path", "model_options"]
 
@@ -188,11 +188,15 @@ def _constructor(path: str, fn, cfg: ModelConfig, num_classes: int):
 
 
 def _built(path: str, call):
-    """``call()``, with anything the user's code raises as one ConfigError."""
+    """``call()``, with anything the user's code raises as one ConfigError (an attempt to
+    end the process, :func:`~ensemble_core.user_import.user_code`, included)."""
     try:
-        return call()
+        with user_code(f"model.name '{path}'"):
+            return call()
     except ConfigError:
         raise
+    except UserModuleError as err:
+        raise ConfigError(str(err), fix=CALL_EXIT_FIX) from None
     except (ImportError, AttributeError) as err:
         if "flax" in str(err) and "nnx" in str(err):
             raise ConfigError(
@@ -276,12 +280,15 @@ def check_model(
 
     batch = jax.ShapeDtypeStruct((2, *image_shape), jnp.float32)
     try:
-        variables = jax.eval_shape(lambda: init_variables(model, jax.random.key(0), tuple(image_shape)))
-        params, _ = split_variables(variables)
-        logits = jax.eval_shape(lambda v, x: apply_inference(model, v, x), variables, batch)
-        trained, _ = jax.eval_shape(lambda v, x: train_unsharded(model, v, x), variables, batch)
+        with user_code(f"model '{cfg.name}' (initialised and run on a batch of 2)"):
+            variables = jax.eval_shape(lambda: init_variables(model, jax.random.key(0), tuple(image_shape)))
+            params, _ = split_variables(variables)
+            logits = jax.eval_shape(lambda v, x: apply_inference(model, v, x), variables, batch)
+            trained, _ = jax.eval_shape(lambda v, x: train_unsharded(model, v, x), variables, batch)
     except ConfigError:
         raise
+    except UserModuleError as err:
+        raise ConfigError(str(err), fix=CALL_EXIT_FIX) from None
     except Exception as err:  # noqa: BLE001  (a user's network may raise anything while tracing)
         raise ConfigError(
             f"model '{cfg.name}' cannot run on images of shape {tuple(image_shape)} "

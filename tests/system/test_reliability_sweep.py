@@ -5,7 +5,12 @@ The cases are the tables of ``sweep_train_cases.py`` (the training command line'
 run names, output directories and state), ``sweep_fault_cases.py`` (damaged files, stop
 signals at random moments then a rerun, member groups, JAX processes, ``python -m
 ensemble_core.runs.training.processes``) and ``sweep_predict_cases.py`` (the prediction
-command line, ``prefect deployment run`` against a private ``make serve`` stack). A case
+command line, ``prefect deployment run`` against a private ``make serve`` stack), and
+issue 43's round four: ``sweep_round4_inputs.py`` (special files, YAML that expands or
+recurses, a user's module that exits, configs at the size limits, reserved run names and
+output directories that are not one line) and ``sweep_round4_cases.py`` (readers of a run,
+a champion or a data dir beside the process writing it, messages that name the right
+cause and run, overrides, members placed across JAX processes). A case
 is clean only if its exit code is the expected one (0 done, 2 refused or failed, 75
 stopped; 1 for ``prefect deployment run`` of a failed flow run), a failure printed exactly
 one line starting ``error: `` that holds ``fix:``, no command printed ``Traceback`` or
@@ -27,7 +32,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.system import sweep_fault_cases, sweep_predict_cases, sweep_train_cases
+from tests.system import (
+    sweep_fault_cases,
+    sweep_predict_cases,
+    sweep_round4_cases,
+    sweep_round4_inputs,
+    sweep_train_cases,
+)
 from tests.system.sweep import Case, Ctx, assert_clean, base_env, prepare_base, row
 
 pytestmark = [
@@ -36,7 +47,13 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the sweep mounts tmpfs file systems: run it as root"),
 ]
 
-CASES: list[Case] = [*sweep_train_cases.CASES, *sweep_fault_cases.CASES, *sweep_predict_cases.CASES]
+CASES: list[Case] = [
+    *sweep_train_cases.CASES,
+    *sweep_fault_cases.CASES,
+    *sweep_predict_cases.CASES,
+    *sweep_round4_inputs.CASES,
+    *sweep_round4_cases.CASES,
+]
 
 
 def case_id(c: Case) -> str:

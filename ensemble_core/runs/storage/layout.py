@@ -37,6 +37,7 @@ import re
 from pathlib import Path
 
 from ensemble_core.errors import ConfigError
+from ensemble_core.special_files import special_kind
 
 RUN_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 CHAMPION_FILE = "champion.json"
@@ -268,6 +269,15 @@ def run_dir_for(output_dir: str | Path, run_name: str) -> RunDir:
     """The checked :class:`RunDir` of ``run_name`` under ``output_dir`` (creates nothing).
 
     Raises:
-      ConfigError: see :func:`check_output_dir` and :func:`check_run_name`.
+      ConfigError: see :func:`check_output_dir` and :func:`check_run_name`; or something
+        other than a directory (a file, a link to one, a FIFO) already has the run's path
+        in the output directory (a run directory is created there, or resumed).
     """
-    return RunDir(check_output_dir(output_dir) / check_run_name(run_name, output_dir))
+    run = RunDir(check_output_dir(output_dir) / check_run_name(run_name, output_dir))
+    if (run.path.exists() or run.path.is_symlink()) and not run.path.is_dir():
+        kind = "a link" if run.path.is_symlink() else special_kind(run.path) or "a file"
+        raise ConfigError(
+            f"'{run.path}' is {kind}, not a run directory: the run name {run_name!r} is taken in the output directory",
+            fix="choose another run name, or move that file",
+        )
+    return run
