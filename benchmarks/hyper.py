@@ -90,7 +90,7 @@ def figures(result) -> dict:
             return None
         return res[name].metrics["ensemble"]["auroc"]["mutual_information"]
 
-    selection = ev.selection or {}
+    selection = result.selection or {}  # the select stage's record (RunResult.selection)
     members = selection.get("members") or list(range(len(ev.test["members"])))
     out = {
         "test": {k: ens[k] for k in ("accuracy", "nll", "brier", "ece")},

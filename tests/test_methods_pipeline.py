@@ -122,3 +122,25 @@ def test_each_method_resumes_bitwise_after_a_stop(tmp_path, tfds_dir, method):
     resumed = runs.train(cfg, dataset, tmp_path / "stopped")
     assert resumed.history == full.history and resumed.members == full.members
     assert_checkpoints_equal(cfg, dataset, tmp_path / "full", tmp_path / "stopped")
+
+
+@pytest.mark.slow  # one small run through runs.run
+def test_a_multi_member_run_keeps_its_selection_and_counts_member_images(tmp_path, tfds_dir):
+    """The select stage's record names rows (E x M members) and the ensemble is loaded with
+    its temperature; it was set aside as damaged ("not ... in [0, 1)") when read against
+    the network count. The training throughput counts member-images (M per image)."""
+    cfg = tiny_config(
+        tfds_dir,
+        "model.name=cnn",
+        "ensemble.method=batch_ensemble",
+        "ensemble.size=1",
+        "ensemble.members_per_network=2",
+        "data.validation_fraction=0.25",
+        "eval.temperature_scaling=true",
+    )
+    result = runs.run(cfg, tmp_path, "r")
+    loaded = runs.load_ensemble(cfg, result.run_dir.path, 10, (28, 28, 1))
+    assert loaded.temperature is not None and len(loaded.members.rows) == 2
+    assert not (tmp_path / "corrupt-state").exists() and not (result.run_dir.path / "corrupt-state").exists()
+    timing = result.training.timing
+    assert timing.train_member_images_per_s == pytest.approx(timing.steps * 32 * 2 / timing.train_seconds)

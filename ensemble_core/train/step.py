@@ -294,3 +294,9 @@ class _ByCollections:
     def lower(self, state: EnsembleState, *args, **kwargs):
         """``jax.jit(...).lower`` of the step this state takes."""
         return self._pick(state).lower(state, *args, **kwargs)
+
+    def unjitted(self, state: EnsembleState) -> Callable:
+        """The Python function of the step this state takes, without its ``jax.jit``: what
+        a FLOP count traces (``jax.make_jaxpr`` refuses a jit with compiler options
+        nested in its trace; ``benchmarks/flops.py``)."""
+        return self._pick(state).__wrapped__

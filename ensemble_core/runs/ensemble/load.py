@@ -231,7 +231,7 @@ def load_ensemble(
     """
     run = RunDir(Path(run_dir))
     pool_cfg, members = load_pool(cfg, run.path, num_classes, image_shape, strategy=strategy)
-    chosen = read_selection(run, pool_cfg.ensemble.size)
+    chosen = read_selection(run, len(members.rows))  # its indices are rows (E x M or E x T of other methods)
     if chosen is not None and cfg.ensemble.select_size is not None:
         members = selected_members(pool_cfg, members, chosen["members"], num_classes)
     temperature = None if chosen is None else chosen.get("temperature")

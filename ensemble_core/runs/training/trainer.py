@@ -26,6 +26,7 @@ from ensemble_core.data import DatasetInfo
 from ensemble_core.ensemble_setup import EnsembleSetup, build, group_size
 from ensemble_core.errors import DivergenceError, PreemptedError, resume_fix
 from ensemble_core.mesh import host_value, replicated
+from ensemble_core.networks import members_per_network
 from ensemble_core.runs.dataset import load
 from ensemble_core.runs.results import TrainingSummary, TrainingTiming
 from ensemble_core.runs.storage.checkpoint import (
@@ -309,8 +310,12 @@ def execute_training(training: TrainingRun, hooks: Hooks = Hooks()) -> TrainingS
 
 def _summary(training: TrainingRun, state, timing: dict, record: _Record, step: int | None) -> TrainingSummary:
     setup, members = training.setup, training.members
+    # a network of M members (batch_ensemble, packed) trains M member-images per image
     timing["train_member_images_per_s"] = images_per_s(
-        timing["steps"], training.cfg.train.batch_size, members, timing["train_seconds"]
+        timing["steps"],
+        training.cfg.train.batch_size,
+        members * members_per_network(training.cfg),
+        timing["train_seconds"],
     )
     trained = range(setup.first_member, setup.first_member + members)
     return TrainingSummary(
