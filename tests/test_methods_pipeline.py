@@ -142,5 +142,6 @@ def test_a_multi_member_run_keeps_its_selection_and_counts_member_images(tmp_pat
     loaded = runs.load_ensemble(cfg, result.run_dir.path, 10, (28, 28, 1))
     assert loaded.temperature is not None and len(loaded.members.rows) == 2
     assert not (tmp_path / "corrupt-state").exists() and not (result.run_dir.path / "corrupt-state").exists()
+    assert "BatchEnsemble: each network holds 2 members" in (result.run_dir.path / "report.md").read_text()
     timing = result.training.timing
     assert timing.train_member_images_per_s == pytest.approx(timing.steps * 32 * 2 / timing.train_seconds)

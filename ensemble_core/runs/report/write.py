@@ -266,8 +266,16 @@ def render_markdown(report: dict, plots: bool = True) -> str:
     diverged = report.get("diverged_members") or []
     warning = [f"**Diverged members** (frozen, left out of the ensemble figures): {diverged}.", ""] if diverged else []
     method = cfg["ensemble"].get("method", "deep")
-    passes = cfg["ensemble"].get("mc_samples")
-    mc = [f"MC dropout: each network's {passes} stochastic passes are the members below.", ""]
+    method_line = {
+        "mc_dropout": f"MC dropout: each network's {cfg['ensemble'].get('mc_samples')} stochastic passes are the "
+        "members below.",
+        "batch_ensemble": f"BatchEnsemble: each network holds {cfg['ensemble'].get('members_per_network')} members "
+        "(shared weights, rank-1 fast weights), the members below.",
+        "packed": f"Packed-Ensembles: each network holds {cfg['ensemble'].get('members_per_network')} members "
+        f"(alpha {(cfg['ensemble'].get('packed') or {}).get('alpha')}, gamma "
+        f"{(cfg['ensemble'].get('packed') or {}).get('gamma')}), the members below.",
+    }.get(method)
+    mc = [method_line, ""] if method_line else []
     lines = [
         f"# Ensemble report: {report['run_name']}",
         "",
@@ -276,7 +284,7 @@ def render_markdown(report: dict, plots: bool = True) -> str:
         f"mesh ensemble={report['mesh']['ensemble']} x data={report['mesh']['data']}, "
         f"member strategy `{report['strategy']}`.",
         "",
-        *(mc if method == "mc_dropout" else []),
+        *mc,
         *warning,
         f"**Ensemble**: accuracy {fixed(ens['accuracy'])}, NLL {fixed(ens['nll'])} "
         f"(member mean {fixed(mean['nll'])}), Brier {fixed(ens['brier'])}, ECE {fixed(ens['ece'])}.",
