@@ -32,7 +32,15 @@ from jaxtyping import Array, Float, Int, Key
 
 from ensemble_core.errors import ConfigError
 from ensemble_core.train import nnx_member
-from ensemble_core.train.forward import DROPOUT, cast_floats, compute_dtype, matmul_precision, mode
+from ensemble_core.train.forward import (
+    DROPOUT,
+    cast_floats,
+    compute_dtype,
+    init_variables,
+    matmul_precision,
+    mode,
+    train_unsharded,
+)
 from ensemble_core.train.nnx_member import PARAMS, NnxNetwork
 
 __all__ = [
@@ -169,10 +177,10 @@ def apply_stochastic(
     return logits.astype(jnp.float32)
 
 
-def dropout_layers(model: Any, image_shape: tuple[int, ...], call: dict[str, Any]) -> list[float]:
+def dropout_layers(model: Any, image_shape: tuple[int, ...]) -> list[float]:
     """The rates of the ``nn.Dropout`` layers one training-mode forward pass of Linen
-    ``model`` calls (traced abstractly: no compute), in call order; ``call``: the mode
-    argument in training mode (:func:`ensemble_core.train.forward.mode`). For an NNX
+    ``model`` calls (traced abstractly, as the train step traces it:
+    :func:`ensemble_core.train.forward.train_unsharded`; no compute), in call order. For an NNX
     network, the rates of its ``nnx.Dropout`` layers (in graph order)."""
     rates: list[float] = []
     if isinstance(model, NnxNetwork):
@@ -191,24 +199,24 @@ def dropout_layers(model: Any, image_shape: tuple[int, ...], call: dict[str, Any
         return next_fun(*args, **kwargs)
 
     def forward():
-        x = jnp.zeros((1, *image_shape), jnp.float32)
-        keys = {"params": jax.random.key(0), DROPOUT: jax.random.key(1)}
-        variables = model.init(keys, x)
+        # as the step traces the member: initialised in inference mode, run in training mode
+        # (a BatchNorm's own axis_name bound as the step binds it)
+        variables = init_variables(model, jax.random.key(0), tuple(image_shape))
         with nn.intercept_methods(record):
-            return model.apply(variables, x, **call, rngs={DROPOUT: jax.random.key(2)}, mutable=True)
+            return train_unsharded(model, variables, jnp.zeros((1, *image_shape), jnp.float32))
 
     jax.eval_shape(forward)
     return rates
 
 
-def check_network(model: Any, name: str, image_shape: tuple[int, ...], call: dict[str, Any]) -> None:
+def check_network(model: Any, name: str, image_shape: tuple[int, ...]) -> None:
     """Refuse, before any compute, a network MC dropout cannot wrap.
 
     Raises:
       ConfigError: a network without an ``nn.Dropout`` (Linen) or ``nnx.Dropout`` (NNX) of
         rate > 0 (its passes would all be equal).
     """
-    if not any(rate > 0 for rate in dropout_layers(model, image_shape, call)):
+    if not any(rate > 0 for rate in dropout_layers(model, image_shape)):
         raise ConfigError(
             f"ensemble.method=mc_dropout needs dropout, and model.name={name} has no dropout layer of rate > 0 "
             f"(its passes would all be equal)",

@@ -18,7 +18,6 @@ from ensemble_core.errors import ConfigError
 from ensemble_core.mc_dropout import check_network, example_dropout, pass_keys
 from ensemble_core.models import build_model
 from ensemble_core.runs.ensemble.load import all_members
-from ensemble_core.train.forward import mode
 
 SHAPE = (8, 8, 1)
 MC = ["ensemble.method=mc_dropout", "model.name=cnn", "model.options={dropout_rate: 0.5}", "ensemble.size=2"]
@@ -116,7 +115,7 @@ def test_a_network_without_dropout_and_selection_are_refused_in_one_line():
     cfg = load_config(None, ["model.name=cnn"])
     model = build_model(cfg.model, 10)
     with pytest.raises(ConfigError, match=r"needs dropout, and model.name=cnn has no dropout layer.*fix: set model"):
-        check_network(model, "cnn", SHAPE, mode(model, True))
+        check_network(model, "cnn", SHAPE)
     with pytest.raises(ConfigError, match=r"ensemble.select_size chooses among networks.*fix: drop"):
         load_config(None, [*MC, "ensemble.select_size=1", "data.validation_fraction=0.1"])
 
@@ -146,3 +145,11 @@ def test_an_nnx_member_s_passes_are_its_layers_with_per_example_masks():
         want = jax.nn.softmax(net.head(jnp.where(keep, h / 0.75, 0.0)))
         np.testing.assert_allclose(probs[row], np.asarray(want), atol=2e-6)
     assert not np.allclose(probs[0], probs[1])
+
+
+def test_a_users_linen_network_with_a_mode_argument_and_its_own_batchnorm_axis_is_accepted():
+    """``__call__(x, training)`` with ``BatchNorm(axis_name='batch')`` (Flax's ImageNet
+    example's conventions): its dropout is found by tracing it as the step does; the
+    check called it without its mode argument and failed (TypeError)."""
+    cfg = load_config(None, ["model.name=tests.user_models.paced_nets:PacedLinenNet"])
+    check_network(build_model(cfg.model, 10), cfg.model.name, (28, 28, 1))  # no error

@@ -82,6 +82,9 @@ def _wait_for_committed_checkpoint(run: Path, p, timeout: float = 120.0) -> None
         # make soak: the Linen conventions of a user's network (the same resume machinery)
         pytest.param("PacedLinenNet", marks=pytest.mark.soak),  # __call__(x, training), axis_name='batch'
         pytest.param("PacedNoModeNet", marks=pytest.mark.soak),  # __call__(x), no mode argument
+        # make soak: MC dropout (ensemble.method=mc_dropout) killed and resumed, its
+        # stochastic passes predicted from the resumed checkpoint
+        pytest.param("PacedLinenNet+mc_dropout", marks=pytest.mark.soak),
     ],
 )
 def test_sigkill_mid_training_then_resume_is_bitwise_identical(tmp_path, tfds_dir, reference, network):
@@ -92,7 +95,11 @@ def test_sigkill_mid_training_then_resume_is_bitwise_identical(tmp_path, tfds_di
 
     Why not shorter (about a minute under load, its fixture's reference run included):
     three training processes, two of them paced so that the kill lands mid-training."""
-    args = () if network is None else (f"model.name=tests.user_models.paced_nets:{network}",)
+    args: tuple[str, ...] = (
+        () if network is None else (f"model.name=tests.user_models.paced_nets:{network.split('+')[0]}",)
+    )
+    if network is not None and network.endswith("+mc_dropout"):
+        args += ("ensemble.method=mc_dropout", "ensemble.mc_samples=3")
     if network is not None:
         reference = tmp_path / "reference"
         rc, _out, err = _finish(_proc(reference, tfds_dir, *args))

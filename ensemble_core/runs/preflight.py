@@ -21,7 +21,6 @@ from ensemble_core.runs.storage.layout import RunDir, run_dir_for
 from ensemble_core.runs.storage.lock import ensure_unlocked
 from ensemble_core.runs.storage.resume import check_resumable
 from ensemble_core.runs.training.launcher import check_mesh_spans_processes
-from ensemble_core.train.forward import mode
 
 SCHEDULER_TIMEOUT_S = 5.0  # how long preflight waits for distributed.address to accept a connection
 
@@ -79,7 +78,7 @@ def check_memory(cfg: PipelineConfig, dataset: DatasetInfo) -> memory_lib.Memory
     model = build_network(cfg, dataset.num_classes)
     check_model(model, cfg.model, shape, dataset.num_classes, outputs=members_per_network(cfg))
     if cfg.ensemble.method == "mc_dropout":  # a network it can wrap, with dropout
-        mc_dropout.check_network(model, cfg.model.name, shape, mode(model, True))
+        mc_dropout.check_network(model, cfg.model.name, shape)
 
     est = memory_lib.estimate(
         cfg, plan(cfg), dataset.num_classes, shape, num_train(cfg, dataset), resolve_strategy(cfg), model=model
