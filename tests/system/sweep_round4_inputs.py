@@ -49,7 +49,7 @@ def _still(path: Path, kind: str) -> bool:
 
 
 def _config_special(kind: str) -> None:
-    @case(T, f"config-{kind}", 2, f"--config naming {kind.replace('-', ' ')} (a FIFO blocked for ever in open)")
+    @case(T, f"config-{kind}", 2, f"--config naming a special file: {kind.replace('-', ' ')} (a FIFO used to hang)")
     def run(ctx: Ctx):
         path = _special(ctx.dir / "cfg.yaml", kind)
         out = ctx.dir / "runs"
