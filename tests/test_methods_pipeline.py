@@ -38,7 +38,8 @@ def _built(method: str, devices: int = 8) -> ensemble_setup.EnsembleSetup:
 
 
 @pytest.mark.slow  # two networks compiled in the stacked step and alone
-@pytest.mark.parametrize("method", ["batch_ensemble", "packed"])
+# make test: BatchEnsemble; make soak: Packed-Ensembles too (the same step, another network)
+@pytest.mark.parametrize("method", ["batch_ensemble", pytest.param("packed", marks=pytest.mark.soak)])
 def test_a_network_of_m_members_trains_as_flax_trains_it_alone(mnist_train, method):
     """Each of the E=2 networks (a ResNet-8 variant with BatchNorm, M=3 members) equals the
     same network trained alone with Flax's TrainState + batch_stats pattern on the mean of
@@ -66,7 +67,8 @@ def test_a_network_of_m_members_trains_as_flax_trains_it_alone(mnist_train, meth
 
 
 @pytest.mark.slow  # two programs compiled per method (about 7 s on 2 busy cores)
-@pytest.mark.parametrize("method", ["batch_ensemble", "packed"])
+# make test: Packed-Ensembles (the other method of the train-step test above); make soak: both
+@pytest.mark.parametrize("method", [pytest.param("batch_ensemble", marks=pytest.mark.soak), "packed"])
 def test_every_member_of_every_network_is_a_row_of_the_evaluation(method):
     built = _built(method)
     state = built.init_state(built.member_keys()["init"], (28, 28, 1))
