@@ -123,13 +123,7 @@ class ExampleKeyedDropout(nnx.Dropout):
 
     def __call__(self, inputs, *, deterministic: bool | None = None, rngs=None):
         del deterministic  # on, whatever the mode: that is MC dropout
-        source = self.rngs if rngs is None else rngs
-        if isinstance(source, nnx.Rngs):
-            key = source[self.rng_collection]()
-        elif isinstance(source, nnx.RngStream):
-            key = source()
-        else:
-            key = source
+        key = nnx_member.dropout_key(self, rngs)
         return example_dropout(inputs, key, self.example_index, self.rate, tuple(self.broadcast_dims))
 
 

@@ -255,6 +255,18 @@ def layer_outputs(net: NnxNetwork, variables: dict[str, Any], images: Any, call:
     return captured
 
 
+def dropout_key(layer: nnx.Dropout, rngs: Any = None) -> Any:
+    """The key an ``nnx.Dropout`` call draws its mask from (flax 0.12's rule): the call's
+    ``rngs`` or else the layer's own, an ``nnx.Rngs`` (its ``rng_collection`` stream), an
+    ``nnx.RngStream`` (called) or a key as it is."""
+    source = layer.rngs if rngs is None else rngs
+    if isinstance(source, nnx.Rngs):
+        return source[layer.rng_collection]()
+    if isinstance(source, nnx.RngStream):
+        return source()
+    return source
+
+
 class WholeBatchDropout(nnx.Dropout):
     """``nnx.Dropout`` (flax 0.12) with the mask of the member's whole batch over axis
     ``'data'`` (:func:`ensemble_core.train.whole_batch.dropout`): an example gets the same
@@ -266,11 +278,5 @@ class WholeBatchDropout(nnx.Dropout):
             return inputs
         if self.rate == 1.0:
             return jnp.zeros_like(inputs)
-        source = self.rngs if rngs is None else rngs
-        if isinstance(source, nnx.Rngs):
-            key = source[self.rng_collection]()
-        elif isinstance(source, nnx.RngStream):
-            key = source()
-        else:
-            key = source
+        key = dropout_key(self, rngs)
         return whole_batch.dropout(inputs, key, self.rate, self.broadcast_dims, lax.axis_size(DATA_AXIS))
