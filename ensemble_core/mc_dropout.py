@@ -34,6 +34,7 @@ from ensemble_core.errors import ConfigError
 from ensemble_core.train import nnx_member
 from ensemble_core.train.forward import (
     DROPOUT,
+    apply_inference,
     cast_floats,
     compute_dtype,
     init_variables,
@@ -157,17 +158,15 @@ def apply_stochastic(
     Raises:
       ConfigError: an unknown ``precision``.
     """
+    if not isinstance(model, NnxNetwork):  # inference mode, its dropout turned on
+        with nn.intercept_methods(stochastic_dropout(index)):
+            return apply_inference(model, variables, images, precision, rngs={DROPOUT: key}).astype(jnp.float32)
     dtype = compute_dtype(precision)
     if dtype is not None:
         variables = {**variables, PARAMS: cast_floats(variables[PARAMS], dtype)}
         images = cast_floats(images, dtype)
-    logits: Any
-    if isinstance(model, NnxNetwork):
-        with matmul_precision(precision):
-            logits = _nnx_pass(model, variables, images, key, index, dtype)
-        return logits.astype(jnp.float32)
-    with matmul_precision(precision), nn.intercept_methods(stochastic_dropout(index)):
-        logits = model.apply(variables, images, **mode(model, False), rngs={DROPOUT: key})
+    with matmul_precision(precision):
+        logits: Any = _nnx_pass(model, variables, images, key, index, dtype)
     return logits.astype(jnp.float32)
 
 

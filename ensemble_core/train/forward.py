@@ -189,13 +189,18 @@ def init_variables(model: Network, key: Key[Array, ""], image_shape: tuple[int, 
 
 
 def apply_inference(
-    model: Network, variables: Any, images: Float[Array, "B H W C"], precision: str = "float32"
+    model: Network,
+    variables: Any,
+    images: Float[Array, "B H W C"],
+    precision: str = "float32",
+    rngs: dict[str, Any] | None = None,
 ) -> Float[Array, "B K"]:
     """One member's logits float32 ``[B, K]`` in inference mode (``train=False``, or
     ``model.eval()`` for NNX: BatchNorm uses its running averages, dropout is off);
     ``images`` float32 ``[B, H, W, C]`` in [0, 1]; at compute precision ``precision``
     (the module docstring: ``bfloat16`` casts the ``params`` collection and the images,
-    not the running averages).
+    not the running averages). ``rngs``: a Linen module's RNG streams, for a layer an
+    interceptor turns on in inference mode (MC dropout, :mod:`ensemble_core.mc_dropout`).
 
     Raises:
       ConfigError: an unknown ``precision``.
@@ -209,7 +214,7 @@ def apply_inference(
         if isinstance(model, NnxNetwork):
             logits = nnx_member.apply_inference(model, variables, images, mode(model, False), dtype)
         else:
-            logits = model.apply(variables, images, **mode(model, False))
+            logits = model.apply(variables, images, **mode(model, False), rngs=rngs)
     return logits if dtype is None else _float32(logits)
 
 
