@@ -14,6 +14,8 @@ rerun under the same name. MOMENT is what the test controls:
 - ``start``: as soon as the stage has started;
 - ``checkpoint``: as soon as a checkpoint of the run (or of one of its member groups) is
   committed (training under way, in this process or in others such as Dask workers);
+  training in this process then waits after that checkpoint until the stop request is
+  recorded, so the signal lands mid-training whatever the machine's load;
 - ``evaluator``: as soon as the second evaluator of ``eval.evaluators`` starts.
 
 Prints one JSON line per try: the stopped run's final state and message, the seconds from
@@ -67,6 +69,7 @@ def main(argv: list[str]) -> int:
     durations: dict[str, list[float]] = {stage: [] for stage in started}
     ends: dict[str, float] = {}
     evaluator_started, second_evaluator = _watch_evaluators()
+    hold = _hold_after_first_save()
 
     def marked(stage: str, call):
         def run_stage(*args, **kwargs):
@@ -111,7 +114,10 @@ def main(argv: list[str]) -> int:
                         "checkpoint": _after_checkpoint(Path(out) / name),
                         "evaluator": second_evaluator,
                     }[moment]
+                    if moment == "checkpoint":
+                        hold.set()
                     record = _try(run, out, name, started[stage], delay, lambda s=stage: ends[s], i == 0)
+                    hold.clear()
                     if record["latency_s"] is not None and record["stage_after_signal_s"] >= 0:
                         break
                 print(json.dumps(record), flush=True)
@@ -147,6 +153,32 @@ def _watch_evaluators():
 
     evaluators.get = counting_get
     return reset, wait
+
+
+def _hold_after_first_save() -> threading.Event:
+    """An event that, while set, makes the next checkpoint saved in this process wait until
+    it is committed and then until the stop request is recorded (at most 60 s); the save
+    clears it. Without it, on a loaded machine a member group of a few milliseconds a step
+    could train to its last epoch between its first checkpoint and the sender's signal, and
+    the stop came at the next group's start instead of inside training (CI, stop 54).
+    Groups in other processes (Dask workers) are not held: they train for longer."""
+    from ensemble_core import stopping
+    from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
+
+    armed = threading.Event()
+    save = EnsembleCheckpointer.save
+
+    def held_save(self, step, state, meta) -> None:
+        save(self, step, state, meta)
+        if armed.is_set():
+            armed.clear()
+            self.wait()
+            deadline = time.monotonic() + 60
+            while stopping.requested() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+    EnsembleCheckpointer.save = held_save
+    return armed
 
 
 def _after_checkpoint(run_dir: Path):
