@@ -715,7 +715,8 @@ HYPER_DEEP = [
 ]
 
 
-@pytest.mark.parametrize("groups", [1, 2])
+# make soak: two member groups (make test: one; groups' own task runs in test_groups.py)
+@pytest.mark.parametrize("groups", [1, pytest.param(2, marks=pytest.mark.soak)])
 def test_a_hyper_deep_ensemble_through_the_cli_stratifies_in_task_runs_and_predicts(
     prefect_server, tfds_dir, tmp_path, groups
 ):

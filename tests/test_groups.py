@@ -149,7 +149,7 @@ def test_two_groups_in_one_process_equal_one_program_bitwise(one_program, tfds_d
     assert f"| 1 | 2..3 | {report['topology'][1]['host']} | {os.getpid()} | - | 1 | 8 | 2 x 1 |" in markdown
 
 
-@pytest.mark.slow
+@pytest.mark.soak  # make test: the two groups in one process above (bitwise) and on a Dask cluster below
 def test_groups_with_another_per_device_layout_agree_within_1e5(tfds_dir, tmp_path):
     """All members vmapped on one device: 4 members in one batched kernel vs 2 + 2. XLA
     does not promise the same summation order for another batch of members, so equality

@@ -228,7 +228,12 @@ def test_a_bfloat16_member_is_the_hand_written_mixed_precision_step():
 
 
 @pytest.mark.slow  # 4-8 s each on 2 busy cores: two ensembles and two predict programs compiled
-@pytest.mark.parametrize("model, options", [BN_LINEN, BN_NNX], ids=["linen-batchnorm", "nnx-batchnorm"])
+# make soak: the Linen network (make test: the NNX one; both APIs' precision in the lowered-step test above)
+@pytest.mark.parametrize(
+    "model, options",
+    [pytest.param(*BN_LINEN, marks=pytest.mark.soak), BN_NNX],
+    ids=["linen-batchnorm", "nnx-batchnorm"],
+)
 def test_batchnorm_members_train_in_bfloat16_with_float32_statistics(model, options):
     """A Linen and an NNX network with BatchNorm and Dropout train under bfloat16: params,
     optimizer state and the running averages stay float32, the running averages moved, the

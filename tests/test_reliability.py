@@ -85,6 +85,10 @@ def _wait_for_committed_checkpoint(run: Path, p, timeout: float = 120.0) -> None
         # make soak: MC dropout (ensemble.method=mc_dropout) killed and resumed, its
         # stochastic passes predicted from the resumed checkpoint
         pytest.param("PacedLinenNet+mc_dropout", marks=pytest.mark.soak),
+        # make soak: BatchEnsemble and Packed-Ensembles (the registry's CNN variants: two
+        # networks of two members each, killed and resumed, their members predicted)
+        pytest.param("cnn+batch_ensemble", marks=pytest.mark.soak),
+        pytest.param("cnn+packed", marks=pytest.mark.soak),
     ],
 )
 def test_sigkill_mid_training_then_resume_is_bitwise_identical(tmp_path, tfds_dir, reference, network):
@@ -95,11 +99,16 @@ def test_sigkill_mid_training_then_resume_is_bitwise_identical(tmp_path, tfds_di
 
     Why not shorter (about a minute under load, its fixture's reference run included):
     three training processes, two of them paced so that the kill lands mid-training."""
-    args: tuple[str, ...] = (
-        () if network is None else (f"model.name=tests.user_models.paced_nets:{network.split('+')[0]}",)
-    )
-    if network is not None and network.endswith("+mc_dropout"):
+    name, _, method = (network or "").partition("+")
+    args: tuple[str, ...] = ()
+    if name.startswith("Paced"):
+        args = (f"model.name=tests.user_models.paced_nets:{name}",)
+    elif name:  # a registry network (not paced: a CNN's steps take long enough)
+        args = (f"model.name={name}", "model.options={}", "ensemble.size=2", "ensemble.members_per_network=2")
+    if method == "mc_dropout":
         args += ("ensemble.method=mc_dropout", "ensemble.mc_samples=3")
+    elif method:
+        args += (f"ensemble.method={method}",)
     if network is not None:
         reference = tmp_path / "reference"
         rc, _out, err = _finish(_proc(reference, tfds_dir, *args))
@@ -138,6 +147,7 @@ def _predict_serves(run: Path, tfds_dir: str, member_probs: np.ndarray) -> None:
     np.testing.assert_allclose(out["ensemble_probs"], member_probs[:, :8].astype(np.float64).mean(0), atol=1e-5)
 
 
+@pytest.mark.soak  # make test: test_cli_process.py's SIGTERM (checkpoint, exit 75, resume) and test_stop_signals.py
 def test_sigterm_saves_at_the_step_boundary_and_resumes(tmp_path, tfds_dir, reference):
     run = tmp_path / "run"
     p = _proc(run, tfds_dir)

@@ -179,7 +179,7 @@ def test_inference_uses_the_running_averages(mnist_train):
     assert min(moved) > 1e-3  # the running averages were updated by training
 
 
-@pytest.mark.slow
+@pytest.mark.soak  # make test: the any-mesh test above (BatchNorm statistics over a data axis of 2)
 def test_a_resnet_member_does_not_depend_on_how_its_batch_is_split(mnist_train):
     """A CIFAR ResNet with BatchNorm at initialisation amplifies float32 rounding: with
     XLA:CPU's own convolutions (which round differently for a batch of 32 and two of 16)

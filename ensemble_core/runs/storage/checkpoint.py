@@ -48,6 +48,11 @@ _T = TypeVar("_T")
 #: Free space a checkpoint save needs beyond its arrays and metadata (orbax's own small
 #: files: commit markers, metadata, the OCDBT manifest).
 SAVE_MARGIN_BYTES = 256 * 1024
+# A failed save's temporary directory is removed until none has reappeared for QUIET_S
+# (at most CLEANUP_S): writes already handed to tensorstore can land after orbax reports
+# the failure, and recreate what was removed (one CI run in about 25 under load).
+CLEANUP_QUIET_S = 0.5
+CLEANUP_S = 10.0
 
 
 def dataset_record(dataset: DatasetInfo) -> dict:
@@ -279,8 +284,7 @@ class EnsembleCheckpointer:
             yield
         except Exception as err:  # noqa: BLE001  (OSError, or orbax re-raising one from its thread)
             code = diskspace.errno_of(err)
-            for tmp in self.directory.glob("*.orbax-checkpoint-tmp*"):  # the failed save's half
-                shutil.rmtree(tmp, ignore_errors=True)
+            self._remove_failed_save()
             step = self._saving if step is None else step  # wait(): the save in flight
             if code in diskspace.NO_SPACE:
                 where = self.directory / str(step) if step is not None else self.directory
@@ -291,6 +295,24 @@ class EnsembleCheckpointer:
                 f"{str(err)[:300]}); {self._intact()}"
                 f"fix: free disk space (or fix the write error) and rerun with the same run name to resume"
             ) from None
+
+    def _remove_failed_save(self) -> None:
+        """Remove the failed save's temporary directories (its half-written arrays), again
+        whenever a write still in flight recreates one, until none has appeared for
+        ``CLEANUP_QUIET_S`` (at most ``CLEANUP_S``; what remains then is removed by the
+        next writer, which opens the manager with ``cleanup_tmp_directories``)."""
+        deadline = time.monotonic() + CLEANUP_S
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            tmps = list(self.directory.glob("*.orbax-checkpoint-tmp*"))
+            for tmp in tmps:
+                shutil.rmtree(tmp, ignore_errors=True)
+            now = time.monotonic()
+            if tmps:
+                quiet_since = now
+            elif now - quiet_since >= CLEANUP_QUIET_S:
+                return
+            time.sleep(0.05)
 
     def _latest(self, read: Callable[[int], _T]) -> _T:
         """``read(step)`` of the latest step. A reader whose step a writer in another process

@@ -13,6 +13,10 @@ failure printed tracebacks around that line (29 and more in a training run):
   ``loop.call_soon_threadsafe`` on the closed loop, each raising ``RuntimeError: Event
   loop is closed`` that Python prints as an unraisable exception: those are dropped
   (:func:`_closed_loop`), any other unraisable exception is printed as before.
+- the writes of a failed save that fail after it (the disk is still full) end orbax's
+  write tasks with the same error, which nothing awaits any more; when such a task is
+  collected asyncio logs "Task exception was never retrieved" with its traceback: those
+  records are dropped (:class:`_NoUnretrievedOrbaxTasks`), others are logged as before.
 - a read of a damaged checkpoint fails in one of orbax's coroutines and the others are
   closed unfinished, each printed as "Exception ignored in: <coroutine ...>": dropped
   (:func:`_orbax_coroutine`); the failure reaches the caller, which sets the step aside.
@@ -37,6 +41,22 @@ class _NoTracebackFromOrbax(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and "/orbax/" in record.pathname.replace("\\", "/"):
             record.exc_info, record.exc_text = None, None
+        return True
+
+
+class _NoUnretrievedOrbaxTasks(logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" for a task whose exception was
+    raised in orbax's code (a write of a save that had already failed: the failure reached
+    orbax's caller, which reports it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Task exception was never retrieved") or not record.exc_info:
+            return True
+        tb = record.exc_info[2]
+        while tb is not None:
+            if "/orbax/" in tb.tb_frame.f_code.co_filename.replace("\\", "/"):
+                return False
+            tb = tb.tb_next
         return True
 
 
@@ -77,13 +97,14 @@ def _orbax_coroutine(unraisable: Any) -> bool:
 
 
 def install() -> None:
-    """Install them (once per process): the ``absl`` logger's filters and the unraisable
+    """Install them (once per process): the ``absl`` and ``asyncio`` loggers' filters and the unraisable
     hook, which hands every other exception to the hook it replaces."""
     absl = logging.getLogger("absl")
     if any(isinstance(f, _NoTracebackFromOrbax) for f in absl.filters):
         return
     absl.addFilter(_NoTracebackFromOrbax())
     absl.addFilter(_NoReadOnlyNotices())
+    logging.getLogger("asyncio").addFilter(_NoUnretrievedOrbaxTasks())
     previous = sys.unraisablehook
 
     def hook(unraisable: Any) -> None:
