@@ -7,12 +7,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Sequence
 
 from prefect import get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from ensemble_core.config import PipelineConfig
+
+# The caller waits for its groups in slices of this many seconds. Python runs a signal
+# handler only when the main thread executes bytecode, and the kernel may deliver a
+# process's SIGTERM to another thread (a group's, on the thread pool) while the main thread
+# sleeps in an untimed wait: the stop request was then recorded only when every group had
+# trained to its end (tests/test_stop_signals.py, CI of stop 54).
+WAIT_SLICE_S = 0.2
 
 
 def submit_each(task, calls: Sequence[tuple]) -> list:
@@ -24,8 +32,12 @@ def submit_each(task, calls: Sequence[tuple]) -> list:
     finish their own stop (a checkpoint at their step) rather than being killed
     mid-write when the task runner shuts down (a Dask cluster's workers are)."""
     futures = [task.submit(*args) for args in calls]
-    for f in futures:
-        f.wait()
+    done = [threading.Event() for _ in futures]
+    for future, event in zip(futures, done, strict=True):
+        future.add_done_callback(lambda _future, event=event: event.set())
+    for event in done:
+        while not event.wait(WAIT_SLICE_S):  # each slice lets a pending signal handler run
+            pass
     return [f.result() for f in futures]
 
 

@@ -15,7 +15,9 @@ rerun under the same name. MOMENT is what the test controls:
 - ``checkpoint``: as soon as a checkpoint of the run (or of one of its member groups) is
   committed (training under way, in this process or in others such as Dask workers);
   training in this process then waits after that checkpoint until the stop request is
-  recorded, so the signal lands mid-training whatever the machine's load;
+  recorded, so the signal lands mid-training whatever the machine's load, and the signal
+  goes to the thread that saved it (a member group's, on the thread pool), where the
+  kernel may deliver a process's signal: the main thread must still act on it;
 - ``evaluator``: as soon as the second evaluator of ``eval.evaluators`` starts.
 
 Prints one JSON line per try: the stopped run's final state and message, the seconds from
@@ -116,7 +118,7 @@ def main(argv: list[str]) -> int:
                     }[moment]
                     if moment == "checkpoint":
                         hold.set()
-                    record = _try(run, out, name, started[stage], delay, lambda s=stage: ends[s], i == 0)
+                    record = _try(run, out, name, started[stage], delay, lambda s=stage: ends[s], i == 0, hold.holder)
                     hold.clear()
                     if record["latency_s"] is not None and record["stage_after_signal_s"] >= 0:
                         break
@@ -155,30 +157,47 @@ def _watch_evaluators():
     return reset, wait
 
 
-def _hold_after_first_save() -> threading.Event:
-    """An event that, while set, makes the next checkpoint saved in this process wait until
-    it is committed and then until the stop request is recorded (at most 60 s); the save
-    clears it. Without it, on a loaded machine a member group of a few milliseconds a step
-    could train to its last epoch between its first checkpoint and the sender's signal, and
-    the stop came at the next group's start instead of inside training (CI, stop 54).
-    Groups in other processes (Dask workers) are not held: they train for longer."""
+class _Hold(threading.Event):
+    """Set: the next checkpoint saved in this process waits until it is committed and then
+    until the stop request is recorded (at most 60 s); the save clears it and records its
+    thread (``holder``). Without it, on a loaded machine a member group of a few
+    milliseconds a step could train to its last epoch between its first checkpoint and the
+    sender's signal, and the stop came at the next group's start instead of inside
+    training (CI, stop 54). Groups in other processes (Dask workers) are not held: they
+    train for longer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread: int | None = None
+
+    def holder(self) -> int | None:
+        """The ident of the thread that held its save in this try, or None."""
+        return self.thread
+
+    def clear(self) -> None:
+        super().clear()
+        self.thread = None
+
+
+def _hold_after_first_save() -> _Hold:
     from ensemble_core import stopping
     from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
 
-    armed = threading.Event()
+    hold = _Hold()
     save = EnsembleCheckpointer.save
 
     def held_save(self, step, state, meta) -> None:
         save(self, step, state, meta)
-        if armed.is_set():
-            armed.clear()
+        if hold.is_set():
+            threading.Event.clear(hold)  # the first save only (the holder stays recorded)
+            hold.thread = threading.get_ident()  # before the commit the sender waits for
             self.wait()
             deadline = time.monotonic() + 60
             while stopping.requested() is None and time.monotonic() < deadline:
                 time.sleep(0.01)
 
     EnsembleCheckpointer.save = held_save
-    return armed
+    return hold
 
 
 def _after_checkpoint(run_dir: Path):
@@ -197,7 +216,7 @@ def _after_checkpoint(run_dir: Path):
     return wait
 
 
-def _try(run, out: str, name: str, started: threading.Event, delay, stage_end, resume: bool) -> dict:
+def _try(run, out: str, name: str, started: threading.Event, delay, stage_end, resume: bool, thread=None) -> dict:
     """One stopped run: SIGTERM ``delay()`` seconds after the stage's start (``delay`` may
     wait for its moment before it returns); never after the run ended."""
     started.clear()
@@ -207,7 +226,11 @@ def _try(run, out: str, name: str, started: threading.Event, delay, stage_end, r
     def send() -> None:
         if started.wait(timeout=300) and not finished.wait(delay()):
             sent.append(time.monotonic())
-            os.kill(os.getpid(), signal.SIGTERM)
+            target = thread() if thread is not None else None
+            if target is not None:  # to the thread holding its checkpoint (see _Hold)
+                signal.pthread_kill(target, signal.SIGTERM)
+            else:
+                os.kill(os.getpid(), signal.SIGTERM)
 
     sender = threading.Thread(target=send, daemon=True)
     sender.start()

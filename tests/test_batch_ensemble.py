@@ -25,34 +25,9 @@ from ensemble_core.methods.batch_ensemble import (
 )
 from ensemble_core.models.cnn import CNN
 from ensemble_core.models.resnet import ResNet
+from tests.drawn_params import drawn_variables
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}  # float32 rounding: ((x ∘ r) W) ∘ s and x (W ∘ r s^T) sum in other orders
-
-
-def _variables(model: nn.Module, x: jnp.ndarray, seed: int = 0) -> dict:
-    """The model's variables drawn here with NumPy, in the shapes its ``init`` gives (traced
-    only: ``jax.eval_shape``, nothing compiled): kernels N(0, 1/fan_in), fast weights
-    ``r``, ``s`` N(1, 0.5), biases N(0, 0.1), BatchNorm scales N(1, 0.1), means N(0, 0.1),
-    variances U(0.5, 1.5), so that every parameter matters and the logits stay O(1)."""
-    rng = np.random.default_rng(seed)
-
-    def draw(path, leaf):
-        name, shape = path[-1].key, leaf.shape
-        if name == "kernel":
-            fan_in = int(np.prod(shape[:-1]))
-            value = rng.normal(0.0, 1.0 / np.sqrt(fan_in), shape)
-        elif name in ("r", "s"):
-            value = rng.normal(1.0, 0.5, shape)
-        elif name == "scale":
-            value = rng.normal(1.0, 0.1, shape)
-        elif name == "var":
-            value = rng.uniform(0.5, 1.5, shape)
-        else:  # bias, mean
-            value = rng.normal(0.0, 0.1, shape)
-        return jnp.asarray(value, jnp.float32)
-
-    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), x))
-    return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
 def _member_layer(p: dict, i: int) -> dict:
@@ -88,7 +63,7 @@ def _cross_entropy(logits: jnp.ndarray, labels: jnp.ndarray) -> jnp.ndarray:
 def test_dense_equals_explicit_members(shape):
     x = jax.random.normal(jax.random.key(0), shape)
     layer = BatchEnsembleDense(5, ensemble_size=3)
-    params = _variables(layer, x)["params"]
+    params = drawn_variables(layer, x)["params"]
     got = layer.apply({"params": params}, x)
     assert got.shape == (*shape[:-1], 5) and got.dtype == jnp.float32
     for i in range(3):
@@ -100,7 +75,7 @@ def test_dense_equals_explicit_members(shape):
 def test_conv_equals_explicit_members(strides, padding):
     x = jax.random.normal(jax.random.key(0), (3, 2, 9, 9, 4))
     layer = BatchEnsembleConv(6, (3, 3), ensemble_size=3, strides=strides, padding=padding)
-    params = _variables(layer, x)["params"]
+    params = drawn_variables(layer, x)["params"]
     got = layer.apply({"params": params}, x)
     for i in range(3):
         plain = nn.Conv(6, (3, 3), strides=strides, padding=padding)
@@ -123,7 +98,7 @@ def test_layer_gradients_equal_the_explicit_construction():
     x = jax.random.normal(jax.random.key(0), (3, 4, 7))
     labels = jnp.arange(12).reshape(3, 4) % 5
     layer = BatchEnsembleDense(5, ensemble_size=3)
-    params = _variables(layer, x)["params"]
+    params = drawn_variables(layer, x)["params"]
 
     def vectorised(p):
         return _cross_entropy(layer.apply({"params": p}, x), labels)
@@ -144,7 +119,7 @@ def cnn_case():
     """A BatchEnsembleCNN (M = 3) with drawn parameters, its jitted apply, 12x12x1 images."""
     x = jax.random.uniform(jax.random.key(0), (4, 12, 12, 1))
     model = BatchEnsembleCNN(num_classes=10, ensemble_size=3)
-    return model, _variables(model, x)["params"], jax.jit(model.apply), x
+    return model, drawn_variables(model, x)["params"], jax.jit(model.apply), x
 
 
 #: member i's reference network, jitted once for every member
@@ -191,7 +166,7 @@ def test_resnet_equals_explicit_resnets():
     statistics of its own batch, updated running averages) and in inference mode."""
     x = jax.random.uniform(jax.random.key(0), (3, 8, 8, 3))
     model = BatchEnsembleResNet(num_classes=5, ensemble_size=2, depth=8, width=4)
-    variables = _variables(model, x)
+    variables = drawn_variables(model, x)
     batches = jax.random.uniform(jax.random.key(3), (2, *x.shape))
     train = jax.jit(lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"]))
     logits, updated = train(variables, batches)

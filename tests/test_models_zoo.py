@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from ensemble_core.config import MODEL_NAMES, ModelConfig
 from ensemble_core.models import build_model, lenet5, resnet, wide_resnet
-from ensemble_core.models._resnet import batch_norm, shortcut_option_a
+from ensemble_core.resnet_blocks import batch_norm, shortcut_option_a
 
 
 def cfg(name: str, **options):

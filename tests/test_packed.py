@@ -22,31 +22,9 @@ import pytest
 from ensemble_core.methods.packed import PackedCNN, PackedConv, PackedDense, PackedResNet, packed_width
 from ensemble_core.models.cnn import CNN, avg_pool_2x2
 from ensemble_core.models.resnet import ResNet
+from tests.drawn_params import drawn_variables
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
-
-
-def _variables(model: nn.Module, x: jnp.ndarray, seed: int = 0, **kwargs) -> dict:
-    """The model's variables drawn with NumPy in the shapes of its ``init`` (``jax.eval_shape``:
-    nothing compiled): kernels N(0, 1/fan_in), biases N(0, 0.1), BatchNorm scales N(1, 0.1),
-    means N(0, 0.1), variances U(0.5, 1.5)."""
-    rng = np.random.default_rng(seed)
-
-    def draw(path, leaf):
-        name, shape = path[-1].key, leaf.shape
-        if name == "kernel":
-            fan_in = shape[-2] if len(shape) == 3 else int(np.prod(shape[:-1]))  # PackedDense: [G, in/G, out/G]
-            value = rng.normal(0.0, 1.0 / np.sqrt(fan_in), shape)
-        elif name == "scale":
-            value = rng.normal(1.0, 0.1, shape)
-        elif name == "var":
-            value = rng.uniform(0.5, 1.5, shape)
-        else:  # bias, mean
-            value = rng.normal(0.0, 0.1, shape)
-        return jnp.asarray(value, jnp.float32)
-
-    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), x, **kwargs))
-    return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
 def _block(a: jnp.ndarray, i: int, n: int, axis: int = -1) -> jnp.ndarray:
@@ -64,7 +42,7 @@ def test_conv_equals_group_convolutions(members, gamma, strides, padding):
     groups = members * gamma
     x = jax.random.normal(jax.random.key(0), (2, 9, 9, 2 * groups))
     layer = PackedConv(3 * groups, (3, 3), ensemble_size=members, gamma=gamma, strides=strides, padding=padding)
-    p = _variables(layer, x)["params"]["conv"]
+    p = drawn_variables(layer, x)["params"]["conv"]
     assert p["kernel"].shape == (3, 3, 2, 3 * groups)
     got = layer.apply({"params": {"conv": p}}, x)
     plain = nn.Conv(3, (3, 3), strides=strides, padding=padding)
@@ -86,7 +64,7 @@ def test_first_conv_shares_the_input_or_takes_a_batch_per_member():
     block i; with per_member_input, of member i's images (channels [i·C, (i+1)·C))."""
     x = jax.random.normal(jax.random.key(0), (2, 7, 7, 3))
     layer = PackedConv(8, (3, 3), ensemble_size=4, gamma=2, first=True)
-    p = _variables(layer, x)["params"]["conv"]
+    p = drawn_variables(layer, x)["params"]["conv"]
     assert p["kernel"].shape == (3, 3, 3, 8)  # no groups on the input, whatever gamma
     plain = nn.Conv(2, (3, 3))
 
@@ -106,7 +84,7 @@ def test_dense_equals_group_matmuls(members, gamma, first):
     groups = 1 if first else members * gamma
     x = jax.random.normal(jax.random.key(0), (4, 5, 2 * members * gamma))
     layer = PackedDense(3 * members * gamma, ensemble_size=members, gamma=gamma, first=first)
-    p = _variables(layer, x)["params"]
+    p = drawn_variables(layer, x)["params"]
     assert p["kernel"].shape == (groups, x.shape[-1] // groups, 3 * members * gamma // groups)
     got = layer.apply({"params": p}, x)
     want = jnp.concatenate(
@@ -157,7 +135,7 @@ def test_cnn_with_gamma_1_equals_member_cnns(members, alpha):
     on its own batch; alpha = M gives the registry's CNN itself."""
     x = jax.random.uniform(jax.random.key(0), (3, 12, 12, 1))
     model = PackedCNN(num_classes=10, ensemble_size=members, alpha=alpha, gamma=1)
-    params = _variables(model, x)["params"]
+    params = drawn_variables(model, x)["params"]
     widths = tuple(int(c * alpha) // members for c in (32, 64, 256))
     reference = CNN(num_classes=10) if widths == (32, 64, 256) else WidthCNN(widths)
     member_apply = jax.jit(reference.apply)
@@ -176,7 +154,7 @@ def test_cnn_members_are_independent_with_gamma_2():
     """gamma=2: changing every weight of member 1's blocks changes member 1's logits only."""
     x = jax.random.uniform(jax.random.key(0), (2, 12, 12, 1))
     model = PackedCNN(num_classes=4, ensemble_size=3, alpha=3.0, gamma=2)
-    params = _variables(model, x)["params"]
+    params = drawn_variables(model, x)["params"]
     assert params["PackedDense_0"]["kernel"].shape[0] == 6 and params["PackedDense_1"]["kernel"].shape[0] == 3
 
     def perturb(a: jnp.ndarray, axis: int, n: int) -> jnp.ndarray:  # block 1 of n along axis, scaled
@@ -226,7 +204,7 @@ def test_resnet_with_gamma_1_equals_member_resnets():
     training mode (updated running statistics too) and in inference mode."""
     x = jax.random.uniform(jax.random.key(0), (3, 8, 8, 3))
     model = PackedResNet(num_classes=5, ensemble_size=2, alpha=2.0, gamma=1, depth=8, width=4)
-    variables = _variables(model, x)
+    variables = drawn_variables(model, x)
     plain = ResNet(num_classes=5, depth=8, width=4)
     train = jax.jit(lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"]))
     plain_train = jax.jit(lambda v, x: plain.apply(v, x, train=True, mutable=["batch_stats"]))

@@ -29,7 +29,7 @@ edward2 calls ``r`` and ``s`` ``fast_weight_alpha`` and ``fast_weight_gamma``
 
 Initialisation, as uncertainty-baselines trains BatchEnsemble: the shared kernel as the
 plain network's (Flax's LeCun normal for the CNN, He normal for the ResNet's convolutions,
-``ensemble_core.models._resnet.CONV_INIT``), the bias zeros, and ``r``, ``s`` from
+``ensemble_core.resnet_blocks.CONV_INIT``), the bias zeros, and ``r``, ``s`` from
 ``random_sign_init`` (:func:`random_sign_initializer`): above 0, each entry ±1 with
 ``P(+1) = random_sign_init`` (edward2's ``ed.initializers.RandomSign``,
 ``edward2/tensorflow/initializers.py``); 0 or below, normal with mean 1 and standard
@@ -67,8 +67,8 @@ import jax
 import jax.numpy as jnp
 from jax.nn.initializers import Initializer
 
-from ensemble_core.models._resnet import CONV_INIT, global_avg_pool, shortcut_option_a
 from ensemble_core.models.cnn import avg_pool_2x2
+from ensemble_core.resnet_blocks import CONV_INIT, global_avg_pool, shortcut_option_a
 
 __all__ = [
     "DEFAULT_RANDOM_SIGN_INIT",
@@ -84,7 +84,7 @@ __all__ = [
 #: ``random_sign_init`` of uncertainty-baselines' CIFAR BatchEnsemble: fast weights ~ N(1, 0.5)
 DEFAULT_RANDOM_SIGN_INIT = -0.5
 
-BN_MOMENTUM, BN_EPSILON = 0.9, 1e-5  # as _resnet.batch_norm and uncertainty-baselines
+BN_MOMENTUM, BN_EPSILON = 0.9, 1e-5  # as resnet_blocks.batch_norm and uncertainty-baselines
 
 
 def random_sign_initializer(random_sign_init: float) -> Initializer:
@@ -273,7 +273,7 @@ class BatchEnsembleCNN(nn.Module):
 def _batch_norm(train: bool, per_member: bool) -> Callable[[jnp.ndarray], jnp.ndarray]:
     """BatchNorm of ``[M, B, H, W, C]``: per member (statistics over each member's
     ``B, H, W``; scale, bias and running statistics ``[M, C]``) or shared (over
-    ``M, B, H, W``; ``[C]``). Momentum and epsilon as ``_resnet.batch_norm``."""
+    ``M, B, H, W``; ``[C]``). Momentum and epsilon as ``resnet_blocks.batch_norm``."""
     if not per_member:
         return nn.BatchNorm(use_running_average=not train, momentum=BN_MOMENTUM, epsilon=BN_EPSILON)
     # Flax's BatchNorm takes several feature axes (its `axis` is canonicalised as a tuple)
@@ -282,7 +282,7 @@ def _batch_norm(train: bool, per_member: bool) -> Callable[[jnp.ndarray], jnp.nd
 
 
 class BatchEnsembleBasicBlock(nn.Module):
-    """:class:`ensemble_core.models._resnet.BasicBlock` with BatchEnsemble convolutions.
+    """:class:`ensemble_core.resnet_blocks.BasicBlock` with BatchEnsemble convolutions.
 
     ``conv3x3(stride) - BN - ReLU - conv3x3 - BN``, plus He et al.'s option A shortcut
     (parameter-free, per member), then ReLU; BatchNorm per member or shared
@@ -313,7 +313,7 @@ class BatchEnsembleBasicBlock(nn.Module):
 
 
 def _conv3x3(module: Any, features: int, stride: int) -> BatchEnsembleConv:
-    """``_resnet.conv3x3`` as a BatchEnsemble convolution: one pixel of zero padding each side,
+    """``resnet_blocks.conv3x3`` as a BatchEnsemble convolution: one pixel of zero padding each side,
     He normal shared kernel, a bias only without BatchNorm."""
     return BatchEnsembleConv(
         features,

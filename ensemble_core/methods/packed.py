@@ -62,8 +62,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 from jax.nn.initializers import Initializer
 
-from ensemble_core.models._resnet import CONV_INIT, batch_norm, global_avg_pool
 from ensemble_core.models.cnn import avg_pool_2x2
+from ensemble_core.resnet_blocks import CONV_INIT, batch_norm, global_avg_pool
 
 __all__ = [
     "PackedBasicBlock",
@@ -284,7 +284,7 @@ def _member_shortcut(x: jnp.ndarray, features: int, stride: int, ensemble_size: 
 def _packed_conv3x3(
     features: int, ensemble_size: int, gamma: int, stride: int, use_bias: bool, **kw: Any
 ) -> PackedConv:
-    """``_resnet.conv3x3`` packed: one pixel of zero padding each side, He normal kernel."""
+    """``resnet_blocks.conv3x3`` packed: one pixel of zero padding each side, He normal kernel."""
     return PackedConv(
         features,
         (3, 3),
@@ -299,7 +299,7 @@ def _packed_conv3x3(
 
 
 class PackedBasicBlock(nn.Module):
-    """:class:`ensemble_core.models._resnet.BasicBlock` packed: ``conv3x3(stride) - BN - ReLU -
+    """:class:`ensemble_core.resnet_blocks.BasicBlock` packed: ``conv3x3(stride) - BN - ReLU -
     conv3x3 - BN``, option A shortcut per member, ReLU.
 
     As torch-uncertainty's ``_BasicBlock``: the block's first convolution has ``M`` groups

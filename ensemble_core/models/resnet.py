@@ -1,7 +1,7 @@
 """The CIFAR ResNet of He et al. 2016, "Deep Residual Learning for Image Recognition", Sec. 4.2.
 
 ``conv3x3(width) - BN - ReLU``, then three stages of ``n = (depth - 2) / 6`` basic blocks
-(:class:`~ensemble_core.models._resnet.BasicBlock`: ``conv3x3 - BN - ReLU - conv3x3 - BN``,
+(:class:`~ensemble_core.resnet_blocks.BasicBlock`: ``conv3x3 - BN - ReLU - conv3x3 - BN``,
 shortcut, ReLU) of ``width``, ``2 * width`` and ``4 * width`` channels, the first block of
 stages 2 and 3 with stride 2, then global average pooling, ``[dropout]`` and a Dense layer.
 The shortcuts are the paper's option A for CIFAR: the identity, or, when the shape changes,
@@ -43,7 +43,7 @@ import jax.numpy as jnp
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ensemble_core.config import ModelConfig
-from ensemble_core.models._resnet import BasicBlock, batch_norm, conv3x3, global_avg_pool
+from ensemble_core.resnet_blocks import BasicBlock, batch_norm, conv3x3, global_avg_pool
 
 
 class Options(BaseModel):

@@ -1,7 +1,7 @@
 """WRN-d-k, the Wide Residual Network of Zagoruyko & Komodakis 2016, "Wide Residual Networks" (BMVC).
 
 ``conv3x3(16)``, then three groups of ``N = (d - 4) / 6`` pre-activation blocks
-(:class:`~ensemble_core.models._resnet.WideBasicBlock`: ``BN - ReLU - conv3x3 - BN - ReLU -
+(:class:`~ensemble_core.resnet_blocks.WideBasicBlock`: ``BN - ReLU - conv3x3 - BN - ReLU -
 [dropout] - conv3x3``) of ``16k``, ``32k`` and ``64k`` channels, the first block of groups 2 and
 3 with stride 2, a bias-free 1x1 convolution as the shortcut where the shape changes, then
 ``BN - ReLU``, global average pooling and a Dense layer (the paper's Table 1 and Sec. 2; the
@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ensemble_core.config import ModelConfig
-from ensemble_core.models._resnet import WideBasicBlock, batch_norm, conv3x3, global_avg_pool
+from ensemble_core.resnet_blocks import WideBasicBlock, batch_norm, conv3x3, global_avg_pool
 
 
 class Options(BaseModel):

@@ -1,6 +1,7 @@
-"""Building blocks shared by :mod:`~ensemble_core.models.resnet` and :mod:`~ensemble_core.models.wide_resnet`.
+"""Building blocks shared by :mod:`~ensemble_core.models.resnet`, :mod:`~ensemble_core.models.wide_resnet`
+and the methods' ResNet variants (:mod:`ensemble_core.methods`).
 
-Not a registered model (the name starts with ``_``). Conventions are those of Flax's ImageNet
+Not a registered model (``registry.MODEL_NAMES`` does not name it). Conventions are those of Flax's ImageNet
 example (``flax/examples/imagenet/models.py``): modules are called as ``__call__(x, train)``,
 BatchNorm is ``nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5)``
 without ``axis_name`` (the pipeline handles cross-device statistics), its statistics live in
