@@ -261,7 +261,7 @@ def test_groups_on_a_local_dask_cluster_equal_one_program(tfds_dir, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.soak  # make test: test_multihost.py's worker host cut off, whose group resumes on the other host
+@pytest.mark.soak  # make test: test_multihost.py's worker host killed, whose group resumes on the other host
 def test_a_killed_dask_worker_is_replaced_and_its_group_resumes(tfds_dir, tmp_path):
     """SIGKILL the worker process training group 0 once it has saved a checkpoint: the
     nanny starts a new worker, the scheduler runs the group's task again (its task run

@@ -379,6 +379,7 @@ def test_predict_takes_uint8_and_the_same_images_as_floats_alike(reference, tfds
     np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.soak  # make test: test_readers.py's reader beside a saving process, the run lock tests here
 def test_concurrent_runs_in_different_directories_share_caches(tmp_path, tfds_dir):
     env = {
         **{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
