@@ -277,3 +277,29 @@ def test_errors_name_the_fix():
         init(PackedCNN(ensemble_size=4), jnp.zeros((3, 2, 8, 8, 1)))
     with pytest.raises(ValueError, match="depth must be 6n"):
         init(PackedResNet(depth=12), jnp.zeros((1, 8, 8, 1)))
+
+
+@pytest.mark.parametrize("strides, padding", [((1, 1), "SAME"), ((2, 2), ((1, 1), (1, 1)))])
+def test_grouped_conv_equals_xla_grouped_convolution_with_gradients(strides, padding):
+    """``grouped_conv`` (on XLA:CPU: the G convolutions of the blocks, concatenated) equals
+    ``lax.conv_general_dilated`` with ``feature_group_count`` (the definition), forward and
+    gradients with respect to input and kernel."""
+    from jax import lax
+
+    from ensemble_core.methods.packed import grouped_conv
+
+    x = jax.random.normal(jax.random.key(0), (3, 9, 9, 12))
+    k = jax.random.normal(jax.random.key(1), (3, 3, 4, 6)) * 0.3
+    numbers = lax.conv_dimension_numbers(x.shape, k.shape, ("NHWC", "HWIO", "NHWC"))
+
+    def loss(conv, x, k):
+        y = conv(x, k, strides, padding, dimension_numbers=numbers, feature_group_count=3)
+        return (y * jnp.cos(y)).sum(), y
+
+    (_, want), want_grads = jax.value_and_grad(lambda x, k: loss(lax.conv_general_dilated, x, k), (0, 1), has_aux=True)(
+        x, k
+    )
+    (_, got), got_grads = jax.value_and_grad(lambda x, k: loss(grouped_conv, x, k), (0, 1), has_aux=True)(x, k)
+    np.testing.assert_allclose(got, want, **TOL)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        np.testing.assert_allclose(g, w, **TOL)
