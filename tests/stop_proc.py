@@ -116,10 +116,11 @@ def main(argv: list[str]) -> int:
                         "checkpoint": _after_checkpoint(Path(out) / name),
                         "evaluator": second_evaluator,
                     }[moment]
-                    if moment == "checkpoint":
-                        hold.set()
-                    record = _try(run, out, name, started[stage], delay, lambda s=stage: ends[s], i == 0, hold.holder)
-                    hold.clear()
+                    hold.arm(moment == "checkpoint")
+                    record = _try(
+                        run, out, name, started[stage], delay, lambda s=stage: ends[s], i == 0, lambda: hold.thread
+                    )
+                    hold.arm(False)
                     if record["latency_s"] is not None and record["stage_after_signal_s"] >= 0:
                         break
                 print(json.dumps(record), flush=True)
@@ -157,26 +158,26 @@ def _watch_evaluators():
     return reset, wait
 
 
-class _Hold(threading.Event):
-    """Set: the next checkpoint saved in this process waits until it is committed and then
-    until the stop request is recorded (at most 60 s); the save clears it and records its
-    thread (``holder``). Without it, on a loaded machine a member group of a few
-    milliseconds a step could train to its last epoch between its first checkpoint and the
-    sender's signal, and the stop came at the next group's start instead of inside
+class _Hold:
+    """``armed``: the next checkpoint saved in this process waits until it is committed and
+    then until the stop request is recorded (at most 60 s), and records its thread
+    (``thread``, where the sender signals). Without it, on a loaded machine a member group
+    of a few milliseconds a step could train to its last epoch between its first checkpoint
+    and the sender's signal, and the stop came at the next group's start instead of inside
     training (CI, stop 54). Groups in other processes (Dask workers) are not held: they
     train for longer."""
 
     def __init__(self) -> None:
-        super().__init__()
+        self.armed = threading.Event()
         self.thread: int | None = None
 
-    def holder(self) -> int | None:
-        """The ident of the thread that held its save in this try, or None."""
-        return self.thread
-
-    def clear(self) -> None:
-        super().clear()
+    def arm(self, on: bool) -> None:
+        """Hold the next save (``on``), or hold none and forget the last holder."""
         self.thread = None
+        if on:
+            self.armed.set()
+        else:
+            self.armed.clear()
 
 
 def _hold_after_first_save() -> _Hold:
@@ -188,8 +189,8 @@ def _hold_after_first_save() -> _Hold:
 
     def held_save(self, step, state, meta) -> None:
         save(self, step, state, meta)
-        if hold.is_set():
-            threading.Event.clear(hold)  # the first save only (the holder stays recorded)
+        if hold.armed.is_set():
+            hold.armed.clear()  # the first save only
             hold.thread = threading.get_ident()  # before the commit the sender waits for
             self.wait()
             deadline = time.monotonic() + 60

@@ -266,14 +266,14 @@ def render_markdown(report: dict, plots: bool = True) -> str:
     diverged = report.get("diverged_members") or []
     warning = [f"**Diverged members** (frozen, left out of the ensemble figures): {diverged}.", ""] if diverged else []
     method = cfg["ensemble"].get("method", "deep")
+    packed = cfg["ensemble"].get("packed") or {}
     method_line = {
         "mc_dropout": f"MC dropout: each network's {cfg['ensemble'].get('mc_samples')} stochastic passes are the "
         "members below.",
         "batch_ensemble": f"BatchEnsemble: each network holds {cfg['ensemble'].get('members_per_network')} members "
         "(shared weights, rank-1 fast weights), the members below.",
         "packed": f"Packed-Ensembles: each network holds {cfg['ensemble'].get('members_per_network')} members "
-        f"(alpha {(cfg['ensemble'].get('packed') or {}).get('alpha')}, gamma "
-        f"{(cfg['ensemble'].get('packed') or {}).get('gamma')}), the members below.",
+        f"(alpha {packed.get('alpha')}, gamma {packed.get('gamma')}), the members below.",
     }.get(method)
     mc = [method_line, ""] if method_line else []
     lines = [

@@ -48,8 +48,8 @@ _T = TypeVar("_T")
 #: Free space a checkpoint save needs beyond its arrays and metadata (orbax's own small
 #: files: commit markers, metadata, the OCDBT manifest).
 SAVE_MARGIN_BYTES = 256 * 1024
-# A failed save's temporary directory is removed until none has reappeared for QUIET_S
-# (at most CLEANUP_S): writes already handed to tensorstore can land after orbax reports
+# A failed save's temporary directory is removed until none has reappeared for
+# CLEANUP_QUIET_S (at most CLEANUP_S): writes already handed to tensorstore can land after orbax reports
 # the failure, and recreate what was removed (one CI run in about 25 under load).
 CLEANUP_QUIET_S = 0.5
 CLEANUP_S = 10.0

@@ -34,12 +34,17 @@ import sys
 from typing import Any
 
 
+def _in_orbax(filename: str) -> bool:
+    """Whether ``filename`` is a source file of the orbax package."""
+    return "/orbax/" in filename.replace("\\", "/")
+
+
 class _NoTracebackFromOrbax(logging.Filter):
     """Drops the traceback of a record orbax logged with ``exc_info`` (the line stays):
     the exception reaches orbax's caller, which reports it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and "/orbax/" in record.pathname.replace("\\", "/"):
+        if record.exc_info and _in_orbax(record.pathname):
             record.exc_info, record.exc_text = None, None
         return True
 
@@ -54,7 +59,7 @@ class _NoUnretrievedOrbaxTasks(logging.Filter):
             return True
         tb = record.exc_info[2]
         while tb is not None:
-            if "/orbax/" in tb.tb_frame.f_code.co_filename.replace("\\", "/"):
+            if _in_orbax(tb.tb_frame.f_code.co_filename):
                 return False
             tb = tb.tb_next
         return True
@@ -93,7 +98,7 @@ def _orbax_coroutine(unraisable: Any) -> bool:
     _read_array_index_and_device_put>``): the failure itself reached the caller, which set
     the checkpoint aside."""
     code = getattr(unraisable.object, "cr_code", None)
-    return code is not None and "/orbax/" in code.co_filename.replace("\\", "/")
+    return code is not None and _in_orbax(code.co_filename)
 
 
 def install() -> None:
