@@ -174,7 +174,12 @@ NEW_KEYS = {
         "classes": None,  # every class trains (data.classes: a subset, the rest scored as OOD)
         "test_fraction": 0.2,
         "on_bad_image": "fail",
+        # the calibration split of prediction sets and abstention (issue 56): a deliberate change,
+        # every config's members train on 10% fewer examples, held out for split conformal
+        "calibration_fraction": 0.1,
     },
+    "prediction_sets": {"method": "aps", "alpha": 0.1, "calibrate_on": "calibration"},
+    "abstention": {"criterion": "max_probability", "target_risk": 0.02, "delta": 0.05},
     "nightly": {"when_classes_change": "refuse"},
     "train": {"precision": "float32"},  # the compute precision (issue 42); float32 computes as before
 }

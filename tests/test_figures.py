@@ -108,6 +108,8 @@ def test_every_name_imported_from_ensemble_core_config_is_still_there():
         "PipelineConfig",
         "PromotionConfig",
         "TrainConfig",
+        "PredictionSetsConfig",
+        "AbstentionConfig",
         "Distribution",
         "SearchSpace",
         "load_config",

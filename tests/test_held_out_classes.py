@@ -69,14 +69,14 @@ def test_held_out_classes_never_reach_training(tfds_dir, mnist_train, mnist_test
     assert len(view.snapshot.class_names) == 10
 
     kept_train = _filtered(*mnist_train, KEPT, max_train)
-    train, val = (run_dataset.load(cfg, view, s) for s in ("train", "validation"))
-    for _, labels in (train, val):
+    train, val, cal = (run_dataset.load(cfg, view, s) for s in ("train", "validation", "calibration"))
+    for _, labels in (train, val, cal):
         assert labels.dtype == np.int32 and set(labels.tolist()) == {0, 1, 2}
-    # train and validation are the kept classes' examples (filtered, then capped), carved
-    train_idx, val_idx = data.validation_split(kept_train[1], cfg.data.validation_fraction)
-    for (images, labels), idx in ((train, train_idx), (val, val_idx)):
+    # train, validation and calibration are the kept classes' examples (filtered, then capped), carved
+    carved = data.calibration_split(kept_train[1], cfg.data.validation_fraction, cfg.data.calibration_fraction)
+    for (images, labels), idx in zip((train, val, cal), carved, strict=True):
         assert np.array_equal(images, kept_train[0][idx]) and np.array_equal(labels, kept_train[1][idx])
-    assert len(train[0]) + len(val[0]) == len(kept_train[0]) == (max_train or view.num_train)
+    assert len(train[0]) + len(val[0]) + len(cal[0]) == len(kept_train[0]) == (max_train or view.num_train)
     assert run_dataset.num_train(cfg, view) == len(train[0])
 
     test = run_dataset.load(cfg, view, "test")
@@ -217,7 +217,7 @@ def test_a_class_the_validation_carve_empties_is_refused(animals):
                 animals, "data.classes=[ant, dog]", "data.max_train_examples=3", "data.validation_fraction=0.5"
             ).data
         )
-    assert "once data.validation_fraction=0.5 holds out its 1" in _one_line(err)
+    assert "once data.validation_fraction=0.5 and data.calibration_fraction=0.1 hold out its 1" in _one_line(err)
 
 
 def test_held_out_classes_without_data_classes_is_refused_before_any_compute(tfds_dir, tmp_path):

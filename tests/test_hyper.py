@@ -146,17 +146,43 @@ def test_validation_split_is_stratified_disjoint_and_fixed(mnist_train, fraction
         data.validation_split(labels, 1.0)
 
 
+def test_calibration_split_is_stratified_disjoint_and_leaves_validation_alone(mnist_train):
+    labels = mnist_train[1]
+    train, val, cal = data.calibration_split(labels, 0.1, 0.15)
+    assert len(cal) == round(0.15 * len(labels)) and len(val) == round(0.1 * len(labels))
+    # the validation split is the one without a calibration split: selection keeps its examples
+    np.testing.assert_array_equal(val, data.validation_split(labels, 0.1)[1])
+    assert np.intersect1d(cal, np.union1d(train, val)).size == 0
+    np.testing.assert_array_equal(np.sort(np.concatenate([train, val, cal])), np.arange(len(labels)))
+    counts = np.bincount(labels, minlength=10)
+    assert np.all(np.abs(np.bincount(labels[cal], minlength=10) - 0.15 * counts) <= 1)  # stratified
+    np.testing.assert_array_equal(data.calibration_split(labels.copy(), 0.1, 0.15)[2], cal)  # fixed
+    assert data.calibration_split(labels, 0.1, 0.0)[2].size == 0
+    with pytest.raises(ValueError, match="no training examples"):
+        data.calibration_split(labels, 0.5, 0.5)
+
+
 def test_run_trains_on_train_less_validation_and_never_sees_test(tfds_dir):
     cfg = tiny_config(tfds_dir, "data.validation_fraction=0.25")
     dataset = runs.prepare(cfg.data)
     train_x, _ = _load(cfg, dataset, "train")
     val_x, _ = _load(cfg, dataset, "validation")
     test_x, _ = _load(cfg, dataset, "test")
-    assert len(train_x) == 192 and len(val_x) == 64 and len(test_x) == 100
+    cal_x, _ = _load(cfg, dataset, "calibration")
+    # 256 = 64 validation (25%) + 26 calibration (round(10% of 256)) + 166 training
+    assert len(train_x) == 166 and len(val_x) == 64 and len(cal_x) == 26 and len(test_x) == 100
     full_x, _ = data.load_split(cfg.data.name, "train", dataset.tfds_data_dir, 256)
-    # train and validation are the first 256 training digits, split without overlap
-    assert sorted(x.tobytes() for x in np.concatenate([train_x, val_x])) == sorted(x.tobytes() for x in full_x)
+    # train, validation and calibration are the first 256 training digits, split without overlap
+    whole = np.concatenate([train_x, val_x, cal_x])
+    assert sorted(x.tobytes() for x in whole) == sorted(x.tobytes() for x in full_x)
     assert not {x.tobytes() for x in train_x} & {x.tobytes() for x in val_x}
+    assert not {x.tobytes() for x in cal_x} & ({x.tobytes() for x in train_x} | {x.tobytes() for x in val_x})
+    # the members train on exactly the training carve (the indices, not only the images)
+    _, labels = data.load_split(cfg.data.name, "train", dataset.tfds_data_dir, 256)
+    idx = runs.dataset.split_indices(cfg, labels)
+    assert np.intersect1d(idx["calibration"], np.union1d(idx["train"], idx["validation"])).size == 0
+    np.testing.assert_array_equal(np.sort(np.concatenate(list(idx.values()))), np.arange(256))
+    assert runs.dataset.num_train(cfg, dataset) == len(train_x)
 
 
 def _load(cfg, dataset, split):

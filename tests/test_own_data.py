@@ -546,7 +546,8 @@ def test_a_folder_smaller_than_one_batch_is_refused_before_training(tmp_path):
         None, ["data.source=image_folder", f"data.path={tmp_path / 'few'}", f"data.data_dir={tmp_path / 'tfds'}"]
     )
     dataset = prepare_config(cfg.data)
-    with pytest.raises(ConfigError, match=r"train.batch_size=128 is larger than the 7 training examples"):
+    # 8 training examples (2 of the 10 carved as test), less 1 validation and 1 calibration example
+    with pytest.raises(ConfigError, match=r"train.batch_size=128 is larger than the 6 training examples"):
         check_against_dataset(cfg, dataset)
 
 

@@ -15,6 +15,7 @@ code that imports them from here.
 """
 
 from ensemble_core.config.data_section import AugmentConfig, DataConfig
+from ensemble_core.config.decision_section import AbstentionConfig, PredictionSetsConfig
 from ensemble_core.config.eval_section import EvalConfig, EvaluatorSpec
 from ensemble_core.config.limits import (
     FLOAT32_MAX,
@@ -47,6 +48,8 @@ from ensemble_core.figures import FIGURE_HIGHER_IS_BETTER, TEST_METRICS, figure_
 from ensemble_core.registry import EVALUATOR_NAMES, MODEL_NAMES
 
 __all__ = [
+    "AbstentionConfig",
+    "PredictionSetsConfig",
     "EVALUATOR_NAMES",
     "FIGURE_HIGHER_IS_BETTER",
     "FLOAT32_MAX",

@@ -156,6 +156,15 @@ class DataConfig(Section):
         "early stopping, ensemble selection and temperature scaling use it, never the test split. "
         "0: train on the whole split (no validation).",
     )
+    calibration_fraction: float = Field(
+        0.1,
+        ge=0,
+        le=0.5,
+        description="Fraction of the training split held out as the calibration split (stratified, the same "
+        "examples for every seed, disjoint from the validation split): the prediction sets and the abstention "
+        "threshold are fitted on it (prediction_sets, abstention), so it neither trains nor selects the "
+        "ensemble. 0: no calibration split.",
+    )
     augment: AugmentConfig = Field(
         default_factory=AugmentConfig, description="On-device augmentation of the training split (off by default)."
     )

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, ValidationError, ValidationInfo, model_va
 from ensemble_core import hyper
 from ensemble_core.config.base import Section
 from ensemble_core.config.data_section import DataConfig
+from ensemble_core.config.decision_section import AbstentionConfig, PredictionSetsConfig
 from ensemble_core.config.eval_section import EvalConfig, default_evaluators
 from ensemble_core.config.limits import HOST_DEVICES, MAX_SEED
 from ensemble_core.config.messages import show
@@ -51,6 +52,8 @@ class PipelineConfig(Section):
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     nightly: NightlyConfig = Field(default_factory=NightlyConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    prediction_sets: PredictionSetsConfig = Field(default_factory=PredictionSetsConfig)
+    abstention: AbstentionConfig = Field(default_factory=AbstentionConfig)
 
     def member_hyperparameters(self, num_members: int | None = None) -> list[dict[str, Any]]:
         """Every member's learning rate, weight decay, label smoothing, schedule and warm-up
@@ -66,6 +69,22 @@ class PipelineConfig(Section):
     def has_validation(self) -> bool:
         """Whether a validation split is held out (``data.validation_fraction > 0``)."""
         return self.data.validation_fraction > 0
+
+    @property
+    def has_calibration(self) -> bool:
+        """Whether a calibration split is held out (``data.calibration_fraction > 0``)."""
+        return self.data.calibration_fraction > 0
+
+    @property
+    def decision_split(self) -> str | None:
+        """The split prediction sets and abstention are fitted on (``prediction_sets.calibrate_on``):
+        ``'calibration'``, ``'validation'`` or None (none asked for, or the split is not held out)."""
+        where = self.prediction_sets.calibrate_on
+        if where == "calibration" and self.has_calibration:
+            return "calibration"
+        if where == "validation" and self.has_validation:
+            return "validation"
+        return None
 
     @model_validator(mode="before")
     @classmethod
@@ -167,6 +186,19 @@ class PipelineConfig(Section):
             raise ValueError(
                 f"{', '.join(asked)} need(s) a validation split but data.validation_fraction=0; "
                 f"fix: set data.validation_fraction (e.g. 0.1) or drop {', '.join(asked)}"
+            )
+        data = self.data
+        if data.validation_fraction + data.calibration_fraction >= 1:
+            raise ValueError(
+                f"data.validation_fraction={data.validation_fraction} and data.calibration_fraction="
+                f"{data.calibration_fraction} leave no training examples; fix: lower one of them"
+            )
+        where = self.prediction_sets.calibrate_on
+        if "calibrate_on" in self.prediction_sets.model_fields_set and where != "none" and self.decision_split is None:
+            key = "data.calibration_fraction" if where == "calibration" else "data.validation_fraction"
+            raise ValueError(
+                f"prediction_sets.calibrate_on={where} but {key}=0 holds no {where} split out; "
+                f"fix: set {key} (e.g. 0.1), or prediction_sets.calibrate_on=none"
             )
         return self
 

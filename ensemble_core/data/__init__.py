@@ -50,7 +50,13 @@ from ensemble_core.data.prepare_snapshot import fingerprint_source, prepare, tfd
 from ensemble_core.data.snapshot import DataSnapshot, SourceFingerprint
 from ensemble_core.data.sources import EMBEDDED, FASHION_MNIST_CLASSES, FILE_FORMAT, IDX_FILES, IDX_SOURCES
 from ensemble_core.data.user_source import UserSource, UserSplits, carve_test_split, read_user_source
-from ensemble_core.data.validation_split import VALIDATION_SEED, validation_size, validation_split
+from ensemble_core.data.validation_split import (
+    CALIBRATION_SEED,
+    VALIDATION_SEED,
+    calibration_split,
+    validation_size,
+    validation_split,
+)
 
 __all__ = [
     "EMBEDDED",
@@ -87,6 +93,8 @@ __all__ = [
     "tfds_root",
     "to_float",
     "validation_size",
+    "calibration_split",
+    "CALIBRATION_SEED",
     "validation_split",
     "verify_prepared",
     "write_idx",

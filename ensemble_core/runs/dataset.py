@@ -102,8 +102,9 @@ def check_training_examples(data_cfg: DataConfig, dataset: DatasetInfo) -> None:
     else:
         labels = np.repeat(np.arange(len(kept), dtype=np.int32), whole)
     before = np.bincount(labels, minlength=len(kept))
-    if data_cfg.validation_fraction > 0 and len(labels):
-        labels = labels[data_lib.validation_split(labels, data_cfg.validation_fraction)[0]]
+    if (data_cfg.validation_fraction > 0 or data_cfg.calibration_fraction > 0) and len(labels):
+        carved = data_lib.calibration_split(labels, data_cfg.validation_fraction, data_cfg.calibration_fraction)
+        labels = labels[carved[0]]
     left = np.bincount(labels, minlength=len(kept))
     if left.all():
         return
@@ -117,13 +118,14 @@ def check_training_examples(data_cfg: DataConfig, dataset: DatasetInfo) -> None:
             fix="raise data.max_train_examples, or drop the class from data.classes",
         )
     raise DataError(
-        f"{what} once data.validation_fraction={data_cfg.validation_fraction} holds out its {int(before[k])}",
+        f"{what} once data.validation_fraction={data_cfg.validation_fraction} and data.calibration_fraction="
+        f"{data_cfg.calibration_fraction} hold out its {int(before[k])}",
         fix=("raise data.max_train_examples, " if capped else "")
-        + "lower data.validation_fraction, or drop the class from data.classes",
+        + "lower data.validation_fraction or data.calibration_fraction, or drop the class from data.classes",
     )
 
 
-SPLITS = ("train", "validation", "test")
+SPLITS = ("train", "validation", "calibration", "test")
 
 
 def _capped_train(cfg: PipelineConfig, dataset: DatasetInfo) -> int:
@@ -137,18 +139,34 @@ def num_validation(cfg: PipelineConfig, dataset: DatasetInfo) -> int:
     return data_lib.validation_size(_capped_train(cfg, dataset), cfg.data.validation_fraction)
 
 
+def num_calibration(cfg: PipelineConfig, dataset: DatasetInfo) -> int:
+    """Examples held out of the (filtered, capped) training split as the calibration split."""
+    return data_lib.validation_size(_capped_train(cfg, dataset), cfg.data.calibration_fraction)
+
+
 def num_train(cfg: PipelineConfig, dataset: DatasetInfo) -> int:
     """Training examples the members train on: the split's (of the ``data.classes`` kept),
-    capped by ``data.max_train_examples``, less the validation split."""
-    return _capped_train(cfg, dataset) - num_validation(cfg, dataset)
+    capped by ``data.max_train_examples``, less the validation and calibration splits."""
+    return _capped_train(cfg, dataset) - num_validation(cfg, dataset) - num_calibration(cfg, dataset)
+
+
+def split_indices(cfg: PipelineConfig, labels: np.ndarray) -> dict[str, np.ndarray]:
+    """Which examples of the (filtered, capped) training split each carve holds:
+    ``{"train", "validation", "calibration": int64 sorted indices}``, pairwise disjoint
+    (:func:`ensemble_core.data.calibration_split` with ``data.validation_fraction`` and
+    ``data.calibration_fraction``)."""
+    train, val, cal = data_lib.calibration_split(
+        labels, cfg.data.validation_fraction, cfg.data.calibration_fraction
+    )
+    return {"train": train, "validation": val, "calibration": cal}
 
 
 def load(cfg: PipelineConfig, dataset: DatasetInfo, split: str) -> tuple[np.ndarray, np.ndarray]:
     """Images uint8 ``[N, H, W, C]`` and labels int32 ``[N]`` of ``split``.
 
-    ``'train'`` and ``'validation'`` are the dataset's training split, capped by
-    ``data.max_train_examples``, carved by :func:`ensemble_core.data.validation_split`
-    with ``data.validation_fraction``; ``'test'`` is the test split capped by
+    ``'train'``, ``'validation'`` and ``'calibration'`` are the dataset's training split,
+    capped by ``data.max_train_examples``, carved by :func:`split_indices`
+    (``data.validation_fraction``, ``data.calibration_fraction``); ``'test'`` is the test split capped by
     ``data.max_test_examples``. With ``data.classes``, each split is first filtered to the
     kept classes, its labels remapped to ``0..K-1`` (:func:`ensemble_core.data.keep_classes`),
     then capped: the first N examples of the kept classes.
@@ -168,10 +186,9 @@ def load(cfg: PipelineConfig, dataset: DatasetInfo, split: str) -> tuple[np.ndar
         images, labels = data_lib.keep_classes(*data_lib.load_split(name, read, where), kept, limit)
     if split == "test":
         return images, labels
-    if not cfg.has_validation:
+    if not cfg.has_validation and not cfg.has_calibration:
         return (images, labels) if split == "train" else (images[:0], labels[:0])
-    train_idx, val_idx = data_lib.validation_split(labels, cfg.data.validation_fraction)
-    idx = train_idx if split == "train" else val_idx
+    idx = split_indices(cfg, labels)[split]
     return images[idx], labels[idx]
 
 

@@ -13,7 +13,7 @@ from ensemble_core.ensemble_setup import plan, resolve_strategy
 from ensemble_core.errors import ConfigError
 from ensemble_core.models import check_model, import_model_function, is_import_path, model_options
 from ensemble_core.networks import build_network, members_per_network
-from ensemble_core.runs.dataset import num_train, num_validation, prepare
+from ensemble_core.runs.dataset import num_calibration, num_train, num_validation, prepare
 from ensemble_core.runs.ensemble.pool import saved_plan, stratified_config
 from ensemble_core.runs.evaluation.figure_check import check_promotion_figure
 from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
@@ -56,10 +56,15 @@ def check_against_dataset(cfg: PipelineConfig, dataset: DatasetInfo) -> None:
             f"data.validation_fraction={cfg.data.validation_fraction} of the {n} training examples holds out none",
             fix="raise data.validation_fraction or use more training examples",
         )
+    if cfg.has_calibration and num_calibration(cfg, dataset) == 0:
+        raise ConfigError(
+            f"data.calibration_fraction={cfg.data.calibration_fraction} of the training examples holds out none",
+            fix="raise data.calibration_fraction, use more training examples, or set it to 0 (no prediction sets)",
+        )
     if cfg.train.batch_size > n:
         raise ConfigError(
             f"train.batch_size={cfg.train.batch_size} is larger than the {n} training examples "
-            f"(validation split held out); "
+            f"(validation and calibration splits held out); "
             f"fix: set train.batch_size <= {n}"
         )
 

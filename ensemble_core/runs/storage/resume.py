@@ -46,6 +46,8 @@ RESUMABLE_KEYS = (
     "distributed.tls_key",
     "nightly.*",
     "retention.*",
+    "prediction_sets.*",
+    "abstention.*",
 )
 
 
