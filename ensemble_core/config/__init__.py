@@ -48,8 +48,6 @@ from ensemble_core.figures import FIGURE_HIGHER_IS_BETTER, TEST_METRICS, figure_
 from ensemble_core.registry import EVALUATOR_NAMES, MODEL_NAMES
 
 __all__ = [
-    "AbstentionConfig",
-    "PredictionSetsConfig",
     "EVALUATOR_NAMES",
     "FIGURE_HIGHER_IS_BETTER",
     "FLOAT32_MAX",
@@ -64,6 +62,7 @@ __all__ = [
     "MAX_WIDTH",
     "MODEL_NAMES",
     "TEST_METRICS",
+    "AbstentionConfig",
     "AugmentConfig",
     "CheckpointConfig",
     "DataConfig",
@@ -78,6 +77,7 @@ __all__ = [
     "ModelConfig",
     "NightlyConfig",
     "PipelineConfig",
+    "PredictionSetsConfig",
     "PromotionConfig",
     "RetentionConfig",
     "SearchSpace",

@@ -51,10 +51,12 @@ class AbstentionConfig(Section):
         "entropy, or a high mutual information (member disagreement).",
     )
     target_risk: float = Field(
-        0.02,
+        0.05,
         gt=0,
         lt=1,
-        description="The error rate allowed among the predictions the ensemble makes (not abstaining).",
+        description="The error rate allowed among the predictions the ensemble makes (not abstaining). A target "
+        "the calibration split cannot guarantee (too few examples, or too low) makes the ensemble abstain on "
+        "everything; the select stage says so and the report shows the smallest bound reached.",
     )
     delta: float = Field(
         0.05,

@@ -59,6 +59,7 @@ from ensemble_core.data.validation_split import (
 )
 
 __all__ = [
+    "CALIBRATION_SEED",
     "EMBEDDED",
     "FASHION_MNIST_CLASSES",
     "FILE_FORMAT",
@@ -70,6 +71,7 @@ __all__ = [
     "SourceFingerprint",
     "UserSource",
     "UserSplits",
+    "calibration_split",
     "carve_test_split",
     "check_examples",
     "class_counts",
@@ -93,8 +95,6 @@ __all__ = [
     "tfds_root",
     "to_float",
     "validation_size",
-    "calibration_split",
-    "CALIBRATION_SEED",
     "validation_split",
     "verify_prepared",
     "write_idx",

@@ -42,6 +42,7 @@ import pydantic
 
 from ensemble_core.config import EVALUATOR_NAMES, EvaluatorSpec, PipelineConfig
 from ensemble_core.data import DatasetInfo
+from ensemble_core.decisions import DecisionFit
 from ensemble_core.errors import ConfigError
 
 __all__ = [
@@ -92,6 +93,11 @@ class EvalContext:
       ece_bins: the bins of this evaluator's ECE and adaptive ECE (its ``ece_bins``, by
         default ``eval.ece_bins``).
       options: its validated ``Options`` (:func:`options`).
+      decision_fit: ``decision_fit() -> DecisionFit | None``: the prediction sets and
+        abstention thresholds of the ensemble and of every member, fitted on the run's
+        calibration split (:func:`ensemble_core.decisions.fit_all`; computed once per
+        evaluation), or None when the run has none; evaluators score them on their sets
+        (:meth:`ensemble_core.decisions.DecisionFit.score`).
     """
 
     config: PipelineConfig
@@ -107,6 +113,7 @@ class EvalContext:
     name: str = ""
     options: Any = None
     ece_bins: int = 15
+    decision_fit: Callable[[], DecisionFit | None] = lambda: None
 
     def for_evaluator(self, name: str, spec: EvaluatorSpec) -> EvalContext:
         """This context as evaluator ``name`` of ``eval.evaluators`` sees it: its name, its

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ensemble_core import metrics as metrics_lib
 from ensemble_core.config import PipelineConfig
+from ensemble_core.decisions import decision_lines, mean_scores
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput, shift_base
 from ensemble_core.plotting import image_grid, save, subplots
 from ensemble_core.shifts.common_corruptions import NAMES, SEVERITIES, corrupt
@@ -146,6 +147,13 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     metrics["num_examples"] = n
     metrics["members_mean"] = members_mean(out.arrays["member_probs"], labels, level, len(grid), ctx)
     metrics["by_corruption"] = by_corruption(metrics["levels"], opts.corruptions)
+    fit = ctx.decision_fit()
+    if fit is not None:
+        metrics["decisions_by_severity"] = decisions_by_severity(metrics["levels"])
+        # the same first n test images, uncorrupted: the severity-0 point of the plot
+        clean, test_labels = ctx.predict_split("test")[0][:, :n], ctx.load("test")[1][:n]
+        best = metrics_lib.shift_scores(clean, test_labels, ctx.ece_bins, healthy=ctx.healthy)["best_member_index"]
+        metrics["clean"] = fit.score(clean, test_labels, ctx.healthy, best)
     metrics["seconds"] = {"generate": built if generated["seconds"] else 0.0, "evaluate": time.perf_counter() - t0}
     log.info(
         "%s: mean over %d cells: ensemble accuracy %.4f, NLL %.4f, ECE %.4f (best member NLL %.4f)",
@@ -169,6 +177,50 @@ def members_mean(probs: np.ndarray, labels: np.ndarray, level: np.ndarray, cells
         mean = {f: float(np.mean([s[f] for s in per_cell])) for f in metrics_lib.SCORES}
         out.append({**mean, "healthy": bool(ctx.healthy[e])})
     return out
+
+
+def decisions_by_severity(rows: list[dict]) -> dict[str, dict]:
+    """``{severity: mean over the corruptions of the cells' decisions}``: the coverage and
+    mean set size of each conformal score and the selective risk and coverage, for the
+    ensemble, the mean member and the best member (:func:`ensemble_core.decisions.mean_scores`)."""
+    severities = sorted({r["severity"] for r in rows})
+    return {str(s): mean_scores([r[shift_base.DECISIONS] for r in rows if r["severity"] == s]) for s in severities}
+
+
+def plot_decisions(metrics: dict, plots_dir: Path, name: str, alpha: float) -> Path:
+    """``<name>_prediction_sets.png``: the coverage and mean set size of each conformal
+    score against the severity (0: the clean test split when given as ``metrics["clean"]``),
+    averaged over the corruptions, ensemble vs mean member vs best member, with the target
+    coverage ``1 - alpha``; and the selective risk and coverage of the abstention rule."""
+    by = metrics["decisions_by_severity"]
+    severities = [int(s) for s in by]
+    points = {s: by[str(s)] for s in severities}
+    if metrics.get("clean"):
+        points = {0: metrics["clean"], **points}
+    xs = list(points)
+    methods = list(next(iter(points.values()))["ensemble"]["prediction_sets"])
+    styles = {"ensemble": ("tab:red", "-"), "member_mean": ("tab:gray", "--"), "best_member": ("tab:blue", ":")}
+    markers = dict(zip(methods, "osD", strict=False))
+    fig, axes = subplots(1, 4, figsize=(17, 3.6))
+    for who, (color, style) in styles.items():
+        for m in methods:
+            cover = [points[x][who]["prediction_sets"][m]["coverage"] if who in points[x] else np.nan for x in xs]
+            size = [points[x][who]["prediction_sets"][m]["mean_set_size"] if who in points[x] else np.nan for x in xs]
+            label = f"{who.replace('_', ' ')} {m.upper()}"
+            axes[0].plot(xs, cover, style, marker=markers[m], color=color, label=label)
+            axes[1].plot(xs, size, style, marker=markers[m], color=color, label=label)
+        risk = [np.nan if who not in points[x] else points[x][who]["selective"]["risk"] for x in xs]
+        kept = [np.nan if who not in points[x] else points[x][who]["selective"]["coverage"] for x in xs]
+        axes[2].plot(xs, [np.nan if r is None else r for r in risk], style, marker="o", color=color, label=who)
+        axes[3].plot(xs, kept, style, marker="o", color=color, label=who)
+    axes[0].axhline(1 - alpha, color="k", linewidth=0.8, label=f"target {1 - alpha:g}")
+    titles = ("set coverage", "mean set size (classes)", "selective risk (errors among accepted)", "accepted fraction")
+    for ax, title in zip(axes, titles, strict=True):
+        ax.set(xlabel="severity (0: clean test split)" if 0 in points else "severity", title=title)
+        ax.set_xticks(xs)
+    axes[0].legend(fontsize=6)
+    axes[2].legend(fontsize=7)
+    return save(fig, plots_dir / f"{name}_prediction_sets.png")
 
 
 def by_corruption(rows: list[dict], names: tuple[str, ...]) -> dict:
@@ -214,6 +266,8 @@ def plot(
     ax.legend(fontsize=8)
     paths[f"{name}_corruptions"] = save(fig, plots_dir / f"{name}_corruptions.png")
     paths[f"{name}_examples"] = plot_examples(metrics, arrays, plots_dir, name)
+    if "decisions_by_severity" in metrics:
+        paths[f"{name}_prediction_sets"] = plot_decisions(metrics, plots_dir, name, config.prediction_sets.alpha)
     return paths
 
 
@@ -262,7 +316,12 @@ def markdown(metrics: dict) -> list[str]:
             f"| {name} | {e['accuracy']:.4f} | {e['nll']:.4f} | {e['ece']:.4f} | {by['best_member']['nll']:.4f} | "
             f"{by['member_mean']['nll']:.4f} |"
         )
-    return [*lines, "", shift_base.wins_sentence(metrics, "cells")]
+    lines += ["", shift_base.wins_sentence(metrics, "cells")]
+    if "decisions_by_severity" in metrics:
+        rows = [("clean (severity 0)", metrics["clean"])] if metrics.get("clean") else []
+        rows += [(f"severity {s}", d) for s, d in metrics["decisions_by_severity"].items()]
+        lines += ["", "Mean over the corruptions at each severity:", "", *decision_lines(rows)]
+    return lines
 
 
 def table(metrics: dict) -> list[dict]:

@@ -15,6 +15,7 @@ import numpy as np
 from ensemble_core import metrics as metrics_lib
 from ensemble_core import stopping
 from ensemble_core.calibration import apply_temperature
+from ensemble_core.decisions import decision_lines, mean_scores
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput
 from ensemble_core.plotting import image_grid, save, subplots
 
@@ -22,6 +23,8 @@ FIGURES = ("accuracy", "nll", "brier", "ece")
 WHO = ("ensemble", "member_mean", "best_member")
 #: The ensemble's figures after temperature scaling (``eval.temperature_scaling``).
 SCALED = "ensemble_temperature_scaled"
+#: A level's prediction-set and abstention figures (:meth:`ensemble_core.decisions.DecisionFit.score`).
+DECISIONS = "decisions"
 #: Example images per level kept for the plots.
 EXAMPLES = 8
 #: Bump when a transform changes, so cached shifted sets are built again.
@@ -76,7 +79,11 @@ def score_levels(
     """Per level: ``{"level", "ensemble", "member_mean", "best_member", "best_member_index"}``
     (:data:`ensemble_core.metrics.SCORES` of each: accuracy, NLL, Brier, ECE and adaptive
     ECE with the evaluator's ``ece_bins``, AURC and accuracy at 80% coverage, Geifman &
-    El-Yaniv 2017), and ``ensemble_temperature_scaled`` when the context has a temperature."""
+    El-Yaniv 2017), ``ensemble_temperature_scaled`` when the context has a temperature, and
+    ``decisions`` when the run has prediction sets: the coverage and mean set size of each
+    conformal score and the selective risk and coverage of the abstention rule, for the
+    ensemble, the mean member and the best member
+    (:meth:`ensemble_core.decisions.DecisionFit.score`)."""
     bins = ctx.ece_bins
     out = []
     healthy = ctx.healthy
@@ -87,18 +94,25 @@ def score_levels(
         row = {"level": float(value), **s}
         if ctx.temperature is not None:
             row[SCALED] = metrics_lib.scores(apply_temperature(ens, ctx.temperature), labels[at], bins)
+        fit = ctx.decision_fit()
+        if fit is not None:
+            row[DECISIONS] = fit.score(probs[:, at], labels[at], healthy, s["best_member_index"])
         out.append(row)
     return out
 
 
 def summary(per_level: list[dict]) -> dict:
     """The mean of every figure over the levels, for ``ensemble``, ``member_mean`` and
-    ``best_member`` (the best member per level), and ``ensemble_beats_best_member``: at
-    how many levels the ensemble's NLL / Brier is below the best member's."""
+    ``best_member`` (the best member per level), ``ensemble_beats_best_member``: at
+    how many levels the ensemble's NLL / Brier is below the best member's, and
+    ``mean_decisions``, the mean of every level's ``decisions`` (when the levels have them)."""
     present = [who for who in (*WHO, SCALED) if who in per_level[0]]
     mean = {who: {f: float(np.mean([r[who][f] for r in per_level])) for f in metrics_lib.SCORES} for who in present}
     wins = {f: int(sum(r["ensemble"][f] < r["best_member"][f] for r in per_level)) for f in ("nll", "brier", "ece")}
-    return {"mean": mean, "ensemble_beats_best_member": {**wins, "of_levels": len(per_level)}}
+    out = {"mean": mean, "ensemble_beats_best_member": {**wins, "of_levels": len(per_level)}}
+    if DECISIONS in per_level[0]:
+        out["mean_decisions"] = mean_scores([r[DECISIONS] for r in per_level])
+    return out
 
 
 def evaluate_shift(
@@ -207,6 +221,11 @@ def markdown(metrics: dict, title: str, unit: str) -> list[str]:
             f"{b['nll']:.4f} | {b['brier']:.4f} | {b['ece']:.4f} |"
         )
     lines += ["", wins_sentence(metrics, "levels")]
+    if DECISIONS in metrics["levels"][0]:
+        lines += [
+            "",
+            *decision_lines([(str(r.get("name", f"{r['level']:g}")), r[DECISIONS]) for r in metrics["levels"]]),
+        ]
     if SCALED in metrics["mean"]:
         before, after = metrics["mean"]["ensemble"], metrics["mean"][SCALED]
         lines += [

@@ -155,9 +155,7 @@ def split_indices(cfg: PipelineConfig, labels: np.ndarray) -> dict[str, np.ndarr
     ``{"train", "validation", "calibration": int64 sorted indices}``, pairwise disjoint
     (:func:`ensemble_core.data.calibration_split` with ``data.validation_fraction`` and
     ``data.calibration_fraction``)."""
-    train, val, cal = data_lib.calibration_split(
-        labels, cfg.data.validation_fraction, cfg.data.calibration_fraction
-    )
+    train, val, cal = data_lib.calibration_split(labels, cfg.data.validation_fraction, cfg.data.calibration_fraction)
     return {"train": train, "validation": val, "calibration": cal}
 
 

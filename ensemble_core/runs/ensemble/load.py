@@ -15,6 +15,7 @@ import numpy as np
 
 from ensemble_core import mc_dropout
 from ensemble_core.config import PipelineConfig
+from ensemble_core.decisions import DecisionRules
 from ensemble_core.ensemble_setup import EnsembleSetup, build
 from ensemble_core.errors import DivergenceError
 from ensemble_core.mesh import member_sharding
@@ -23,7 +24,7 @@ from ensemble_core.predict import member_probs
 from ensemble_core.runs.ensemble.pool import final_pool
 from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.storage.layout import RunDir
-from ensemble_core.runs.storage.records import read_selection
+from ensemble_core.runs.storage.records import read_decisions, read_selection
 from ensemble_core.train import EnsembleState
 
 
@@ -183,11 +184,15 @@ class Ensemble:
       config: the config of its pool (a hyper-deep ensemble's stratified pool config).
       members: the :class:`Members` it averages.
       temperature: the temperature fitted by the select stage (None: not fitted).
+      decisions: its prediction sets and abstention threshold, fitted by the select stage
+        on the calibration split (:class:`ensemble_core.decisions.DecisionRules`; None: a
+        run without them).
     """
 
     config: PipelineConfig
     members: Members
     temperature: float | None
+    decisions: DecisionRules | None = None
 
 
 def load_pool(
@@ -218,7 +223,8 @@ def load_ensemble(
 ) -> Ensemble:
     """The run's ensemble: the members and temperature its ``selection.json`` (the select
     stage's record, :func:`ensemble_core.runs.ensemble.select.select`) names, from its
-    pool (:func:`load_pool`); every trained member, no temperature, when the run has no
+    pool (:func:`load_pool`), with the prediction sets and abstention threshold of its
+    ``decisions.json``; every trained member, no temperature, when the run has no
     ``selection.json`` (no validation split, or a damaged file set aside) or it names a
     selection ``cfg`` does not ask for (no ``ensemble.select_size``).
 
@@ -235,4 +241,7 @@ def load_ensemble(
     if chosen is not None and cfg.ensemble.select_size is not None:
         members = selected_members(pool_cfg, members, chosen["members"], num_classes)
     temperature = None if chosen is None else chosen.get("temperature")
-    return Ensemble(config=pool_cfg, members=members, temperature=temperature)
+    # The rules were fitted on the ensemble selection.json names: without it (set aside) they do not apply.
+    record = read_decisions(run) if chosen is not None or not cfg.has_validation else None
+    decisions = None if record is None else DecisionRules.from_dict(record)
+    return Ensemble(config=pool_cfg, members=members, temperature=temperature, decisions=decisions)

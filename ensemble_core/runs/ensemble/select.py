@@ -1,5 +1,6 @@
-"""The select stage: the only place that predicts the validation split, selects members
-and fits the temperature, and the only writer of a run's ``selection.json``.
+"""The select stage: the only place that predicts the validation split, selects members,
+fits the temperature and the decision rules (prediction sets, abstention, on the
+calibration split), and the only writer of a run's ``selection.json`` and ``decisions.json``.
 
 A run with a validation split has every member of its pool predict it
 (``eval/validation.npz``); with ``ensemble.select_size`` the greedy selection
@@ -25,10 +26,11 @@ from ensemble_core.atomic import atomic_savez
 from ensemble_core.calibration import fit_temperature, temperature_nll
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
+from ensemble_core.decisions import DecisionRules, ensemble_probs, fit_rules
 from ensemble_core.runs.dataset import load
 from ensemble_core.runs.ensemble.load import Members, all_members, load_pool, restore
 from ensemble_core.runs.storage.layout import RunDir
-from ensemble_core.runs.storage.records import write_selection
+from ensemble_core.runs.storage.records import write_decisions, write_selection
 from ensemble_core.selection import Selection, select_members, selection_record
 
 
@@ -67,22 +69,31 @@ def select(
     stratification): choose the run's ensemble on the validation split.
 
     Writes ``eval/validation.npz`` (``member_probs`` float32 ``[E, N_val, C]`` of every pool
-    member, ``labels``, ``healthy``) and ``selection.json`` (``members``: pool indices, one
-    per pick; ``temperature``: float or null), each atomically. Without a validation split
-    nothing is chosen or written (the ensemble is every healthy member).
+    member, ``labels``, ``healthy``), ``selection.json`` (``members``: pool indices, one
+    per pick; ``temperature``: float or null) and ``decisions.json`` (the chosen ensemble's
+    prediction sets and abstention threshold, :func:`fit_decisions`), each atomically.
+    Without a validation split nothing is chosen (the ensemble is every healthy member);
+    its ``decisions.json`` is still fitted on the calibration split.
 
     Returns:
       None without a validation split, else the selection record:
       :func:`ensemble_core.selection.selection_record` plus ``temperature`` (None when
-      ``eval.temperature_scaling`` is off) and ``validation_nll_temperature_scaled``.
+      ``eval.temperature_scaling`` is off), ``validation_nll_temperature_scaled`` and
+      ``decisions`` (``decisions.json``'s record, or None).
 
     Raises:
       CheckpointError, DivergenceError: see :func:`ensemble_core.runs.ensemble.load.load_pool`;
         DivergenceError also for fewer healthy members than picks without replacement.
     """
-    if not cfg.has_validation:
-        return None
     run = RunDir(Path(run_dir))
+    if not cfg.has_validation:
+        if cfg.decision_split is None:
+            write_decisions(run, None)
+            return None
+        pool_cfg, members = load_pool(cfg, run.path, dataset.num_classes, dataset.image_shape, strategy=strategy)
+        rules = fit_decisions(pool_cfg, dataset, members, np.flatnonzero(members.healthy).tolist(), None, None)
+        write_decisions(run, rules.to_dict())
+        return None
     pool_cfg, members = load_pool(cfg, run.path, dataset.num_classes, dataset.image_shape, strategy=strategy)
     probs, labels = validation_predictions(pool_cfg, dataset, members)
     atomic_savez(run.evaluator_arrays("validation"), member_probs=probs, labels=labels, healthy=members.healthy)
@@ -94,8 +105,42 @@ def select(
     record["validation_nll_temperature_scaled"] = (
         None if temperature is None else temperature_nll(ensemble, labels, temperature)
     )
+    rules = fit_decisions(pool_cfg, dataset, members, list(picked.members), temperature, (probs, labels))
     write_selection(run, record["members"], temperature)
+    write_decisions(run, None if rules is None else rules.to_dict())
+    record["decisions"] = None if rules is None else rules.to_dict()
     return record
+
+
+def fit_decisions(
+    cfg: PipelineConfig,
+    dataset: DatasetInfo,
+    members: Members,
+    picks: list[int],
+    temperature: float | None,
+    validation: tuple[np.ndarray, np.ndarray] | None,
+) -> DecisionRules | None:
+    """The chosen ensemble's prediction sets and abstention threshold
+    (:func:`ensemble_core.decisions.fit_rules`), fitted on ``cfg.decision_split``: the
+    calibration split, predicted here by every pool member, or the validation split's
+    predictions ``validation`` (``(member_probs [E, N_val, C], labels)``). None when the
+    config asks for none.
+
+    Args:
+      picks: the pool rows of the ensemble, one per pick (a member picked twice counts twice,
+        as in the ensemble's mean). temperature: the ensemble's, or None.
+    """
+    split = cfg.decision_split
+    if split is None:
+        return None
+    if split == "validation" and validation is not None:
+        probs, labels = validation
+    else:
+        images, labels = load(cfg, dataset, split)
+        probs, _ = members.predict(cfg, images)
+    chosen = probs[np.asarray(picks, np.int64)]
+    ensemble = ensemble_probs(chosen, np.ones(len(chosen), bool), temperature)
+    return fit_rules(ensemble, labels, cfg.prediction_sets, cfg.abstention, split, member_probs=chosen)
 
 
 def first_selection_on(

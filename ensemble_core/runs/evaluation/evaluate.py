@@ -17,6 +17,7 @@ from ensemble_core import diskspace, evaluators, stopping, timing
 from ensemble_core.atomic import atomic_savez
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
+from ensemble_core.decisions import DecisionFit, fit_all
 from ensemble_core.runs.dataset import load
 from ensemble_core.runs.ensemble.load import load_ensemble
 from ensemble_core.runs.evaluation.cache import cached_arrays
@@ -99,6 +100,17 @@ def _evaluate(
             logits, throughput = members.predict(cfg, load_split(split)[0], logits=True)
         return logits, scipy.special.softmax(logits, axis=-1).astype(np.float32, copy=False), throughput
 
+    @functools.cache
+    def decision_fit() -> DecisionFit | None:
+        # The rules of the ensemble and of every member on the split the select stage fitted
+        # decisions.json on (the same ensemble, so the ensemble's rules are that file's).
+        split = cfg.decision_split
+        if split is None or ensemble.decisions is None:
+            return None
+        images, labels = load_split(split)
+        probs, _ = predict(images)
+        return fit_all(probs, labels, members.healthy, ensemble.temperature, cfg.prediction_sets, cfg.abstention, split)
+
     ctx = evaluators.EvalContext(
         config=cfg,
         dataset=dataset,
@@ -110,6 +122,7 @@ def _evaluate(
         predict_logits=predict_logits,
         predict_split_logits=lambda split: split_outputs(split)[0],
         temperature=ensemble.temperature,
+        decision_fit=decision_fit,
     )
     outputs = {}
     # Each evaluator's arrays and plots are written by one background thread while the next

@@ -9,6 +9,7 @@ import numpy as np
 from ensemble_core import metrics as metrics_lib
 from ensemble_core.calibration import apply_temperature
 from ensemble_core.config import PipelineConfig
+from ensemble_core.decisions import apply_rules
 from ensemble_core.errors import CheckpointError, EnsembleError
 from ensemble_core.runs.ensemble.load import load_ensemble
 from ensemble_core.runs.prediction.images import check_image_shape, check_image_values
@@ -34,7 +35,12 @@ def predict_images(run_dir: str | Path, images: np.ndarray, *, batch_size: int |
       run's class map: folder names, ``data.class_names`` or TFDS's label names; the
       digits ``'0'``.. for a run that predates class maps), ``predicted_name`` str ``[N]``,
       ``members`` int32 ``[K]`` (pool index of each row) and ``temperature`` (float32
-      scalar, NaN when not fitted).
+      scalar, NaN when not fitted). A run with decision rules (its ``decisions.json``,
+      fitted on the calibration split) adds ``prediction_set`` bool ``[N, C]`` (split
+      conformal, ``prediction_sets.method`` at ``prediction_sets.alpha``), ``abstain`` bool
+      ``[N]`` (the abstention rule: confidence below the threshold chosen for
+      ``abstention.target_risk``), ``conformal_method``, ``alpha``, ``abstention_criterion``
+      and ``target_risk`` (scalars) (:func:`ensemble_core.decisions.apply_rules`).
 
     Raises:
       DataError: images of the wrong shape, or values :func:`check_image_values` refuses.
@@ -74,7 +80,20 @@ def predict_images(run_dir: str | Path, images: np.ndarray, *, batch_size: int |
     num_classes = int(meta["dataset"]["num_classes"])
     names = np.asarray(meta["dataset"].get("class_names") or [str(c) for c in range(num_classes)], dtype=str)
     predicted = np.argmax(ensemble, -1).astype(np.int32)
+    decided = {}
+    if loaded.decisions is not None:
+        rules = loaded.decisions
+        applied = apply_rules(rules, ensemble, probs)
+        decided = {
+            "prediction_set": applied["prediction_set"],
+            "abstain": applied["abstain"],
+            "conformal_method": np.asarray(rules.method),
+            "alpha": np.float32(rules.prediction_sets[rules.method].alpha),
+            "abstention_criterion": np.asarray(rules.abstention.criterion),
+            "target_risk": np.float32(rules.abstention.target_risk),
+        }
     return {
+        **decided,
         "class_names": names,
         "predicted_name": names[predicted],
         "ensemble_probs": ensemble.astype(np.float32),

@@ -130,6 +130,12 @@ class RunDir:
         return self.path / "selection.json"
 
     @property
+    def decisions_json(self) -> Path:
+        """The ensemble's prediction sets and abstention threshold, fitted on the calibration
+        split by the select stage (what prediction applies)."""
+        return self.path / "decisions.json"
+
+    @property
     def report_json(self) -> Path:
         return self.path / "report.json"
 

@@ -21,6 +21,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from ensemble_core.atomic import atomic_write_json
+from ensemble_core.decisions import DecisionRules
 from ensemble_core.errors import CheckpointError
 from ensemble_core.runs.storage.layout import OutputDir, RunDir
 from ensemble_core.stratification import PADDING_SETTING, StratificationPlan
@@ -82,6 +83,50 @@ def release_corrupt_path(dest: Path) -> None:
     """Remove a path :func:`reserve_corrupt_path` made and nothing was moved to."""
     with suppress(OSError):
         dest.rmdir() if dest.is_dir() else dest.unlink()
+
+
+# MARK: decisions.json
+
+
+def write_decisions(run: RunDir, record: dict | None) -> None:
+    """Write the run's ``decisions.json`` atomically (the select stage): the ensemble's
+    :meth:`ensemble_core.decisions.DecisionRules.to_dict`; None removes the file (a run
+    evaluated again without prediction sets keeps none of an earlier session's)."""
+    if record is None:
+        with suppress(FileNotFoundError):
+            run.decisions_json.unlink()
+        return
+    atomic_write_json(run.decisions_json, record)
+
+
+def read_decisions(run: RunDir) -> dict | None:
+    """The run's ``decisions.json`` as written, or None when absent (a run that predates
+    prediction sets, or none asked for). A file that is not a JSON object of
+    :class:`ensemble_core.decisions.DecisionRules`' shape is set aside (:func:`set_aside`)
+    and None returned: prediction then gives no sets and never abstains until the run is
+    evaluated again.
+
+    Raises:
+      OSError: the file exists but cannot be read or moved (I/O failure).
+    """
+    try:
+        raw = run.decisions_json.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        record = json.loads(raw.decode("utf-8"))
+        DecisionRules.from_dict(record)
+        return record
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, KeyError, TypeError, ValueError) as err:
+        problem = f"not a decisions record ({type(err).__name__})"
+    set_aside(
+        run.path,
+        run.decisions_json.name,
+        problem,
+        consequence="predictions carry no prediction sets and never abstain until the run is evaluated again "
+        "(rerun its run name)",
+    )
+    return None
 
 
 # MARK: selection.json
