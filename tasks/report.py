@@ -21,6 +21,17 @@ SNAPSHOT_KEY = "ensemble-data-snapshot"
 MEMBERS_KEY = "ensemble-members"
 POOL_KEY = "ensemble-pool"
 STRATIFIED_POOL_KEY = "ensemble-stratified-pool"
+#: The test split's class-level tables (:func:`ensemble_core.runs.report.write.class_level_tables`).
+PER_CLASS_KEY = "ensemble-per-class"
+CONFUSION_MATRIX_KEY = "ensemble-confusion-matrix"
+CLASS_LEVEL_ARTIFACTS = {
+    "per_class": (PER_CLASS_KEY, "The ensemble per class on the test split: count, accuracy (recall), NLL, ECE"),
+    "confusion_matrix": (
+        CONFUSION_MATRIX_KEY,
+        "The ensemble's confusion matrix on the test split: one row per true class, one column of counts per "
+        "predicted class",
+    ),
+}
 
 
 def evaluation_key(name: str) -> str:
@@ -87,6 +98,9 @@ def publish_report(
             "member), initialisation, best and stop epoch, validation NLL, and how many times the final "
             "selection picked it",
         )
+    for table, rows in report_lib.class_level_tables(rep).items():
+        key, description = CLASS_LEVEL_ARTIFACTS[table]
+        create_table_artifact(table=rows, key=key, description=description)
     for name, rows in report_lib.evaluator_tables(rep).items():
         create_table_artifact(
             table=rows,

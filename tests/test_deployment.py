@@ -132,6 +132,7 @@ def test_deployments_and_automations(two_runs):
     assert schedule["schedule"]["cron"] == "0 2 * * *" and schedule["schedule"]["timezone"] == "UTC"
     assert nightly["global_concurrency_limit"]["limit"] == 1
     assert "adhoc@flows/predict.py:predict" in deps
+    assert deps["folder@flows/predict.py:predict"]["parameters"]["output_dir"] == "runs"  # batch inference
     props = nightly["parameter_openapi_schema"]["properties"]
     assert {"seed", "data", "model", "ensemble", "train", "mesh", "checkpoint", "eval", "promotion"} <= set(props)
     names = sorted(a["name"] for a in api(env, "POST", "/automations/filter", {}))

@@ -274,3 +274,45 @@ def test_derived_sets_are_built_once_and_rebuilt_when_damaged(tfds_dir, caplog):
     path.write_bytes(b"not a zip")
     np.testing.assert_array_equal(cached_arrays(info, key, build)["images"], first["images"])
     assert len(calls) == 2 and "unreadable" in caplog.text
+
+
+@pytest.mark.slow
+def test_prediction_sets_and_abstention_are_recomputed_from_the_npz(finished, tfds_dir):
+    """Every shift level's ensemble coverage, set size and selective figures from its .npz
+    and decisions.json, with LAC's set and the abstention rule written out by hand; and
+    prediction applies the same rules to new images."""
+    from ensemble_core import conformal
+
+    result, report = finished
+    rules = json.loads((result.run_dir.path / "decisions.json").read_text())
+    # tiny_config: 256 training digits, no validation split, 10% (26) held out for calibration
+    assert (rules["split"], rules["num_examples"], rules["method"]) == ("calibration", 26, "aps")
+    qhat = rules["prediction_sets"]["lac"]["threshold"]
+    qhat = np.inf if qhat is None else qhat
+    theta = rules["abstention"]["threshold"]
+    theta = np.inf if theta is None else theta
+    for name in SHIFTS:
+        with np.load(result.run_dir.eval_dir / f"{name}.npz") as f:
+            probs, labels, level = f["member_probs"], f["labels"], f["level"]
+        for row in report["evaluations"][name]["metrics"]["levels"]:
+            at = level == np.float32(row["level"])
+            ens, y = probs[:, at].astype(np.float64).mean(0), labels[at]
+            sets = (1.0 - ens) <= qhat + 1e-9  # LAC: every class whose probability is at least 1 - qhat
+            got = row["decisions"]["ensemble"]
+            assert got["prediction_sets"]["lac"]["coverage"] == pytest.approx(sets[np.arange(len(y)), y].mean())
+            assert got["prediction_sets"]["lac"]["mean_set_size"] == pytest.approx(sets.sum(1).mean())
+            accepted = ens.max(-1) >= theta
+            assert got["selective"]["coverage"] == pytest.approx(accepted.mean())
+            if accepted.any():
+                assert got["selective"]["risk"] == pytest.approx((ens.argmax(-1) != y)[accepted].mean())
+            assert set(row["decisions"]) == {"ensemble", "member_mean", "best_member"}
+    cc = report["evaluations"]["common_corruptions"]["metrics"]
+    assert sorted(cc["decisions_by_severity"]) == ["1", "5"] and "clean" in cc
+    assert (result.run_dir.plots / "common_corruptions_prediction_sets.png").stat().st_size > 10_000
+
+    cfg = load_config(None, [f"data.data_dir={tfds_dir}", "data.max_test_examples=120"])
+    images, _ = runs.dataset.load(cfg, runs.prepare(cfg.data), "test")
+    out = runs.predict_images(result.run_dir.path, images)
+    aps = conformal.ConformalCalibration.from_dict(rules["prediction_sets"]["aps"])
+    np.testing.assert_array_equal(out["prediction_set"], conformal.prediction_sets(out["ensemble_probs"], aps))
+    np.testing.assert_array_equal(out["abstain"], out["ensemble_probs"].max(-1) < theta)

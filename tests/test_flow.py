@@ -63,7 +63,7 @@ def test_cli_prints_run_dir_last(finished_run):
         "plots/training_curves.png",
     ):
         assert (run_dir / name).is_file(), name
-    assert (run_dir / "checkpoints" / "14").is_dir()  # 2 epochs x 7 steps (461 // 64)
+    assert (run_dir / "checkpoints" / "12").is_dir()  # 2 epochs x 6 steps (410 // 64: 512 less 51 + 51 held out)
 
 
 def test_report_matches_predictions_recomputed_independently(finished_run):
@@ -133,7 +133,7 @@ def test_report_keys(finished_run):
         "train_member_images_per_s",
         "eval_member_images_per_s",
     }
-    assert r["timing"]["train_member_images_per_s"] > 0 and r["checkpoint"]["step"] == 14  # 461 // 64 per epoch
+    assert r["timing"]["train_member_images_per_s"] > 0 and r["checkpoint"]["step"] == 12  # 410 // 64 per epoch
     assert len(r["history"]) == 2 and len(r["history"][0]["train_loss"]) == 4
     assert "| ensemble |" in (run_dir / "report.md").read_text()
 
@@ -276,7 +276,7 @@ def _locked(tmp_path):
 @pytest.mark.parametrize(
     "case, fragment",
     [
-        ("batch_larger_than_split", "train.batch_size=5000 is larger than the 3600 training examples"),
+        ("batch_larger_than_split", "train.batch_size=5000 is larger than the 3200 training examples"),
         ("unknown_dataset", "unknown dataset 'no_such_set'"),
         ("catalog_offline", "needs TensorFlow"),
         ("output_not_writable", "cannot create output directory"),

@@ -31,7 +31,10 @@ import pytest
 RECORDING = Path(__file__).parent / "data" / "recorded_predictions.npz"
 ATOL = 1e-4  # probabilities; bit-for-bit on the recording machine
 
-# name -> overrides on top of tests.ensembles.tiny_config (2 MLP members, 1 epoch, 256 digits)
+# name -> overrides on top of tests.ensembles.tiny_config (2 MLP members, 1 epoch, 256 digits).
+# Each trains on the whole training split less its validation split, as when it was recorded:
+# no calibration split (data.calibration_fraction, issue 56, holds 10% out by default).
+NO_CALIBRATION = "data.calibration_fraction=0"
 CONFIGS: dict[str, tuple[str, ...]] = {
     "mlp_validation_shifts": (
         "data.validation_fraction=0.25",
@@ -68,7 +71,7 @@ def _compute(name: str, tfds_dir: str, out: Path) -> dict[str, np.ndarray]:
     from ensemble_core import runs
     from tests.ensembles import tiny_config
 
-    result = runs.run(tiny_config(tfds_dir, *CONFIGS[name]), out, name)
+    result = runs.run(tiny_config(tfds_dir, NO_CALIBRATION, *CONFIGS[name]), out, name)
     run = result.run_dir
     arrays: dict[str, np.ndarray] = {}
     files = [run.predictions, *sorted(run.eval_dir.glob("*.npz"))]
@@ -93,7 +96,9 @@ def test_predictions_equal_the_recording_from_before_the_redesign(name, recordin
     expected = {k: v for k, v in recording.items() if k.startswith(f"{name}/")}
     assert expected, f"{name} is not in {RECORDING.name}; re-record it"
     got = _compute(name, tfds_dir, tmp_path)
-    assert sorted(got) == sorted(expected)
+    # every recorded array is still computed; arrays added since (the class-level view's
+    # example images in predictions.npz) are new keys, not changes
+    assert set(expected) <= set(got)
     for key, want in expected.items():
         have = got[key]
         assert have.shape == want.shape and have.dtype == want.dtype, key

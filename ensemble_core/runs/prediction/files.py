@@ -1,22 +1,29 @@
 """The prediction flow's steps on files: which run, which images, the predictions written.
 
 :func:`resolve_run` picks the run (given, or the output directory's champion),
-:func:`images_file` gives the images as a ``.npy`` (a TFDS split exported once), and
-:func:`predict_file` writes the ensemble's predictions of
-:func:`ensemble_core.runs.prediction.predict.predict_images` to an ``.npz``. Every file is
-written atomically (:func:`ensemble_core.runs.storage.layout.atomic_write`).
+:func:`images_file` gives a TFDS split as a ``.npy`` (exported once), :func:`preflight`
+checks everything before the model runs, and :func:`predict_inputs` predicts the user's
+inputs (image files, folders, globs or one array file: :mod:`.inputs`) and writes the
+ensemble's predictions of :func:`ensemble_core.runs.prediction.predict.predict_images` to an
+``.npz`` and one row per image to a table (:mod:`.table`); :func:`predict_file` predicts one
+``.npy`` to an ``.npz``. Every file is written atomically
+(:func:`ensemble_core.runs.storage.layout.atomic_write`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from ensemble_core import data as data_lib
 from ensemble_core import diskspace
 from ensemble_core.atomic import atomic_savez, atomic_write
 from ensemble_core.errors import CheckpointError, ConfigError, DataError
+from ensemble_core.runs.prediction import inputs as inputs_lib
+from ensemble_core.runs.prediction import table as table_lib
 from ensemble_core.runs.prediction.predict import predict_images
 from ensemble_core.runs.storage.champion_record import read_champion
 from ensemble_core.special_files import special_kind
@@ -60,11 +67,9 @@ def images_file(images_npy: str | None, tfds_name: str | None, tfds_split: str, 
     return str(out)
 
 
-NPY_MAGIC = b"\x93NUMPY"
-
-
 def read_images(images_npy: str | Path) -> np.ndarray:
-    """The array of a ``.npy`` file, read without pickles.
+    """The array of a ``.npy`` file, read without pickles (a ``.npz``: its ``images``
+    array, :func:`ensemble_core.runs.prediction.inputs.read_npz`).
 
     Raises:
       DataError: the file is missing, unreadable or a special file (a FIFO, a device), is
@@ -72,32 +77,38 @@ def read_images(images_npy: str | Path) -> np.ndarray:
         objects (a pickled object array).
     """
     path = Path(images_npy)
+    if path.suffix.lower() == ".npz":
+        return inputs_lib.read_npz(path)
     fix = "fix: save the images with numpy.save(path, images) as uint8 [N, H, W, C] (or float in [0, 1])"
     kind = special_kind(path)
     if kind is not None:  # opening a FIFO would block, a device read without end
-        raise DataError(f"images file '{path}' is {kind}, not a file; {fix}")
+        raise DataError(f"images file {str(path)!r} is {kind}, not a file; {fix}")
     try:
         with path.open("rb") as f:
-            magic = f.read(len(NPY_MAGIC))
+            magic = f.read(len(inputs_lib.NPY_MAGIC))
     except FileNotFoundError:
-        raise DataError(f"images file '{path}' does not exist", fix="pass an existing .npy file") from None
+        raise DataError(f"images file {str(path)!r} does not exist", fix="pass an existing .npy file") from None
     except OSError as err:
-        raise DataError(f"cannot read images from '{path}' ({err.strerror or type(err).__name__}); {fix}") from None
-    if magic != NPY_MAGIC:
-        raise DataError(f"'{path}' is not a .npy file (it has no NumPy header); {fix}")
+        raise DataError(
+            f"cannot read images from {str(path)!r} ({err.strerror or type(err).__name__}); {fix}"
+        ) from None
+    if magic != inputs_lib.NPY_MAGIC:
+        raise DataError(f"{str(path)!r} is not a .npy file (it has no NumPy header); {fix}")
     try:
         return np.load(path, allow_pickle=False)
     except ValueError as err:
         if "pickle" in str(err):
             raise DataError(
-                f"'{path}' holds Python objects (a pickled object array), not image values; {fix}"
+                f"{str(path)!r} holds Python objects (a pickled object array), not image values; {fix}"
             ) from None
-        raise DataError(f"cannot read images from '{path}' ({err}); {fix}") from None
+        raise DataError(f"cannot read images from {str(path)!r} ({' '.join(str(err).split())}); {fix}") from None
     except (OSError, EOFError) as err:
-        raise DataError(f"cannot read images from '{path}' ({type(err).__name__}: {err}); {fix}") from None
+        raise DataError(
+            f"cannot read images from {str(path)!r} ({type(err).__name__}: {' '.join(str(err).split())}); {fix}"
+        ) from None
 
 
-def check_output(output: str | Path) -> None:
+def check_output(output: str | Path, setting: str = "--output") -> None:
     """That ``output`` can be written: its directory exists (or can be made) and takes a
     file (one is created and removed).
 
@@ -113,8 +124,8 @@ def check_output(output: str | Path) -> None:
             pass
     except OSError as err:
         raise DataError(
-            f"cannot write the predictions to '{output}' ({err.strerror or type(err).__name__}); "
-            f"fix: choose a writable --output"
+            f"cannot write the predictions to {str(output)!r} ({err.strerror or type(err).__name__}); "
+            f"fix: choose a writable {setting}"
         ) from None
 
 
@@ -140,43 +151,141 @@ def check_model_builds(meta: dict) -> None:
         ) from None
 
 
+def run_meta(run: str | Path) -> dict:
+    """The checkpoint metadata of ``run`` (its config, dataset: image shape, classes).
+
+    Raises:
+      CheckpointError: ``run`` has no checkpoint.
+    """
+    from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
+    from ensemble_core.runs.storage.layout import RunDir
+
+    if not RunDir(Path(run)).has_checkpoint():
+        raise CheckpointError(
+            f"run directory {str(run)!r} has no checkpoint",
+            fix="pass the directory of a trained run as --run-dir, or train one (python -m flows.train_ensemble)",
+        )
+    with EnsembleCheckpointer(RunDir(Path(run)).checkpoints, read_only=True) as ckpt:
+        return ckpt.read_meta()
+
+
+def output_paths(
+    run: str | Path, stem: str, output: str | Path | None = None, table: str | Path | None = None
+) -> tuple[Path, Path]:
+    """Where a prediction writes: ``(npz, table)``; default ``<run>/predictions-<stem>.npz``
+    and the table beside the ``.npz`` with the suffix ``.csv``."""
+    npz = Path(output) if output else Path(run) / f"predictions-{stem}.npz"
+    return npz, Path(table) if table else npz.with_suffix(".csv")
+
+
+def _as_list(images: str | Sequence[str] | None) -> list[str]:
+    if images is None:
+        return []
+    return [images] if isinstance(images, str) else [str(x) for x in images]
+
+
 def preflight(
-    images_npy: str | None,
+    images: str | Sequence[str] | None,
     tfds_name: str | None,
     run_dir: str | None,
     output_dir: str | Path,
     output: str | None,
-) -> None:
+    table: str | None = None,
+    tfds_split: str = "test",
+) -> tuple[Path, Path]:
     """Every check of a prediction that can fail before the model runs: the run (given, or
-    the champion) has a readable checkpoint, the images file is a readable ``.npy`` of
-    values and a shape the model takes, the output can be written. The command line runs
-    it before Prefect starts, so a refusal is one line.
+    the champion) has a readable checkpoint and a model that builds here; the inputs exist
+    and are what :func:`~ensemble_core.runs.prediction.inputs.expand_inputs` takes; an
+    array file is readable, of values and a shape the model takes; image files decode to
+    the run's geometry (with the run's ``data.on_bad_image: fail``: decoded here, every
+    file); the outputs can be written. The command line runs it before Prefect starts, so
+    a refusal is one line.
+
+    Returns:
+      ``(npz, table)``: the paths the prediction will write (:func:`output_paths`).
 
     Raises:
       DataError, CheckpointError, ConfigError: the first problem, in one line with its fix
         (ConfigError: the run's model does not import here, :func:`check_model_builds`).
     """
     from ensemble_core.runs.prediction.images import check_image_shape, check_image_values
-    from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
-    from ensemble_core.runs.storage.layout import RunDir
 
     run, _ = resolve_run(run_dir, output_dir)
-    if not RunDir(Path(run)).has_checkpoint():
-        raise CheckpointError(
-            f"run directory '{run}' has no checkpoint",
-            fix="pass the directory of a trained run as --run-dir, or train one (python -m flows.train_ensemble)",
-        )
-    with EnsembleCheckpointer(RunDir(Path(run)).checkpoints, read_only=True) as ckpt:
-        meta = ckpt.read_meta()
+    meta = run_meta(run)
     check_model_builds(meta)
-    if images_npy:
-        images = read_images(images_npy)
-        check_image_values(images)
-        check_image_shape(images, tuple(meta["dataset"]["image_shape"]))
+    raws = _as_list(images)
+    if raws:
+        found = inputs_lib.expand_inputs(raws)
+        if found.array is not None:
+            array = read_images(found.array)
+            check_image_values(array)
+            check_image_shape(array, tuple(meta["dataset"]["image_shape"]))
+        else:
+            settings = inputs_lib.decode_settings(meta)
+            if settings.on_bad_image != "skip":  # skip lists bad files: nothing here to refuse
+                inputs_lib.decode_inputs(found.files, settings)
     elif not tfds_name:
-        raise DataError("no input: fix: pass --images (a .npy file) or --tfds-name (a TFDS dataset)")
-    stem = Path(images_npy).stem if images_npy else f"{tfds_name}"
-    check_output(output or Path(run) / f"predictions-{stem}.npz")
+        raise DataError("no input: fix: pass --images (image files, folders, globs or a .npy) or --tfds-name")
+    npz, table_path = output_paths(run, inputs_lib.output_stem(raws, tfds_name, tfds_split), output, table)
+    check_output(npz)
+    check_output(table_path, "--table")
+    return npz, table_path
+
+
+def _write(path: Path, write: Callable[[], None], setting: str) -> None:
+    """``write()``, a full disk or read-only file system as its one-line OutputError."""
+    try:
+        write()
+    except OSError as err:
+        mapped = diskspace.as_output_error(err, path.parent, setting, rerun="run the command again")
+        if mapped is None:
+            raise
+        raise mapped from None
+
+
+def predict_inputs(
+    run_dir: str | Path,
+    images: str | Sequence[str],
+    output: str | Path,
+    table: str | Path | None = None,
+) -> tuple[dict[str, np.ndarray], pd.DataFrame]:
+    """Predict the user's inputs (image files, folders, globs, or one ``.npy``/``.npz``:
+    :func:`~ensemble_core.runs.prediction.inputs.expand_inputs`) with the run; image files
+    are decoded as the run's training decoded its images
+    (:func:`~ensemble_core.runs.prediction.inputs.decode_inputs`). Writes, atomically, the
+    arrays to ``output`` (``.npz``; for image files also ``input`` str ``[n]``, the file of
+    each predicted row) and one row per input to ``table`` (default: ``output`` with the
+    suffix ``.csv``; Parquet for ``.parquet``: :mod:`.table`).
+
+    Returns:
+      ``(result, table)``: the arrays of
+      :func:`~ensemble_core.runs.prediction.predict.predict_images` for the images that
+      decoded (``ensemble_probs`` float32 ``[n, C]``, ...) and the table, one row per input
+      in input order (a file skipped by ``data.on_bad_image: skip``: its ``error``).
+
+    Raises:
+      DataError: an input refused (:mod:`.inputs`, :mod:`.images`).
+      CheckpointError: the run has no readable checkpoint.
+      DiskFullError, OutputError: an output cannot be written (full disk, read-only).
+    """
+    found = inputs_lib.expand_inputs(_as_list(images))
+    extra: dict[str, np.ndarray] = {}
+    if found.array is not None:
+        array = read_images(found.array)
+        result = predict_images(run_dir, array)
+        name = str(found.array)
+        sources: Sequence[str] = [f"{name}[{i}]" for i in range(len(result["ensemble_probs"]))]
+        ok, errors = None, None
+    else:
+        decoded = inputs_lib.decode_inputs(found.files, inputs_lib.decode_settings(run_meta(run_dir)))
+        result = predict_images(run_dir, decoded.images)
+        sources, ok, errors = decoded.sources, decoded.ok, decoded.errors
+        extra["input"] = np.asarray([s for s, good in zip(sources, ok, strict=True) if good], dtype=str)
+    rows = table_lib.build_table(result, sources, ok, errors)
+    npz, table_path = output_paths(run_dir, "", output, table)
+    _write(npz, lambda: atomic_savez(npz, **result, **extra), "--output")
+    _write(table_path, lambda: table_lib.write_table(rows, table_path), "--table")
+    return result, rows
 
 
 def predict_file(run_dir: str | Path, images_npy: str | Path, output: str | Path) -> dict[str, np.ndarray]:

@@ -14,6 +14,7 @@ from ensemble_core import metrics as metrics_lib
 from ensemble_core.atomic import atomic_write_json, atomic_write_text
 from ensemble_core.plotting import save, subplots
 from ensemble_core.runs.report.data import drift_lines, snapshot_lines
+from ensemble_core.runs.report.decisions import decision_report_lines
 from ensemble_core.runs.report.numbers import fixed
 from ensemble_core.runs.report.stratify import stratification_lines, stratification_report
 from ensemble_core.runs.report.timing import timing_lines, timing_section
@@ -33,6 +34,12 @@ SCORE_KEYS = ("accuracy", "nll", "brier", "ece")
 #: The member table's columns (:data:`ensemble_core.metrics.SCORES`).
 MEMBER_KEYS = metrics_lib.SCORES
 TRAINING_CURVES = "training_curves.png"
+#: The test evaluator's class-level figures copied to the top of ``report.json``.
+CLASS_LEVEL_KEYS = ("per_class", "confusion_matrix")
+#: The test evaluator's prediction-set and abstention figures and the rules they come from.
+DECISION_KEYS = ("decisions", "decision_rules")
+#: The test evaluator's class-level plots: drawn in report.md's class-level section.
+CLASS_LEVEL_PLOTS = ("confusion_matrix", "uncertain_examples", "confident_wrong_examples")
 
 
 def build_report(
@@ -50,7 +57,8 @@ def build_report(
     """Assemble the ``report.json`` object (docs/evaluation.md lists every key).
 
     The ``test`` evaluator's figures are the top-level ``ensemble``, ``members``,
-    ``member_mean``, ``diversity`` and ``diverged_members``; any other evaluator's are
+    ``member_mean``, ``diversity`` and ``diverged_members`` (and its class-level view,
+    ``per_class`` and ``confusion_matrix``, :data:`CLASS_LEVEL_KEYS`); any other evaluator's are
     under ``evaluations.<name>`` (``metrics`` and ``plots``). ``promotion`` is the
     champion/challenger decision (:func:`ensemble_core.runs.champion.promotion.promote`), stored
     without its history; ``data_snapshot`` the lineage of the data
@@ -101,6 +109,9 @@ def build_report(
         else dataset.snapshot.model_dump(mode="json"),
         "drift": None if drift is None else {**drift.model_dump(mode="json"), "drifted": drift.drifted},
     }
+    for key in (*CLASS_LEVEL_KEYS, *DECISION_KEYS):  # the test split's (absent in older evaluations)
+        if key in test:
+            report[key] = test[key]
     if "temperature" in test:
         report["temperature"] = test["temperature"]
         report["ensemble_temperature_scaled"] = test["ensemble_temperature_scaled"]
@@ -259,8 +270,85 @@ def evaluator_tables(report: dict) -> dict[str, list[dict]]:
     return tables
 
 
+def _cell(text: str) -> str:
+    """``text`` fit for a markdown table cell: one line, ``|`` escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def class_level_lines(report: dict, plots: bool = True) -> list[str]:
+    """report.md's class-level section of the test split (nothing without ``per_class``):
+    the per-class table (class, count, accuracy = recall, NLL, ECE), the most confused
+    pairs in one sentence and, with ``plots``, the confusion matrix and example grids."""
+    rows, cm = report.get("per_class"), report.get("confusion_matrix") or {}
+    if not rows:
+        return []
+    lines = [
+        "**Class-level view** (test split, the ensemble; accuracy is the class's recall, NLL and ECE those of "
+        "its examples):",
+        "",
+        "| # | class | count | accuracy | NLL | ECE |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        name = _cell(r.get("name", r["class"]))
+        lines.append(
+            f"| {r['class']} | {name} | {r['count']} | {fixed(r['accuracy'])} | {fixed(r['nll'])} | {fixed(r['ece'])} |"
+        )
+    pairs = cm.get("most_confused") or []
+    names = cm.get("class_names") or [str(r["class"]) for r in rows]
+    confused = ", ".join(
+        f"{_cell(names[p['true']])} -> {_cell(names[p['predicted']])} {p['count']} ({100 * p['fraction']:.1f}%)"
+        for p in pairs
+    )
+    lines += [
+        "",
+        f"**Most confused** (true -> predicted: examples, share of the true class): {confused}."
+        if pairs
+        else "**Most confused**: no test example was predicted as another class.",
+        "",
+    ]
+    drawn = {k: v for k, v in (report.get("plots") or {}).items() if k in CLASS_LEVEL_PLOTS}
+    if plots and drawn:
+        lines += [" ".join(f"![{key.replace('_', ' ')}]({path})" for key, path in drawn.items()), ""]
+    return lines
+
+
+def class_level_tables(report: dict) -> dict[str, list[dict]]:
+    """The test split's class-level tables for Prefect table artifacts (empty without
+    ``per_class``): ``"per_class"``, one row per class (``class``, ``name``, ``count``,
+    ``accuracy``, ``nll``, ``ece``, four decimals, None for a class without examples), and
+    ``"confusion_matrix"``, one row per true class: ``true class`` (its name) and one column
+    of counts per predicted class, named by the class name (made unique with `` (<index>)``
+    where names repeat)."""
+    rows, cm = report.get("per_class"), report.get("confusion_matrix")
+    if not rows or not cm:
+        return {}
+    per_class = [
+        {
+            "class": r["class"],
+            "name": r.get("name", str(r["class"])),
+            "count": r["count"],
+            **{k: None if r[k] is None else round(r[k], 4) for k in ("accuracy", "nll", "ece")},
+        }
+        for r in rows
+    ]
+    first = "true class"
+    columns: list[str] = []
+    for i, name in enumerate(cm["class_names"]):
+        column = str(name)
+        if column in columns or column == first or not column:
+            column = f"{column} ({i})"
+        columns.append(column)
+    matrix = [
+        {first: cm["class_names"][i], **dict(zip(columns, counts, strict=True))}
+        for i, counts in enumerate(cm["counts"])
+    ]
+    return {"per_class": per_class, "confusion_matrix": matrix}
+
+
 def render_markdown(report: dict, plots: bool = True) -> str:
-    """``report.md``: headline, per-member table, diversity, timing (and the plots)."""
+    """``report.md``: headline, per-member table, diversity, timing, the class-level view
+    (:func:`class_level_lines`), every other evaluator's section (and the plots)."""
     ens, mean, div, t = report["ensemble"], report["member_mean"], report["diversity"], report["timing"]
     cfg = report["config"]
     diverged = report.get("diverged_members") or []
@@ -326,6 +414,8 @@ def render_markdown(report: dict, plots: bool = True) -> str:
                 + " |",
                 "",
             ]
+    lines += class_level_lines(report, plots)
+    lines += decision_report_lines(report)
     for name, section in (report.get("evaluations") or {}).items():
         kind = section.get("type") or name
         module = evaluators.get(kind)
@@ -339,7 +429,8 @@ def render_markdown(report: dict, plots: bool = True) -> str:
         if plots and section.get("plots"):
             lines += [" ".join(f"![{key.replace('_', ' ')}]({path})" for key, path in section["plots"].items()), ""]
     if plots:
-        lines += [" ".join(f"![{key.replace('_', ' ')}]({path})" for key, path in report["plots"].items()), ""]
+        rest = {k: v for k, v in report["plots"].items() if not (report.get("per_class") and k in CLASS_LEVEL_PLOTS)}
+        lines += [" ".join(f"![{key.replace('_', ' ')}]({path})" for key, path in rest.items()), ""]
     else:
         lines += [f"Plots: `{report['run_dir']}/plots/`.", ""]
     return "\n".join(lines)
