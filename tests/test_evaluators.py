@@ -298,6 +298,7 @@ def test_prediction_sets_and_abstention_are_recomputed_from_the_npz(finished, tf
             at = level == np.float32(row["level"])
             ens, y = probs[:, at].astype(np.float64).mean(0), labels[at]
             sets = (1.0 - ens) <= qhat + 1e-9  # LAC: every class whose probability is at least 1 - qhat
+            sets[np.arange(len(y)), ens.argmax(-1)] |= ~sets.any(-1)  # never empty: the top class
             got = row["decisions"]["ensemble"]
             assert got["prediction_sets"]["lac"]["coverage"] == pytest.approx(sets[np.arange(len(y)), y].mean())
             assert got["prediction_sets"]["lac"]["mean_set_size"] == pytest.approx(sets.sum(1).mean())
@@ -314,5 +315,7 @@ def test_prediction_sets_and_abstention_are_recomputed_from_the_npz(finished, tf
     images, _ = runs.dataset.load(cfg, runs.prepare(cfg.data), "test")
     out = runs.predict_images(result.run_dir.path, images)
     aps = conformal.ConformalCalibration.from_dict(rules["prediction_sets"]["aps"])
-    np.testing.assert_array_equal(out["prediction_set"], conformal.prediction_sets(out["ensemble_probs"], aps))
+    want = conformal.prediction_sets(out["ensemble_probs"], aps, allow_zero_sets=False)
+    np.testing.assert_array_equal(out["prediction_set"], want)
+    assert out["prediction_set"].any(-1).all()
     np.testing.assert_array_equal(out["abstain"], out["ensemble_probs"].max(-1) < theta)
