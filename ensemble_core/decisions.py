@@ -32,13 +32,6 @@ from ensemble_core.config import AbstentionConfig, PredictionSetsConfig
 #: A single network has no mutual information (it is 0 for one member): a member's
 #: abstention on ``mutual_information`` uses its max probability instead.
 MEMBER_FALLBACK_CRITERION = "max_probability"
-#: Whether a prediction set may be empty. No: an empty set puts the top class in, as the
-#: reference code's ``ConformalModel`` does by default (Angelopoulos et al. 2021,
-#: github.com/aangelopoulos/conformal_classification, ``allow_zero_sets=False``). With the
-#: randomised APS/RAPS an empty set befalls confident images when U is drawn near 1 (a
-#: 0.98-confident correct prediction with no class), which no user can act on; coverage
-#: stays at least ``1 - alpha`` (sets only grow) and may exceed ``1 - alpha + 1/(n+1)``.
-ALLOW_ZERO_SETS = False
 #: Whose figures :meth:`DecisionFit.score` gives.
 WHO = ("ensemble", "member_mean", "best_member")
 
@@ -134,14 +127,15 @@ def apply_rules(
 
     Returns:
       ``prediction_set`` bool ``[N, C]`` (:func:`ensemble_core.conformal.prediction_sets`,
-      seed 0: the same inputs give the same sets; never empty, :data:`ALLOW_ZERO_SETS`),
+      seed 0: the same rows give the same sets; a set may be empty, the standard
+      definitions whose coverage is exact),
       ``abstain`` bool ``[N]`` (confidence below the threshold) and ``confidence`` float ``[N]`` (the criterion's,
       :func:`ensemble_core.selective.confidence`).
     """
     calibration = rules.prediction_sets[method or rules.method]
     kappa = selective.confidence(rules.abstention.criterion, probs, member_probs)
     return {
-        "prediction_set": conformal.prediction_sets(probs, calibration, allow_zero_sets=ALLOW_ZERO_SETS),
+        "prediction_set": conformal.prediction_sets(probs, calibration),
         "abstain": ~selective.accept(kappa, rules.abstention.threshold),
         "confidence": np.asarray(kappa, np.float32),
     }
@@ -162,7 +156,7 @@ def score_rules(
     labels = np.asarray(labels)
     sets = {}
     for method in rules.prediction_sets:
-        s = conformal.prediction_sets(probs, rules.prediction_sets[method], allow_zero_sets=ALLOW_ZERO_SETS)
+        s = conformal.prediction_sets(probs, rules.prediction_sets[method])
         sets[method] = {"coverage": conformal.coverage(s, labels), "mean_set_size": conformal.mean_set_size(s)}
     kappa = selective.confidence(rules.abstention.criterion, probs, member_probs)
     risk, cover = selective.selective_risk_coverage(

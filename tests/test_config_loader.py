@@ -178,7 +178,7 @@ NEW_KEYS = {
         # every config's members train on 10% fewer examples, held out for split conformal
         "calibration_fraction": 0.1,
     },
-    "prediction_sets": {"method": "aps", "alpha": 0.1, "calibrate_on": "calibration"},
+    "prediction_sets": {"method": "lac", "alpha": 0.1, "calibrate_on": "calibration"},
     "abstention": {"criterion": "max_probability", "target_risk": 0.05, "delta": 0.05},
     "nightly": {"when_classes_change": "refuse"},
     "train": {"precision": "float32"},  # the compute precision (issue 42); float32 computes as before

@@ -20,10 +20,12 @@ class PredictionSetsConfig(Section):
     Image Classifiers using Conformal Prediction"; Romano et al. 2020)."""
 
     method: Literal["lac", "aps", "raps"] = Field(
-        "aps",
+        "lac",
         description="The nonconformity score flows.predict's sets use: lac (a.k.a. THR, 1 - p_y: the smallest "
-        "sets), aps (adaptive prediction sets, randomised: coverage more even across easy and hard images) or "
-        "raps (APS with a penalty on unlikely classes: smaller sets than aps). The report shows all three.",
+        "sets on average, deterministic: an image gets the same set however it is batched; empty when no class "
+        "is plausible enough), aps (adaptive prediction sets: coverage more even across easy and hard images, "
+        "randomised at the class boundary) or raps (APS with a penalty on unlikely classes: smaller sets than "
+        "aps). The report shows all three.",
     )
     alpha: float = Field(
         0.1,
