@@ -41,13 +41,16 @@ class DecisionRules:
     """One predictor's rules: ``prediction_sets`` ({score: calibration} for every score of
     :data:`ensemble_core.conformal.METHODS`), ``method`` (the score prediction uses),
     ``abstention`` (the SGR threshold), ``split`` (what they were fitted on:
-    ``'calibration'`` or ``'validation'``) and ``num_examples`` (its size)."""
+    ``'calibration'`` or ``'validation'``), ``num_examples`` (its size) and ``lineage``
+    (which examples those were, :func:`ensemble_core.runs.dataset.split_lineage`; None
+    where unknown)."""
 
     prediction_sets: dict[str, conformal.ConformalCalibration]
     method: str
     abstention: selective.SelectiveThreshold
     split: str
     num_examples: int
+    lineage: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able (``decisions.json``)."""
@@ -55,6 +58,7 @@ class DecisionRules:
             "method": self.method,
             "split": self.split,
             "num_examples": self.num_examples,
+            "lineage": self.lineage,
             "prediction_sets": {m: c.to_dict() for m, c in self.prediction_sets.items()},
             "abstention": self.abstention.to_dict(),
         }
@@ -76,6 +80,7 @@ class DecisionRules:
             abstention=selective.SelectiveThreshold.from_dict(record["abstention"]),
             split=str(record["split"]),
             num_examples=int(record["num_examples"]),
+            lineage=record.get("lineage"),
         )
 
 

@@ -171,6 +171,37 @@ def _scheduled_night(env, dep_id: str, params: dict) -> dict:
 _scheduled_night.seen = set()  # type: ignore[attr-defined]
 
 
+def test_batch_inference_deployment_predicts_a_folder_with_the_champion(two_runs):
+    """`prefect deployment run 'predict/folder'` on a folder of PNGs: the champion predicts
+    every image, and the server holds the table artifact (one row per image, up to 20) and
+    the summary, read back through the API; the table file on disk has every image."""
+    import numpy as np
+    import pandas as pd
+
+    from tests._image_export import write_digit_folder
+
+    tmp, env, _ = two_runs
+    folder = tmp / "incoming"
+    count = write_digit_folder(folder, n_train=0, n_test=25)
+    out = tmp / "incoming-predictions.npz"
+    params = {"images": str(folder), "output_dir": str(tmp / "runs"), "output": str(out)}
+    proc = deployment_run(env, params, deployment="predict/folder")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    fr = flow_run(env, run_id_of(proc))
+    assert fr["state"]["type"] == "COMPLETED"
+    arts = {a["key"]: a for a in api(env, "POST", "/artifacts/filter", {"flow_runs": {"id": {"any_": [fr["id"]]}}})}
+    assert {"predictions", "predictions-summary"} <= set(arts)
+    rows = arts["predictions"]["data"]
+    rows = json.loads(rows) if isinstance(rows, str) else rows
+    assert len(rows) == min(20, count) and all(r["input"].endswith(".png") for r in rows)
+    table = pd.read_csv(out.with_suffix(".csv"))
+    assert len(table) == count
+    with np.load(out) as f:
+        names = f["predicted_name"]
+    assert list(table["predicted_name"].astype(str)) == [str(n) for n in names]
+    assert {r["predicted_name"] for r in rows} <= set(np.asarray(names).tolist())
+
+
 def test_three_nights_replayed_by_the_scheduler(two_runs):
     """The nightly deployment replayed by the real scheduler over three nights of a user's
     image folder (data.source=image_folder: <path>/train/<digit>/<index>.png, 300 test

@@ -287,6 +287,15 @@ def test_prediction_sets_and_abstention_are_recomputed_from_the_npz(finished, tf
     rules = json.loads((result.run_dir.path / "decisions.json").read_text())
     # tiny_config: 256 training digits, no validation split, 10% (26) held out for calibration
     assert (rules["split"], rules["num_examples"], rules["method"]) == ("calibration", 26, "lac")
+    # the lineage names the calibration examples: the carve of the first 256 training digits
+    import hashlib
+
+    cfg = tiny_config(tfds_dir)
+    _, train_labels = data.load_split(cfg.data.name, "train", runs.prepare(cfg.data).tfds_data_dir, 256)
+    idx = runs.dataset.split_indices(cfg, train_labels)
+    assert rules["lineage"]["indices_sha256"] == hashlib.sha256(idx["calibration"].tobytes()).hexdigest()
+    assert rules["lineage"]["class_counts"] == np.bincount(train_labels[idx["calibration"]], minlength=10).tolist()
+    assert np.intersect1d(idx["calibration"], idx["train"]).size == 0  # it never trained
     qhat = rules["prediction_sets"]["lac"]["threshold"]
     qhat = np.inf if qhat is None else qhat
     theta = rules["abstention"]["threshold"]

@@ -3,6 +3,8 @@ dataset prepared, the subset of its classes ``data.classes`` applied, a split lo
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from ensemble_core import data as data_lib
@@ -188,6 +190,39 @@ def load(cfg: PipelineConfig, dataset: DatasetInfo, split: str) -> tuple[np.ndar
         return (images, labels) if split == "train" else (images[:0], labels[:0])
     idx = split_indices(cfg, labels)[split]
     return images[idx], labels[idx]
+
+
+def split_lineage(cfg: PipelineConfig, dataset: DatasetInfo, split: str) -> dict:
+    """Which examples a carve of the training split holds, as a record: ``split``, the
+    snapshot's ``fingerprint``, ``fraction`` (``data.validation_fraction`` or
+    ``data.calibration_fraction``), ``seed`` (the carve's fixed seed), ``examples``,
+    ``class_counts`` (``[K]``) and ``indices_sha256`` (of the int64 indices into the
+    filtered, capped training split, :func:`split_indices`), so that a record names the
+    exact examples and two runs can be checked to have held out the same ones.
+
+    Raises:
+      ValueError: ``split`` is not ``'validation'`` or ``'calibration'``.
+    """
+    if split not in ("validation", "calibration"):
+        raise ValueError(f"split '{split}' is not a carve of the training split; fix: use validation or calibration")
+    kept = subset_view(cfg.data, dataset).class_indices
+    name, where, limit = cfg.data.name, dataset.tfds_data_dir, cfg.data.max_train_examples
+    if kept is None:
+        _, labels = data_lib.load_split(name, "train", where, limit)
+    else:
+        labels = data_lib.keep_classes(*data_lib.load_split(name, "train", where), kept, limit)[1]
+    idx = split_indices(cfg, labels)[split].astype(np.int64)
+    fraction = cfg.data.validation_fraction if split == "validation" else cfg.data.calibration_fraction
+    seed = data_lib.VALIDATION_SEED if split == "validation" else data_lib.CALIBRATION_SEED
+    return {
+        "split": split,
+        "fingerprint": None if dataset.snapshot is None else dataset.snapshot.fingerprint,
+        "fraction": fraction,
+        "seed": seed,
+        "examples": len(idx),
+        "class_counts": np.bincount(labels[idx], minlength=dataset.num_classes).tolist(),
+        "indices_sha256": hashlib.sha256(idx.tobytes()).hexdigest(),
+    }
 
 
 def load_held_out(cfg: PipelineConfig, dataset: DatasetInfo) -> tuple[np.ndarray, np.ndarray]:

@@ -15,6 +15,7 @@ selection on the search pool (:func:`first_selection`) and this stage on the str
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from ensemble_core.calibration import fit_temperature, temperature_nll
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.decisions import DecisionRules, ensemble_probs, fit_rules
-from ensemble_core.runs.dataset import load
+from ensemble_core.runs.dataset import load, split_lineage
 from ensemble_core.runs.ensemble.load import Members, all_members, load_pool, restore
 from ensemble_core.runs.storage.layout import RunDir
 from ensemble_core.runs.storage.records import write_decisions, write_selection
@@ -140,7 +141,8 @@ def fit_decisions(
         probs, _ = members.predict(cfg, images)
     chosen = probs[np.asarray(picks, np.int64)]
     ensemble = ensemble_probs(chosen, np.ones(len(chosen), bool), temperature)
-    return fit_rules(ensemble, labels, cfg.prediction_sets, cfg.abstention, split, member_probs=chosen)
+    rules = fit_rules(ensemble, labels, cfg.prediction_sets, cfg.abstention, split, member_probs=chosen)
+    return dataclasses.replace(rules, lineage=split_lineage(cfg, dataset, split))
 
 
 def first_selection_on(
