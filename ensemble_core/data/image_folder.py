@@ -24,6 +24,7 @@ from PIL import Image
 from ensemble_core import image_decoding
 from ensemble_core.data.sources import one_line
 from ensemble_core.errors import DataError
+from ensemble_core.special_files import special_kind
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +59,26 @@ def _visible(entries: Sequence[os.DirEntry]) -> list[os.DirEntry]:
     return sorted((e for e in entries if not e.name.startswith(".")), key=lambda e: e.name)
 
 
-def _walk(directory: Path, ancestors: tuple[str, ...] = ()) -> list[Path]:
-    """Every visible file under ``directory``, following symlinks; a directory that links
-    back to one of its ancestors is refused rather than followed forever."""
+def walk_files(directory: Path, ancestors: tuple[str, ...] = (), *, refuse_special: bool = False) -> list[Path]:
+    """Every visible file under ``directory``, depth first, entries sorted by name at each
+    level (names starting with ``.`` ignored), following symlinks: the order an image
+    folder's files are read in, by training (a class folder) and by ``flows.predict`` (a
+    folder of images to predict).
+
+    Args:
+      refuse_special: refuse a FIFO, device or socket among the files (prediction names
+        every file it is given); else they are passed over, as a class folder's are.
+
+    Raises:
+      DataError: a directory that links back to one of its ancestors (a symlink loop),
+        a broken symlink, a directory that cannot be listed, or (``refuse_special``) a
+        special file, naming the path.
+    """
     real = os.path.realpath(directory)
     if real in ancestors:
         raise DataError(
             f"symlink loop: {directory} leads back to {real}, which contains it",
-            fix="remove or retarget the link so that every class folder is a tree",
+            fix="remove or retarget the link so that every folder is a tree",
         )
     try:
         with os.scandir(directory) as it:
@@ -80,9 +93,12 @@ def _walk(directory: Path, ancestors: tuple[str, ...] = ()) -> list[Path]:
         except OSError:
             is_dir = False
         if is_dir:
-            out.extend(_walk(path, (*ancestors, real)))
+            out.extend(walk_files(path, (*ancestors, real), refuse_special=refuse_special))
         elif entry.is_file():
             out.append(path)
+        elif refuse_special and path.exists():  # a FIFO, device or socket, or a link to one
+            kind = special_kind(path) or "not a regular file"
+            raise DataError(f"{path} is {kind}, not an image file", fix="move it out of the folder")
         elif entry.is_symlink():
             raise DataError(f"{path} is a broken symlink", fix="remove it or point it at an image")
     return out
@@ -140,7 +156,7 @@ def scan_image_folder(root: str | os.PathLike) -> FolderScan:
         for name in names:
             label = class_names.index(name)
             class_dir = split_dir / name
-            paths = _walk(class_dir)
+            paths = walk_files(class_dir)
             if not paths:
                 raise DataError(f"class folder {class_dir} holds no files", fix="add images to it or remove it")
             found.extend((str(p.relative_to(class_dir)), name, p, label) for p in paths)

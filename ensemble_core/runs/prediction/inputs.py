@@ -44,6 +44,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from ensemble_core import image_decoding
+from ensemble_core.data.image_folder import walk_files
 from ensemble_core.errors import DataError
 from ensemble_core.special_files import special_kind
 
@@ -111,46 +112,6 @@ def _is_array_file(path: Path) -> bool:
         return False
 
 
-def walk_folder(folder: Path, ancestors: tuple[str, ...] = ()) -> list[Path]:
-    """Every visible file under ``folder``, depth first, entries sorted by name at each
-    level (names starting with ``.`` ignored), following symlinks.
-
-    Raises:
-      DataError: a symlink loop, a broken symlink, a special file (FIFO, device, socket)
-        or a folder that cannot be listed, naming the path.
-    """
-    real = os.path.realpath(folder)
-    if real in ancestors:
-        raise DataError(
-            f"symlink loop: {str(folder)!r} leads back to {real!r}, which contains it",
-            fix="remove or retarget the link so that the folder is a tree",
-        )
-    try:
-        with os.scandir(folder) as it:
-            entries = sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
-    except OSError as err:
-        raise DataError(
-            f"cannot list {str(folder)!r} ({err.strerror or type(err).__name__})", fix="check the folder's permissions"
-        ) from None
-    out: list[Path] = []
-    for entry in entries:
-        path = Path(entry.path)
-        try:
-            is_dir = entry.is_dir()  # follows symlinks
-        except OSError:
-            is_dir = False
-        if is_dir:
-            out.extend(walk_folder(path, (*ancestors, real)))
-        elif entry.is_file():
-            out.append(path)
-        elif entry.is_symlink() and not path.exists():
-            raise DataError(f"{str(path)!r} is a broken symlink", fix="remove it or point it at an image")
-        else:
-            kind = special_kind(path) or "not a regular file"
-            raise DataError(f"{str(path)!r} is {kind}, not an image file", fix="move it out of the folder")
-    return out
-
-
 def _explicit_file(path: Path) -> tuple[str, Path]:
     """``("array" | "image", path)`` for a file named by the user (or matched by a glob).
 
@@ -191,7 +152,7 @@ def _expand_one(raw: str) -> list[tuple[str, Path]]:
         if kind is not None:  # opening a FIFO would block, a device read without end
             raise DataError(f"images file {str(path)!r} is {kind}, not a file", fix=INPUT_FIX)
         if path.is_dir():
-            found = walk_folder(path)
+            found = walk_files(path, refuse_special=True)
             if not found:
                 raise DataError(f"no image file under {str(path)!r}", fix="add images to it or pass another folder")
             items.extend(("image", p) for p in found)
