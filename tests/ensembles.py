@@ -78,8 +78,8 @@ def predictions(run_dir) -> dict:
 
 def tiny_config(tfds_dir: str, *overrides: str):
     """A run config that trains in seconds: 2 MLP members (16 hidden units), 1 epoch on
-    256 training and 100 test digits of the session's mnist5k (no validation split held
-    out, so every training digit trains), the test evaluator only;
+    256 training and 100 test digits of the session's mnist5k (no validation and no
+    calibration split held out, so every training digit trains), the test evaluator only;
     ``overrides`` (dotted ``key=value``, as after ``--set``) are applied after these."""
     from ensemble_core.config import load_config
 
@@ -88,6 +88,7 @@ def tiny_config(tfds_dir: str, *overrides: str):
         "data.max_train_examples=256",
         "data.max_test_examples=100",
         "data.validation_fraction=0",
+        "data.calibration_fraction=0",
         "model.name=mlp",
         "model.hidden_sizes=[16]",
         "ensemble.size=2",

@@ -51,6 +51,7 @@ def finished(tmp_path_factory, tfds_dir):
         "ensemble.size=3",
         "train.epochs=2",
         "data.max_test_examples=120",
+        "data.calibration_fraction=0.1",  # prediction sets and abstention, fitted on 26 digits
         f"eval.evaluators={{{specs}}}",
         "promotion.metric=letters.ensemble.auroc.mutual_information",
     )
@@ -290,7 +291,7 @@ def test_prediction_sets_and_abstention_are_recomputed_from_the_npz(finished, tf
     # the lineage names the calibration examples: the carve of the first 256 training digits
     import hashlib
 
-    cfg = tiny_config(tfds_dir)
+    cfg = tiny_config(tfds_dir, "data.calibration_fraction=0.1")
     _, train_labels = data.load_split(cfg.data.name, "train", runs.prepare(cfg.data).tfds_data_dir, 256)
     idx = runs.dataset.split_indices(cfg, train_labels)
     assert rules["lineage"]["indices_sha256"] == hashlib.sha256(idx["calibration"].tobytes()).hexdigest()

@@ -32,6 +32,7 @@ SMALL = [  # 2 members of 64 hidden units: checkpoints of about 1 MiB, 2 epochs
     "data.max_train_examples=512",
     "data.max_test_examples=200",
     "data.validation_fraction=0",
+    "data.calibration_fraction=0",
     "model.name=mlp",
     "model.hidden_sizes=[64]",
     "ensemble.size=2",

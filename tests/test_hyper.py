@@ -163,7 +163,7 @@ def test_calibration_split_is_stratified_disjoint_and_leaves_validation_alone(mn
 
 
 def test_run_trains_on_train_less_validation_and_never_sees_test(tfds_dir):
-    cfg = tiny_config(tfds_dir, "data.validation_fraction=0.25")
+    cfg = tiny_config(tfds_dir, "data.validation_fraction=0.25", "data.calibration_fraction=0.1")
     dataset = runs.prepare(cfg.data)
     train_x, _ = _load(cfg, dataset, "train")
     val_x, _ = _load(cfg, dataset, "validation")

@@ -196,6 +196,8 @@ def test_stage_times_add_up_to_the_runs_wall_time_and_match_outside_timers(tfds_
     assert result.timing["retention_seconds"] == pytest.approx(outside["retain"], rel=0.05, abs=0.05)
     assert "not training steps" in (result.run_dir.path / "report.md").read_text()
     # tiny.yaml: 200 test images; test + ood share one logits pass, rotation predicts 90 degrees
-    # only, the noise is the ood set: three forward passes, two programs each warmed up once
-    assert predicted == [(200, True), (200, False), (200, True)]
+    # only, the noise is the ood set; the 51 calibration digits once, for the members' own
+    # prediction-set and abstention rules (the ensemble's are decisions.json's): four forward
+    # passes, two programs each warmed up once
+    assert predicted == [(200, True), (51, False), (200, False), (200, True)]
     assert len(passes) == len(predicted) + 2

@@ -193,13 +193,6 @@ class PipelineConfig(Section):
                 f"data.validation_fraction={data.validation_fraction} and data.calibration_fraction="
                 f"{data.calibration_fraction} leave no training examples; fix: lower one of them"
             )
-        where = self.prediction_sets.calibrate_on
-        if "calibrate_on" in self.prediction_sets.model_fields_set and where != "none" and self.decision_split is None:
-            key = "data.calibration_fraction" if where == "calibration" else "data.validation_fraction"
-            raise ValueError(
-                f"prediction_sets.calibrate_on={where} but {key}=0 holds no {where} split out; "
-                f"fix: set {key} (e.g. 0.1), or prediction_sets.calibrate_on=none"
-            )
         return self
 
     @model_validator(mode="after")

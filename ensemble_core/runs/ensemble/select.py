@@ -16,6 +16,7 @@ selection on the search pool (:func:`first_selection`) and this stage on the str
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,8 @@ from ensemble_core.runs.ensemble.load import Members, all_members, load_pool, re
 from ensemble_core.runs.storage.layout import RunDir
 from ensemble_core.runs.storage.records import write_decisions, write_selection
 from ensemble_core.selection import Selection, select_members, selection_record
+
+log = logging.getLogger(__name__)
 
 
 def validation_predictions(
@@ -89,6 +92,7 @@ def select(
     run = RunDir(Path(run_dir))
     if not cfg.has_validation:
         if cfg.decision_split is None:
+            warn_without_decisions(cfg)
             write_decisions(run, None)
             return None
         pool_cfg, members = load_pool(cfg, run.path, dataset.num_classes, dataset.image_shape, strategy=strategy)
@@ -113,6 +117,22 @@ def select(
     return record
 
 
+def warn_without_decisions(cfg: PipelineConfig) -> None:
+    """One warning when the config asks for prediction sets (``prediction_sets.calibrate_on``
+    not ``none``) but holds out no such split, so the run will have none."""
+    where = cfg.prediction_sets.calibrate_on
+    if where == "none" or cfg.decision_split is not None:
+        return
+    key = "data.calibration_fraction" if where == "calibration" else "data.validation_fraction"
+    log.warning(
+        "no prediction sets and no abstention: prediction_sets.calibrate_on=%s but %s=0 holds no %s split out "
+        "(set it, e.g. to 0.1, to have them, or prediction_sets.calibrate_on=none to say so)",
+        where,
+        key,
+        where,
+    )
+
+
 def fit_decisions(
     cfg: PipelineConfig,
     dataset: DatasetInfo,
@@ -133,6 +153,7 @@ def fit_decisions(
     """
     split = cfg.decision_split
     if split is None:
+        warn_without_decisions(cfg)
         return None
     if split == "validation" and validation is not None:
         probs, labels = validation

@@ -20,6 +20,7 @@ import numpy as np
 from ensemble_core import evaluators
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
+from ensemble_core.decisions import DecisionFit, fit_all
 from ensemble_core.errors import ConfigError
 from ensemble_core.figures import FIGURES, TEST_METRICS
 
@@ -31,7 +32,8 @@ def probe(cfg: PipelineConfig, dataset: DatasetInfo, name: str) -> evaluators.Ev
     """Run evaluator ``name`` of ``eval.evaluators`` on the probe (random uint8 images of the
     dataset's shape, labels cycling over the classes, Dirichlet probabilities of as many
     members as the run evaluates: ``ensemble.select_size`` picks or ``ensemble.size``;
-    seeded, nothing cached or written).
+    decision rules fitted on the probe when the config asks for them; seeded, nothing
+    cached or written).
 
     Raises:
       KeyError: ``name`` is not in ``eval.evaluators``.
@@ -46,6 +48,15 @@ def probe(cfg: PipelineConfig, dataset: DatasetInfo, name: str) -> evaluators.Ev
     def predict(x: np.ndarray) -> tuple[np.ndarray, float]:
         return rng.dirichlet(np.ones(c), size=(members, len(x))).astype(np.float32), 1.0
 
+    temperature = 1.0 if cfg.eval.temperature_scaling else None
+
+    def decision_fit() -> DecisionFit | None:  # the rules' figures have the run's structure too
+        if cfg.decision_split is None:
+            return None
+        probs, _ = predict(images)
+        healthy = np.ones(members, bool)
+        return fit_all(probs, labels, healthy, temperature, cfg.prediction_sets, cfg.abstention, cfg.decision_split)
+
     ctx = evaluators.EvalContext(
         config=cfg,
         dataset=dataset,
@@ -56,7 +67,8 @@ def probe(cfg: PipelineConfig, dataset: DatasetInfo, name: str) -> evaluators.Ev
         cached=lambda key, build, shapes=None: build(),
         predict_logits=lambda x: rng.normal(size=(members, len(x), c)).astype(np.float32),
         predict_split_logits=lambda split: rng.normal(size=(members, len(images), c)).astype(np.float32),
-        temperature=1.0 if cfg.eval.temperature_scaling else None,
+        temperature=temperature,
+        decision_fit=decision_fit,
     )
     module = evaluators.get(spec.type)
     return module.evaluate(ctx.for_evaluator(name, spec))
