@@ -396,3 +396,44 @@ def test_drift_disabled_computes_nothing(champion):
     assert report.label_shift is None and report.uncertainty is None
     assert report.not_computed == ["nightly.drift.enabled=false"]
     assert report.exceeded == [] and not report.drifted
+
+
+@pytest.mark.slow
+def test_two_sample_drift_tests_against_the_champions_calibration_split(champion):
+    """The select stage kept the champion's uncertainty on its calibration split; a new
+    export is tested against it: the p-values are SciPy's on the same per-example
+    figures; digits drawn like the champion's are not flagged, the same digits under heavy
+    noise are, and with nightly.drift.test_alpha set that is data.drift."""
+    import scipy.stats
+
+    from ensemble_core import metrics
+    from ensemble_core.drift_tests import DriftReference
+
+    reference = DriftReference.from_dict(json.loads((champion.run_dir / "drift_reference.json").read_text()))
+    assert reference.n == 100  # 10% of the champion's 1,000 training digits
+
+    cfg, dataset, _ = new_export(champion, "alike-tests", champion.train_idx[1000:2000], champion.test_idx[:500])
+    report = runs.detect_drift(cfg, dataset, champion.out)
+    new = runs.predict_images(champion.run_dir, load(cfg, dataset, "train")[0][:MAX_EXAMPLES])["member_probs"]
+    entropy = metrics.entropy(new.mean(0))
+    want = scipy.stats.ks_2samp(np.asarray(reference.entropy), entropy).pvalue
+    tests = report.tests["tests"]
+    assert tests["predictive_entropy"]["p_value"] == pytest.approx(want, rel=1e-6)
+    assert report.tests["n_new"] == MAX_EXAMPLES and not report.tests["drifted"]
+
+    rng = np.random.default_rng(0)
+    idx = champion.train_idx[1000:2000]
+    noisy = np.clip(champion.images[idx].astype(np.int16) + rng.integers(-160, 160, champion.images[idx].shape), 0, 255)
+    src = champion.tmp / "noisy"
+    write_export(
+        src,
+        noisy.astype(np.uint8),
+        champion.labels[idx],
+        champion.images[champion.test_idx[:500]],
+        champion.labels[champion.test_idx[:500]],
+    )
+    extra = (f"nightly.drift.max_examples={MAX_EXAMPLES}", "nightly.drift.test_alpha=0.01")
+    cfg = load_config(None, overrides(src, champion.tfds, *extra))
+    report = runs.detect_drift(cfg, runs.prepare(cfg.data), champion.out)
+    assert report.tests["drifted"] and report.drifted
+    assert any(line.startswith("two-sample drift tests") for line in report.exceeded)

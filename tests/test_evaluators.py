@@ -280,8 +280,9 @@ def test_derived_sets_are_built_once_and_rebuilt_when_damaged(tfds_dir, caplog):
 @pytest.mark.slow
 def test_prediction_sets_and_abstention_are_recomputed_from_the_npz(finished, tfds_dir):
     """Every shift level's ensemble coverage, set size and selective figures from its .npz
-    and decisions.json, with LAC's set and the abstention rule written out by hand; and
-    prediction applies the same rules to new images."""
+    and decisions.json, with LAC's set and the abstention rule written out by hand, and its
+    reference-free accuracy estimates and their errors; prediction applies the same rules
+    to new images."""
     from ensemble_core import conformal
 
     result, report = finished
@@ -316,9 +317,23 @@ def test_prediction_sets_and_abstention_are_recomputed_from_the_npz(finished, tf
             if accepted.any():
                 assert got["selective"]["risk"] == pytest.approx((ens.argmax(-1) != y)[accepted].mean())
             assert set(row["decisions"]) == {"ensemble", "member_mean", "best_member"}
+            # the reference-free accuracy estimates, by hand: mean top probability, and one
+            # minus the mean pairwise disagreement of the members' top classes
+            est = row["accuracy_estimates"]
+            assert est["average_confidence"] == pytest.approx(ens.max(-1).mean(), rel=1e-6)
+            top = probs[:, at].argmax(-1)
+            pairs = [(top[i] != top[j]).mean() for i in range(len(top)) for j in range(i + 1, len(top))]
+            assert est["disagreement"] == pytest.approx(1 - np.mean(pairs))
+        section = report["evaluations"][name]["metrics"]
+        true = np.array([r["ensemble"]["accuracy"] for r in section["levels"]])
+        for estimator, errors in section["accuracy_estimation"].items():
+            guessed = np.array([r["accuracy_estimates"][estimator] for r in section["levels"]])
+            assert errors["mae"] == pytest.approx(np.abs(guessed - true).mean())
+            assert errors["max_abs_error"] == pytest.approx(np.abs(guessed - true).max())
     cc = report["evaluations"]["common_corruptions"]["metrics"]
     assert sorted(cc["decisions_by_severity"]) == ["1", "5"] and "clean" in cc
     assert (result.run_dir.plots / "common_corruptions_prediction_sets.png").stat().st_size > 10_000
+    assert (result.run_dir.plots / "common_corruptions_accuracy_estimates.png").stat().st_size > 10_000
 
     cfg = load_config(None, [f"data.data_dir={tfds_dir}", "data.max_test_examples=120"])
     images, _ = runs.dataset.load(cfg, runs.prepare(cfg.data), "test")

@@ -24,7 +24,13 @@ from tests.ensembles import predictions, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # 4 members, 2 epochs with a validation split (best-epoch tracking gathered too).
-COMMON = ("ensemble.size=4", "data.validation_fraction=0.2", "data.max_train_examples=320", "train.epochs=2")
+COMMON = (
+    "ensemble.size=4",
+    "data.validation_fraction=0.2",
+    "data.calibration_fraction=0",  # as tiny_config: the command-line runs train on what its runs train on
+    "data.max_train_examples=320",
+    "train.epochs=2",
+)
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,16 @@ class DriftConfig(Section):
         description="Emit data.drift when the champion's mean mutual information on the new training split "
         "exceeds that on its own test split by more than this many nats (None: never).",
     )
+    test_alpha: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Emit data.drift when a two-sample drift test rejects at this level after Holm's correction: "
+        "Kolmogorov-Smirnov on the per-example predictive entropy and mutual information, chi-square on the "
+        "predicted classes, the new training split against the champion's calibration split "
+        "(ensemble_core.drift_tests). The tests' p-values are computed and reported whenever the champion has a "
+        "calibration split; None: they never emit data.drift.",
+    )
 
 
 class NightlyConfig(Section):

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import pydantic
 
+from ensemble_core.accuracy_estimation import Reference
 from ensemble_core.config import EVALUATOR_NAMES, EvaluatorSpec, PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.decisions import DecisionFit
@@ -98,6 +99,11 @@ class EvalContext:
         calibration split (:func:`ensemble_core.decisions.fit_all`; computed once per
         evaluation), or None when the run has none; evaluators score them on their sets
         (:meth:`ensemble_core.decisions.DecisionFit.score`).
+      accuracy_reference: ``accuracy_reference() -> Reference | None``: the label-free
+        accuracy estimators fitted on the same split for the healthy members
+        (:func:`ensemble_core.accuracy_estimation.fit_reference`: ATC's thresholds, the
+        reference accuracy, confidence and agreement), or None; shift evaluators compare
+        their estimates with each level's true accuracy.
     """
 
     config: PipelineConfig
@@ -114,6 +120,7 @@ class EvalContext:
     options: Any = None
     ece_bins: int = 15
     decision_fit: Callable[[], DecisionFit | None] = lambda: None
+    accuracy_reference: Callable[[], Reference | None] = lambda: None
 
     def for_evaluator(self, name: str, spec: EvaluatorSpec) -> EvalContext:
         """This context as evaluator ``name`` of ``eval.evaluators`` sees it: its name, its

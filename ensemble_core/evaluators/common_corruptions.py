@@ -268,7 +268,36 @@ def plot(
     paths[f"{name}_examples"] = plot_examples(metrics, arrays, plots_dir, name)
     if "decisions_by_severity" in metrics:
         paths[f"{name}_prediction_sets"] = plot_decisions(metrics, plots_dir, name, config.prediction_sets.alpha)
+    if "accuracy_estimation" in metrics:
+        paths[f"{name}_accuracy_estimates"] = plot_estimates(metrics, plots_dir, name)
     return paths
+
+
+def plot_estimates(metrics: dict, plots_dir: Path, name: str) -> Path:
+    """``<name>_accuracy_estimates.png``: every label-free estimate of the ensemble's
+    accuracy against its true accuracy, one point per cell coloured by severity, a panel
+    per estimator with its mean absolute error (the diagonal: a perfect estimate)."""
+    rows = metrics["levels"]
+    errors = metrics["accuracy_estimation"]
+    names = list(errors)
+    cols = min(4, len(names))
+    fig, axes = subplots(-(-len(names) // cols), cols, figsize=(4 * cols, 3.8 * -(-len(names) // cols)), squeeze=False)
+    true = np.asarray([r["ensemble"]["accuracy"] for r in rows])
+    severity = np.asarray([r["severity"] for r in rows])
+    for ax, est in zip(axes.flat, names, strict=False):
+        ax.plot([0, 1], [0, 1], "k:", linewidth=0.8)
+        points = ax.scatter(true, [r[shift_base.ESTIMATES][est] for r in rows], c=severity, cmap="viridis", s=12)
+        ax.set(
+            xlabel="true accuracy",
+            ylabel="estimate",
+            title=f"{est} (MAE {100 * errors[est]['mae']:.1f} pts)",
+            xlim=(0, 1),
+            ylim=(0, 1),
+        )
+    for ax in list(axes.flat)[len(names) :]:
+        ax.axis("off")
+    fig.colorbar(points, ax=axes.flat[len(names) - 1], label="severity")
+    return save(fig, plots_dir / f"{name}_accuracy_estimates.png")
 
 
 def plot_examples(metrics: dict, arrays: dict, plots_dir: Path, name: str) -> Path:
@@ -317,6 +346,8 @@ def markdown(metrics: dict) -> list[str]:
             f"{by['member_mean']['nll']:.4f} |"
         )
     lines += ["", shift_base.wins_sentence(metrics, "cells")]
+    if "accuracy_estimation" in metrics:
+        lines += ["", shift_base.estimation_sentence(metrics, "cells")]
     if "decisions_by_severity" in metrics:
         rows = [("clean (severity 0)", metrics["clean"])] if metrics.get("clean") else []
         rows += [(f"severity {s}", d) for s, d in metrics["decisions_by_severity"].items()]

@@ -14,6 +14,7 @@ import numpy as np
 
 from ensemble_core import metrics as metrics_lib
 from ensemble_core import stopping
+from ensemble_core.accuracy_estimation import estimate_all, estimation_errors
 from ensemble_core.calibration import apply_temperature
 from ensemble_core.decisions import decision_lines, mean_scores
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput
@@ -25,6 +26,8 @@ WHO = ("ensemble", "member_mean", "best_member")
 SCALED = "ensemble_temperature_scaled"
 #: A level's prediction-set and abstention figures (:meth:`ensemble_core.decisions.DecisionFit.score`).
 DECISIONS = "decisions"
+#: A level's label-free accuracy estimates (:func:`ensemble_core.accuracy_estimation.estimate_all`).
+ESTIMATES = "accuracy_estimates"
 #: Example images per level kept for the plots.
 EXAMPLES = 8
 #: Bump when a transform changes, so cached shifted sets are built again.
@@ -83,7 +86,9 @@ def score_levels(
     ``decisions`` when the run has prediction sets: the coverage and mean set size of each
     conformal score and the selective risk and coverage of the abstention rule, for the
     ensemble, the mean member and the best member
-    (:meth:`ensemble_core.decisions.DecisionFit.score`)."""
+    (:meth:`ensemble_core.decisions.DecisionFit.score`), and ``accuracy_estimates``: every
+    label-free estimate of the ensemble's accuracy at the level
+    (:func:`ensemble_core.accuracy_estimation.estimate_all`, fitted on the calibration split)."""
     bins = ctx.ece_bins
     out = []
     healthy = ctx.healthy
@@ -97,6 +102,9 @@ def score_levels(
         fit = ctx.decision_fit()
         if fit is not None:
             row[DECISIONS] = fit.score(probs[:, at], labels[at], healthy, s["best_member_index"])
+        reference = ctx.accuracy_reference()
+        if reference is not None:
+            row[ESTIMATES] = estimate_all(reference, probs[healthy][:, at], ctx.temperature)
         out.append(row)
     return out
 
@@ -105,13 +113,20 @@ def summary(per_level: list[dict]) -> dict:
     """The mean of every figure over the levels, for ``ensemble``, ``member_mean`` and
     ``best_member`` (the best member per level), ``ensemble_beats_best_member``: at
     how many levels the ensemble's NLL / Brier is below the best member's, and
-    ``mean_decisions``, the mean of every level's ``decisions`` (when the levels have them)."""
+    ``mean_decisions``, the mean of every level's ``decisions`` (when the levels have them),
+    and ``accuracy_estimation``: each label-free estimator's error against the ensemble's
+    true accuracy over the levels (:func:`ensemble_core.accuracy_estimation.estimation_errors`:
+    ``mae``, ``max_abs_error`` in accuracy units, ``worst_index``)."""
     present = [who for who in (*WHO, SCALED) if who in per_level[0]]
     mean = {who: {f: float(np.mean([r[who][f] for r in per_level])) for f in metrics_lib.SCORES} for who in present}
     wins = {f: int(sum(r["ensemble"][f] < r["best_member"][f] for r in per_level)) for f in ("nll", "brier", "ece")}
     out = {"mean": mean, "ensemble_beats_best_member": {**wins, "of_levels": len(per_level)}}
     if DECISIONS in per_level[0]:
         out["mean_decisions"] = mean_scores([r[DECISIONS] for r in per_level])
+    if ESTIMATES in per_level[0]:
+        out["accuracy_estimation"] = estimation_errors(
+            [r[ESTIMATES] for r in per_level], [r["ensemble"]["accuracy"] for r in per_level]
+        )
     return out
 
 
@@ -221,6 +236,8 @@ def markdown(metrics: dict, title: str, unit: str) -> list[str]:
             f"{b['nll']:.4f} | {b['brier']:.4f} | {b['ece']:.4f} |"
         )
     lines += ["", wins_sentence(metrics, "levels")]
+    if "accuracy_estimation" in metrics:
+        lines += ["", estimation_sentence(metrics, "levels")]
     if DECISIONS in metrics["levels"][0]:
         lines += [
             "",
@@ -259,3 +276,18 @@ def table(metrics: dict) -> list[dict]:
             row.update({f"ensemble scaled {f}": round(r[SCALED][f], 4) for f in FIGURES})
         rows.append(row)
     return rows
+
+
+def estimation_sentence(metrics: dict, unit: str) -> str:
+    """The report.md sentence of :func:`summary`'s ``accuracy_estimation``: each label-free
+    estimator's mean and largest absolute error over the ``unit`` (levels, cells), in
+    accuracy points, best first."""
+    errors = metrics["accuracy_estimation"]
+    ranked = sorted(errors.items(), key=lambda kv: kv[1]["mae"])
+    names = [r.get("name", f"{r['level']:g}") for r in metrics["levels"]]
+    parts = [
+        f"{name} {100 * e['mae']:.1f} (worst {100 * e['max_abs_error']:.1f} at {names[e['worst_index']]})"
+        for name, e in ranked
+    ]
+    head = f"Label-free accuracy estimates against the true accuracy over the {unit}, mean absolute error in points: "
+    return head + "; ".join(parts) + "."

@@ -133,6 +133,8 @@ class DriftReport(_Result):
 
     ``label_shift``: :func:`ensemble_core.drift.label_shift` (None: not computed);
     ``uncertainty``: :func:`ensemble_core.drift.uncertainty_shift` (None: not computed);
+    ``tests``: :func:`ensemble_core.drift_tests.drift_tests` of the new training split
+    against the champion's calibration split (None: not computed);
     ``exceeded``: the thresholds exceeded (one line each); ``not_computed``: why a figure
     is missing (no champion, another image shape, ...)."""
 
@@ -141,6 +143,7 @@ class DriftReport(_Result):
     champion_snapshot: str | None
     label_shift: dict | None = None
     uncertainty: dict | None = None
+    tests: dict | None = None
     exceeded: list[str] = []
     not_computed: list[str] = []
 

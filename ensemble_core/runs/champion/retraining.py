@@ -23,7 +23,8 @@ from ensemble_core import drift as drift_lib
 from ensemble_core.atomic import atomic_write_json
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo, DataSnapshot, keep_classes, load_split
-from ensemble_core.errors import DataError
+from ensemble_core.drift_tests import drift_tests
+from ensemble_core.errors import DataError, EnsembleError
 from ensemble_core.runs.champion.promotion import (
     champion_class_indices,
     champion_class_names,
@@ -34,6 +35,7 @@ from ensemble_core.runs.dataset import load
 from ensemble_core.runs.results import DriftReport, SkipDecision
 from ensemble_core.runs.storage.champion_record import read_champion
 from ensemble_core.runs.storage.layout import RunDir
+from ensemble_core.runs.storage.records import read_drift_reference
 from ensemble_core.runs.storage.resume import flat
 
 log = logging.getLogger(__name__)
@@ -175,14 +177,48 @@ def detect_drift(cfg: PipelineConfig, dataset: DatasetInfo, output_dir: str | Pa
     except Exception as err:  # noqa: BLE001  (another shape, damaged checkpoints: a figure less, not a failed run)
         first = str(err).splitlines()[0] if str(err) else ""
         report["not_computed"].append(f"uncertainty: {type(err).__name__}: {first}"[:300])
+        probs = None
+    report["tests"] = champion_drift_tests(cfg, current, probs, len(images) if probs is not None else 0, report)
     thresholds = cfg.nightly.drift.model_dump()
+    exceeded = drift_lib.exceeded(report, thresholds)
+    alpha, tests = cfg.nightly.drift.test_alpha, report["tests"]
+    if alpha is not None and tests is not None and tests["drifted"]:
+        rejected = [f"{name} (p {t['p_adjusted']:.2g})" for name, t in tests["tests"].items() if t["rejected"]]
+        exceeded.append(
+            f"two-sample drift tests against the champion's calibration split reject at nightly.drift.test_alpha "
+            f"{alpha:g} (Holm): {', '.join(rejected)}"
+        )
     return DriftReport(
         champion_run=current["run_name"],
         snapshot=new_fp,
         champion_snapshot=None if champion is None else champion.fingerprint,
-        exceeded=drift_lib.exceeded(report, thresholds),
+        exceeded=exceeded,
         **report,
     )
+
+
+def champion_drift_tests(
+    cfg: PipelineConfig, current: dict, probs: np.ndarray | None, n_new: int, report: dict
+) -> dict | None:
+    """The two-sample drift tests (:func:`ensemble_core.drift_tests.drift_tests`) of the
+    champion's member probabilities on the new training split (``probs[:, :n_new]``,
+    float ``[E, N, C]``) against its calibration split (its ``drift_reference.json``), at
+    ``nightly.drift.test_alpha`` (0.05 when None: the p-values are reported either way).
+    None, with the reason in ``report["not_computed"]``, when the champion has no
+    reference or the predictions failed."""
+    if probs is None:
+        report["not_computed"].append("drift tests: the champion's predictions on the new data failed")
+        return None
+    reference = read_drift_reference(RunDir(Path(current["run_dir"])))
+    if reference is None:
+        report["not_computed"].append("drift tests: the champion has no calibration split (no drift_reference.json)")
+        return None
+    alpha = cfg.nightly.drift.test_alpha or 0.05
+    try:
+        return drift_tests(reference, probs[:, :n_new], alpha, reference.temperature)
+    except EnsembleError as err:  # another member count or class count than the reference's
+        report["not_computed"].append(f"drift tests: {err.problem}"[:300])
+        return None
 
 
 def _snapshot_of(record: dict) -> DataSnapshot | None:

@@ -29,10 +29,11 @@ from ensemble_core.calibration import fit_temperature, temperature_nll
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.decisions import DecisionRules, ensemble_probs, fit_rules
+from ensemble_core.drift_tests import reference_from
 from ensemble_core.runs.dataset import load, split_lineage
 from ensemble_core.runs.ensemble.load import Members, all_members, load_pool, restore
 from ensemble_core.runs.storage.layout import RunDir
-from ensemble_core.runs.storage.records import write_decisions, write_selection
+from ensemble_core.runs.storage.records import write_decisions, write_drift_reference, write_selection
 from ensemble_core.selection import Selection, select_members, selection_record
 
 log = logging.getLogger(__name__)
@@ -94,9 +95,12 @@ def select(
         if cfg.decision_split is None:
             warn_without_decisions(cfg)
             write_decisions(run, None)
+            write_drift_reference(run, None)
             return None
         pool_cfg, members = load_pool(cfg, run.path, dataset.num_classes, dataset.image_shape, strategy=strategy)
-        rules = fit_decisions(pool_cfg, dataset, members, np.flatnonzero(members.healthy).tolist(), None, None)
+        rules = fit_decisions(
+            pool_cfg, dataset, members, np.flatnonzero(members.healthy).tolist(), None, None, run.path
+        )
         write_decisions(run, rules.to_dict())
         return None
     pool_cfg, members = load_pool(cfg, run.path, dataset.num_classes, dataset.image_shape, strategy=strategy)
@@ -110,7 +114,7 @@ def select(
     record["validation_nll_temperature_scaled"] = (
         None if temperature is None else temperature_nll(ensemble, labels, temperature)
     )
-    rules = fit_decisions(pool_cfg, dataset, members, list(picked.members), temperature, (probs, labels))
+    rules = fit_decisions(pool_cfg, dataset, members, list(picked.members), temperature, (probs, labels), run.path)
     write_selection(run, record["members"], temperature)
     write_decisions(run, None if rules is None else rules.to_dict())
     record["decisions"] = None if rules is None else rules.to_dict()
@@ -140,12 +144,15 @@ def fit_decisions(
     picks: list[int],
     temperature: float | None,
     validation: tuple[np.ndarray, np.ndarray] | None,
+    run_dir: str | Path,
 ) -> DecisionRules | None:
     """The chosen ensemble's prediction sets and abstention threshold
     (:func:`ensemble_core.decisions.fit_rules`), fitted on ``cfg.decision_split``: the
     calibration split, predicted here by every pool member, or the validation split's
     predictions ``validation`` (``(member_probs [E, N_val, C], labels)``). None when the
-    config asks for none.
+    config asks for none (and the run's ``drift_reference.json`` is removed). Writes the
+    same predictions' drift reference (:func:`ensemble_core.drift_tests.reference_from`)
+    to ``drift_reference.json``, what later drift tests compare new data with.
 
     Args:
       picks: the pool rows of the ensemble, one per pick (a member picked twice counts twice,
@@ -154,6 +161,7 @@ def fit_decisions(
     split = cfg.decision_split
     if split is None:
         warn_without_decisions(cfg)
+        write_drift_reference(RunDir(Path(run_dir)), None)
         return None
     if split == "validation" and validation is not None:
         probs, labels = validation
@@ -163,6 +171,8 @@ def fit_decisions(
     chosen = probs[np.asarray(picks, np.int64)]
     ensemble = ensemble_probs(chosen, np.ones(len(chosen), bool), temperature)
     rules = fit_rules(ensemble, labels, cfg.prediction_sets, cfg.abstention, split, member_probs=chosen)
+    # The same predictions are the reference of later drift tests against this ensemble.
+    write_drift_reference(RunDir(Path(run_dir)), reference_from(chosen, temperature).to_dict())
     return dataclasses.replace(rules, lineage=split_lineage(cfg, dataset, split))
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import scipy.special
 
-from ensemble_core import diskspace, evaluators, stopping, timing
+from ensemble_core import accuracy_estimation, diskspace, evaluators, stopping, timing
 from ensemble_core.atomic import atomic_savez
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
@@ -101,15 +101,32 @@ def _evaluate(
         return logits, scipy.special.softmax(logits, axis=-1).astype(np.float32, copy=False), throughput
 
     @functools.cache
-    def decision_fit() -> DecisionFit | None:
-        # The rules of the ensemble and of every member on the split the select stage fitted
-        # decisions.json on (the same ensemble, so the ensemble's rules are that file's).
+    def held_out() -> tuple[np.ndarray, np.ndarray] | None:
+        # Every member on the held-out split decisions.json was fitted on (the calibration
+        # split): predicted once, for the members' own rules and the accuracy estimators.
         split = cfg.decision_split
         if split is None or ensemble.decisions is None:
             return None
         images, labels = load_split(split)
-        probs, _ = predict(images)
+        return predict(images)[0], labels
+
+    @functools.cache
+    def decision_fit() -> DecisionFit | None:
+        # The rules of the ensemble and of every member on that split (the same ensemble, so
+        # the ensemble's rules are decisions.json's).
+        split, held = cfg.decision_split, held_out()
+        if split is None or held is None:
+            return None
+        probs, labels = held
         return fit_all(probs, labels, members.healthy, ensemble.temperature, cfg.prediction_sets, cfg.abstention, split)
+
+    @functools.cache
+    def accuracy_reference() -> accuracy_estimation.Reference | None:
+        held = held_out()
+        if held is None:
+            return None
+        probs, labels = held
+        return accuracy_estimation.fit_reference(probs[members.healthy], labels, ensemble.temperature)
 
     ctx = evaluators.EvalContext(
         config=cfg,
@@ -123,6 +140,7 @@ def _evaluate(
         predict_split_logits=lambda split: split_outputs(split)[0],
         temperature=ensemble.temperature,
         decision_fit=decision_fit,
+        accuracy_reference=accuracy_reference,
     )
     outputs = {}
     # Each evaluator's arrays and plots are written by one background thread while the next

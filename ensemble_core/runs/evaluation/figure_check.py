@@ -18,6 +18,7 @@ import difflib
 import numpy as np
 
 from ensemble_core import evaluators
+from ensemble_core.accuracy_estimation import Reference, fit_reference
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.decisions import DecisionFit, fit_all
@@ -57,6 +58,11 @@ def probe(cfg: PipelineConfig, dataset: DatasetInfo, name: str) -> evaluators.Ev
         healthy = np.ones(members, bool)
         return fit_all(probs, labels, healthy, temperature, cfg.prediction_sets, cfg.abstention, cfg.decision_split)
 
+    def accuracy_reference() -> Reference | None:
+        if cfg.decision_split is None:
+            return None
+        return fit_reference(predict(images)[0], labels, temperature)
+
     ctx = evaluators.EvalContext(
         config=cfg,
         dataset=dataset,
@@ -69,6 +75,7 @@ def probe(cfg: PipelineConfig, dataset: DatasetInfo, name: str) -> evaluators.Ev
         predict_split_logits=lambda split: rng.normal(size=(members, len(images), c)).astype(np.float32),
         temperature=temperature,
         decision_fit=decision_fit,
+        accuracy_reference=accuracy_reference,
     )
     module = evaluators.get(spec.type)
     return module.evaluate(ctx.for_evaluator(name, spec))

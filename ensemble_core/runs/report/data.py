@@ -115,6 +115,16 @@ def drift_lines(drift: dict | None) -> list[str]:
             f"{unc['reference']['mean_predictive_entropy']:.4f} nats, mean mutual information "
             f"{unc['new']['mean_mutual_information']:.4f} vs {unc['reference']['mean_mutual_information']:.4f} nats"
         )
+    tests = drift.get("tests")
+    if tests:
+        parts = [
+            f"{name} p {t['p_value']:.3g} (Holm {t['p_adjusted']:.3g})" + (" **rejected**" if t["rejected"] else "")
+            for name, t in tests["tests"].items()
+        ]
+        lines.append(
+            f"- two-sample tests, {tests['n_new']} new examples against the champion's calibration split "
+            f"({tests['n_reference']}), alpha {tests['alpha']:g}: " + "; ".join(parts)
+        )
     for why in drift.get("not_computed") or []:
         lines.append(f"- not computed: {why}")
     return [*lines, ""]

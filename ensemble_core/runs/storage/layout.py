@@ -130,6 +130,12 @@ class RunDir:
         return self.path / "selection.json"
 
     @property
+    def drift_reference_json(self) -> Path:
+        """The chosen ensemble's uncertainty on the calibration split (per-example entropy,
+        mutual information, predicted-class counts): the reference of later drift tests."""
+        return self.path / "drift_reference.json"
+
+    @property
     def decisions_json(self) -> Path:
         """The ensemble's prediction sets and abstention threshold, fitted on the calibration
         split by the select stage (what prediction applies)."""

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from ensemble_core.atomic import atomic_write_json
 from ensemble_core.decisions import DecisionRules
-from ensemble_core.errors import CheckpointError
+from ensemble_core.drift_tests import DriftReference
+from ensemble_core.errors import CheckpointError, EnsembleError
 from ensemble_core.runs.storage.layout import OutputDir, RunDir
 from ensemble_core.stratification import PADDING_SETTING, StratificationPlan
 
@@ -126,6 +127,39 @@ def read_decisions(run: RunDir) -> dict | None:
         consequence="predictions carry no prediction sets and never abstain until the run is evaluated again "
         "(rerun its run name)",
     )
+    return None
+
+
+# MARK: drift_reference.json
+
+
+def write_drift_reference(run: RunDir, record: dict | None) -> None:
+    """Write the run's ``drift_reference.json`` atomically (the select stage):
+    :meth:`ensemble_core.drift_tests.DriftReference.to_dict`; None removes the file."""
+    if record is None:
+        with suppress(FileNotFoundError):
+            run.drift_reference_json.unlink()
+        return
+    atomic_write_json(run.drift_reference_json, record)
+
+
+def read_drift_reference(run: RunDir) -> DriftReference | None:
+    """The run's drift reference, or None when absent (a run without a calibration split,
+    or older). A damaged file is set aside (:func:`set_aside`) and None returned: the drift
+    tests against this champion are then not computed.
+
+    Raises:
+      OSError: the file exists but cannot be read or moved (I/O failure).
+    """
+    try:
+        raw = run.drift_reference_json.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        return DriftReference.from_dict(json.loads(raw.decode("utf-8")))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, EnsembleError, TypeError, ValueError) as err:
+        problem = f"not a drift reference ({type(err).__name__})"
+    set_aside(run.path, run.drift_reference_json.name, problem, consequence="drift tests against this run are skipped")
     return None
 
 
