@@ -11,7 +11,9 @@ test images per cell), trained with::
 
     python -m flows.train_ensemble --config configs/fashion_mnist.yaml --run-name fm
 
-Its ``report.json`` gives, at ``prediction_sets.alpha`` (0.1): the empirical coverage and
+Its ``report.json`` gives the label-free accuracy estimators' errors against the true
+accuracy over each shift evaluator's levels (the 75 corruption cells, the rotations, the
+translations), and, at ``prediction_sets.alpha`` (0.1): the empirical coverage and
 mean set size of LAC, APS and RAPS on the test split and at every severity (mean over the
 corruptions), and the selective risk and coverage of the abstention rule, for the ensemble,
 the mean member and the best member; the checks of issue 56 (clean coverage within
@@ -74,6 +76,19 @@ def run_figures(run_dir: Path) -> dict:
         "by_severity": {"0": cc["clean"], **cc["decisions_by_severity"]},
         "cells": {r["name"]: r["decisions"]["ensemble"] for r in cc["levels"]},
         "rotation": {f"{r['level']:g}": r["decisions"] for r in report["evaluations"]["rotation"]["metrics"]["levels"]},
+        "accuracy_estimation": {
+            name: {
+                "errors": section["metrics"]["accuracy_estimation"],
+                "worst": {
+                    est: section["metrics"]["levels"][e["worst_index"]].get(
+                        "name", f"{section['metrics']['levels'][e['worst_index']]['level']:g}"
+                    )
+                    for est, e in section["metrics"]["accuracy_estimation"].items()
+                },
+            }
+            for name, section in report["evaluations"].items()
+            if "accuracy_estimation" in section.get("metrics", {})
+        },
         "checks": {
             "clean_coverage_in_range": all(COVERAGE_RANGE[0] <= c <= COVERAGE_RANGE[1] for c in clean.values()),
             "selective_risk_at_most_target": selective["risk"] is not None and selective["risk"] <= target,
