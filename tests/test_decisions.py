@@ -76,3 +76,16 @@ def test_rules_survive_json_and_a_damaged_file_is_set_aside(tmp_path, caplog):
     assert list((tmp_path / "run" / "corrupt-state").iterdir())
     assert "decisions.json is damaged" in caplog.text
     write_decisions(run, None)  # removing what is absent is no error
+
+
+def test_a_checkpoint_saved_before_the_calibration_split_does_not_resume_on_other_examples():
+    """A saved config without data.calibration_fraction trained on every example less the
+    validation split: resuming it under today's default (0.1) would train on other
+    examples, so it is a change (refused as one); with the fraction 0 it resumes."""
+    from ensemble_core.runs.storage.resume import config_changes, resumable
+
+    saved = PipelineConfig().model_dump(mode="json")
+    del saved["data"]["calibration_fraction"]
+    changes = config_changes(saved, PipelineConfig())
+    assert changes == {"data.calibration_fraction": (0.0, 0.1)} and not resumable("data.calibration_fraction")
+    assert config_changes(saved, PipelineConfig.model_validate({"data": {"calibration_fraction": 0}})) == {}

@@ -72,10 +72,22 @@ def resumable_settings(cfg: PipelineConfig) -> dict[str, Any]:
     return {k: v for k, v in flat(cfg.model_dump(mode="json")).items() if resumable(k)}
 
 
+def as_trained(saved_config: dict) -> dict:
+    """A saved config with the keys it predates that changed what it trained on set to what
+    it trained with, not to today's defaults: ``data.calibration_fraction`` 0 (a run saved
+    before the calibration split trained on the whole training split less validation; read
+    with the default 0.1 it would resume on other examples)."""
+    data = saved_config.get("data")
+    if isinstance(data, dict) and "calibration_fraction" not in data:
+        return {**saved_config, "data": {**data, "calibration_fraction": 0.0}}
+    return saved_config
+
+
 def config_changes(saved_config: dict, cfg: PipelineConfig) -> dict[str, tuple[Any, Any]]:
     """``{dotted key: (saved value, new value)}`` for every key that differs (a saved
-    config is read with today's defaults for keys it predates)."""
-    old = flat(PipelineConfig.model_validate(saved_config).model_dump(mode="json"))
+    config is read with today's defaults for keys it predates, but for those of
+    :func:`as_trained`)."""
+    old = flat(PipelineConfig.model_validate(as_trained(saved_config)).model_dump(mode="json"))
     new = flat(cfg.model_dump(mode="json"))
     return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
 
