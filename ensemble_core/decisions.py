@@ -109,7 +109,7 @@ def fit_rules(
       DataError: an empty split or malformed arrays (:func:`ensemble_core.conformal.calibrate`).
     """
     sets = {m: conformal.calibrate(probs, labels, m, sets_cfg.alpha) for m in conformal.METHODS}
-    criterion = abstention_cfg.criterion
+    criterion: str = abstention_cfg.criterion
     if criterion == "mutual_information" and member_probs is None:
         criterion = MEMBER_FALLBACK_CRITERION
     kappa = selective.confidence(criterion, probs, member_probs)
@@ -217,8 +217,9 @@ class DecisionFit:
         ]
         if rows:
             out["member_mean"] = mean_scores(rows)
-        if best_member is not None and self.members[best_member] is not None:
-            out["best_member"] = score_rules(self.members[best_member], member_probs[best_member], labels)
+        best = None if best_member is None else self.members[best_member]
+        if best is not None:
+            out["best_member"] = score_rules(best, member_probs[best_member], labels)
         return out
 
 

@@ -101,7 +101,7 @@ def select(
         rules = fit_decisions(
             pool_cfg, dataset, members, np.flatnonzero(members.healthy).tolist(), None, None, run.path
         )
-        write_decisions(run, rules.to_dict())
+        write_decisions(run, None if rules is None else rules.to_dict())
         return None
     pool_cfg, members = load_pool(cfg, run.path, dataset.num_classes, dataset.image_shape, strategy=strategy)
     probs, labels = validation_predictions(pool_cfg, dataset, members)
