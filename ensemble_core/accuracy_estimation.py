@@ -109,6 +109,13 @@ def _check_members(member_probs: np.ndarray, name: str = "member_probs") -> np.n
     return _check_table(p, name)
 
 
+def _check_several_members(member_probs: np.ndarray, what: str) -> np.ndarray:
+    p = _check_members(member_probs)
+    if len(p) < 2:
+        raise DataError(f"{what} needs at least 2 members; got E = 1", "pass E >= 2 healthy members")
+    return p
+
+
 def _check_labels(labels: np.ndarray, n: int, c: int) -> np.ndarray:
     y = np.asarray(labels)
     if y.shape != (n,):
@@ -234,9 +241,7 @@ def agreement_with_ensemble(member_probs: np.ndarray) -> float:
     Raises:
       DataError: bad member probabilities, or a single member (E = 1).
     """
-    p = _check_members(member_probs)
-    if len(p) < 2:
-        raise DataError("agreement needs at least 2 members; got E = 1", "pass E >= 2 healthy members")
+    p = _check_several_members(member_probs, "agreement")
     top = np.argmax(p.mean(axis=0), axis=-1)  # [N]
     return float(np.mean(np.argmax(p, axis=-1) == top[None, :]))
 
@@ -259,9 +264,7 @@ def disagreement_estimate(member_probs: np.ndarray) -> float:
     Raises:
       DataError: bad member probabilities, or a single member (E = 1).
     """
-    p = _check_members(member_probs)
-    if len(p) < 2:
-        raise DataError("disagreement needs at least 2 members; got E = 1", "pass E >= 2 healthy members")
+    p = _check_several_members(member_probs, "disagreement")
     return float(1.0 - disagreement(p))
 
 

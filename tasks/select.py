@@ -21,7 +21,8 @@ def select_members(config: PipelineConfig, dataset: DatasetInfo, run_dir: str) -
     validation split, the ensemble is every healthy member)."""
     record = runs.select(config, dataset, run_dir)
     logger = get_run_logger()
-    log_decisions(logger, read_decisions(runs.RunDir(Path(run_dir))))
+    rules = read_decisions(runs.RunDir(Path(run_dir)))
+    log_decisions(logger, None if rules is None else rules.to_dict())
     if record is None:
         logger.info("no validation split: the ensemble is every healthy member, without temperature scaling")
         return None

@@ -68,7 +68,7 @@ def test_rules_survive_json_and_a_damaged_file_is_set_aside(tmp_path, caplog):
     run = RunDir(tmp_path / "run")
     run.path.mkdir()
     write_decisions(run, rules.to_dict())
-    again = decisions.DecisionRules.from_dict(read_decisions(run))
+    again = read_decisions(run)
     assert again == rules
     run.decisions_json.write_text(json.dumps({"method": "aps"}))  # no calibration in it
     assert read_decisions(run) is None

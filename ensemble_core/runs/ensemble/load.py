@@ -242,6 +242,5 @@ def load_ensemble(
         members = selected_members(pool_cfg, members, chosen["members"], num_classes)
     temperature = None if chosen is None else chosen.get("temperature")
     # The rules were fitted on the ensemble selection.json names: without it (set aside) they do not apply.
-    record = read_decisions(run) if chosen is not None or not cfg.has_validation else None
-    decisions = None if record is None else DecisionRules.from_dict(record)
+    decisions = read_decisions(run) if chosen is not None or not cfg.has_validation else None
     return Ensemble(config=pool_cfg, members=members, temperature=temperature, decisions=decisions)

@@ -17,8 +17,10 @@ import json
 import logging
 import math
 import os
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
+from typing import Any, TypeVar
 
 from ensemble_core.atomic import atomic_write_json
 from ensemble_core.decisions import DecisionRules
@@ -28,6 +30,9 @@ from ensemble_core.runs.storage.layout import OutputDir, RunDir
 from ensemble_core.stratification import PADDING_SETTING, StratificationPlan
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+#: What reading a damaged record raises: not UTF-8 JSON, or refused by its parser.
+DAMAGED = (UnicodeDecodeError, json.JSONDecodeError, RecursionError, EnsembleError, KeyError, TypeError, ValueError)
 
 
 # MARK: corrupt-state/
@@ -86,81 +91,91 @@ def release_corrupt_path(dest: Path) -> None:
         dest.rmdir() if dest.is_dir() else dest.unlink()
 
 
-# MARK: decisions.json
+# MARK: decisions.json, drift_reference.json: the select stage's records of the held-out split
 
 
-def write_decisions(run: RunDir, record: dict | None) -> None:
-    """Write the run's ``decisions.json`` atomically (the select stage): the ensemble's
-    :meth:`ensemble_core.decisions.DecisionRules.to_dict`; None removes the file (a run
-    evaluated again without prediction sets keeps none of an earlier session's)."""
+def write_or_remove(path: Path, record: dict | None) -> None:
+    """Write ``record`` to ``path`` atomically, or remove ``path`` when ``record`` is None
+    (a run evaluated again without the held-out split keeps none of an earlier session's)."""
     if record is None:
         with suppress(FileNotFoundError):
-            run.decisions_json.unlink()
+            path.unlink()
         return
-    atomic_write_json(run.decisions_json, record)
+    atomic_write_json(path, record)
 
 
-def read_decisions(run: RunDir) -> dict | None:
-    """The run's ``decisions.json`` as written, or None when absent (a run that predates
-    prediction sets, or none asked for). A file that is not a JSON object of
-    :class:`ensemble_core.decisions.DecisionRules`' shape is set aside (:func:`set_aside`)
-    and None returned: prediction then gives no sets and never abstains until the run is
-    evaluated again.
+def read_record(run: RunDir, path: Path, parse: Callable[[Any], T], what: str, consequence: str) -> T | None:
+    """``parse`` of the JSON at ``path``, or None when absent. A file that is not UTF-8
+    JSON, or that ``parse`` refuses (EnsembleError, KeyError, TypeError, ValueError), is set
+    aside (:func:`set_aside`, naming ``what`` and ``consequence``) and None returned.
 
     Raises:
       OSError: the file exists but cannot be read or moved (I/O failure).
     """
     try:
-        raw = run.decisions_json.read_bytes()
+        raw = path.read_bytes()
     except FileNotFoundError:
         return None
     try:
-        record = json.loads(raw.decode("utf-8"))
-        DecisionRules.from_dict(record)
-        return record
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, KeyError, TypeError, ValueError) as err:
-        problem = f"not a decisions record ({type(err).__name__})"
-    set_aside(
-        run.path,
-        run.decisions_json.name,
-        problem,
-        consequence="predictions carry no prediction sets and never abstain until the run is evaluated again "
-        "(rerun its run name)",
-    )
+        return parse(json.loads(raw.decode("utf-8")))
+    except (
+        UnicodeDecodeError,
+        json.JSONDecodeError,
+        RecursionError,
+        EnsembleError,
+        KeyError,
+        TypeError,
+        ValueError,
+    ) as err:
+        problem = f"not {what} ({type(err).__name__})"
+    set_aside(run.path, path.name, problem, consequence=consequence)
     return None
 
 
-# MARK: drift_reference.json
+def write_decisions(run: RunDir, record: dict | None) -> None:
+    """Write the run's ``decisions.json`` (the select stage): the ensemble's
+    :meth:`ensemble_core.decisions.DecisionRules.to_dict`; None removes the file."""
+    write_or_remove(run.decisions_json, record)
+
+
+def read_decisions(run: RunDir) -> DecisionRules | None:
+    """The run's decision rules (``decisions.json``), or None when absent (a run that
+    predates prediction sets, or none asked for). A damaged file is set aside: prediction
+    then gives no sets and never abstains until the run is evaluated again.
+
+    Raises:
+      OSError: the file exists but cannot be read or moved (I/O failure).
+    """
+    return read_record(
+        run,
+        run.decisions_json,
+        DecisionRules.from_dict,
+        "a decisions record",
+        "predictions carry no prediction sets and never abstain until the run is evaluated again (rerun its run name)",
+    )
 
 
 def write_drift_reference(run: RunDir, record: dict | None) -> None:
-    """Write the run's ``drift_reference.json`` atomically (the select stage):
+    """Write the run's ``drift_reference.json`` (the select stage):
     :meth:`ensemble_core.drift_tests.DriftReference.to_dict`; None removes the file."""
-    if record is None:
-        with suppress(FileNotFoundError):
-            run.drift_reference_json.unlink()
-        return
-    atomic_write_json(run.drift_reference_json, record)
+    write_or_remove(run.drift_reference_json, record)
 
 
 def read_drift_reference(run: RunDir) -> DriftReference | None:
     """The run's drift reference, or None when absent (a run without a calibration split,
-    or older). A damaged file is set aside (:func:`set_aside`) and None returned: the drift
-    tests against this champion are then not computed.
+    or older). A damaged file is set aside: the drift tests against this champion are then
+    not computed.
 
     Raises:
       OSError: the file exists but cannot be read or moved (I/O failure).
     """
-    try:
-        raw = run.drift_reference_json.read_bytes()
-    except FileNotFoundError:
-        return None
-    try:
-        return DriftReference.from_dict(json.loads(raw.decode("utf-8")))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, EnsembleError, TypeError, ValueError) as err:
-        problem = f"not a drift reference ({type(err).__name__})"
-    set_aside(run.path, run.drift_reference_json.name, problem, consequence="drift tests against this run are skipped")
-    return None
+    return read_record(
+        run,
+        run.drift_reference_json,
+        DriftReference.from_dict,
+        "a drift reference",
+        "drift tests against this run are skipped",
+    )
 
 
 # MARK: selection.json
