@@ -69,6 +69,9 @@ ESTIMATORS = (
 #: The estimators that read the members' agreement, left out for a single member.
 AGREEMENT_ESTIMATORS = ("agreement_with_ensemble", "disagreement", "agreement_corrected")
 
+#: The estimators that need no labelled reference (``estimate_all(None, ...)``).
+REFERENCE_FREE = ("average_confidence", "agreement_with_ensemble", "disagreement")
+
 #: How far a row of probabilities may sum from 1 (float32 softmax outputs, averaged).
 SUM_TOLERANCE = 1e-3
 
@@ -537,29 +540,40 @@ def fit_reference(ref_member_probs: np.ndarray, ref_labels: np.ndarray, temperat
     )
 
 
-def estimate_all(reference: Reference, member_probs: np.ndarray, temperature: float | None = None) -> dict[str, float]:
+def estimate_all(
+    reference: Reference | None, member_probs: np.ndarray, temperature: float | None = None
+) -> dict[str, float]:
     """Every estimate of :data:`ESTIMATORS` of the ensemble's accuracy on one unlabelled set.
 
     Args:
-      reference: from :func:`fit_reference` on the calibration split.
+      reference: from :func:`fit_reference` on the calibration split; None (a run without
+        one): only the estimators that need no reference (:data:`REFERENCE_FREE`).
       member_probs: float ``[E, N, C]``, the same E healthy members on the target set.
       temperature: T > 0 or None; must be the one the reference was fitted with.
 
     Returns:
       ``{name: estimate}``, fractions in [0, 1], in :data:`ESTIMATORS` order; without the
-      :data:`AGREEMENT_ESTIMATORS` when E = 1.
+      :data:`AGREEMENT_ESTIMATORS` when E = 1, without the fitted ones when ``reference``
+      is None.
 
     Raises:
       DataError: bad probabilities, or E or C not the reference's.
       ConfigError: T not finite, not positive, or not the reference's.
     """
     t = _check_temperature(temperature)
+    m = _check_members(member_probs)
+    if reference is None:
+        probs = ensemble_prediction(m, t)
+        free = {"average_confidence": average_confidence(probs)}
+        if len(m) >= 2:
+            free["agreement_with_ensemble"] = agreement_with_ensemble(m)
+            free["disagreement"] = disagreement_estimate(m)
+        return free
     if t != reference.temperature:
         raise ConfigError(
             f"temperature {t} differs from the reference's {reference.temperature}",
             f"pass temperature={reference.temperature}, the one the reference was fitted with",
         )
-    m = _check_members(member_probs)
     _check_classes(m, reference.n_classes)
     if len(m) != reference.n_members:
         raise DataError(

@@ -133,10 +133,11 @@ def test_deployments_and_automations(two_runs):
     assert nightly["global_concurrency_limit"]["limit"] == 1
     assert "adhoc@flows/predict.py:predict" in deps
     assert deps["folder@flows/predict.py:predict"]["parameters"]["output_dir"] == "runs"  # batch inference
+    assert deps["drop@flows/monitor.py:monitor"]["parameters"]["estimator"] == "auto"  # monitoring
     props = nightly["parameter_openapi_schema"]["properties"]
     assert {"seed", "data", "model", "ensemble", "train", "mesh", "checkpoint", "eval", "promotion"} <= set(props)
     names = sorted(a["name"] for a in api(env, "POST", "/automations/filter", {}))
-    assert names == ["retry-crashed-runs"]
+    assert names == ["retrain-on-drift", "retry-crashed-runs"]
 
 
 # MARK: the scheduler
@@ -200,6 +201,75 @@ def test_batch_inference_deployment_predicts_a_folder_with_the_champion(two_runs
         names = f["predicted_name"]
     assert list(table["predicted_name"].astype(str)) == [str(n) for n in names]
     assert {r["predicted_name"] for r in rows} <= set(np.asarray(names).tolist())
+
+
+def _noisy_copy(src, dst, sigma: float, seed: int = 0) -> None:
+    """Every PNG under ``src`` with Gaussian pixel noise (``sigma`` grey levels), same names, under ``dst``."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for path in sorted(src.rglob("*.png")):
+        pixels = np.asarray(Image.open(path), np.float32)
+        noisy = np.clip(pixels + rng.normal(0, sigma, pixels.shape), 0, 255).astype(np.uint8)
+        out = dst / path.relative_to(src)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(noisy).save(out)
+
+
+def test_monitor_deployment_quiet_on_clean_data_and_drift_retrains(two_runs):
+    """`prefect deployment run 'monitor/drop'` twice on unlabelled folders, with the
+    champion of the first two runs: 200 of the embedded test digits (class folders, not
+    read as labels), then the same digits under heavy noise. The clean night is quiet; the
+    noisy one rejects, its ``data.drift`` event (labelled as the monitor's) reaches the
+    ``retrain-on-drift`` automation, which starts a ``train-ensemble/nightly`` run in the
+    champion's output directory with the champion's config, and that run completes. Both
+    nights are in the ``monitoring-history`` artifact read back from the server."""
+    from tests._image_export import write_digit_folder
+
+    tmp, env, _ = two_runs
+    out = tmp / "runs"
+    clean, noisy = tmp / "drop-clean", tmp / "drop-noisy"
+    write_digit_folder(clean, n_train=0, n_test=200)
+    _noisy_copy(clean, noisy, sigma=110.0)
+    nightly = api(env, "GET", "/deployments/name/train-ensemble/nightly")
+    of_nightly = {"deployments": {"id": {"any_": [nightly["id"]]}}}
+    before = {r["id"] for r in api(env, "POST", "/flow_runs/filter", of_nightly)}
+    records = {}
+    for name, folder in (("clean", clean), ("noisy", noisy)):
+        params = {"images": str(folder), "output_dir": str(out), "night": f"night-{name}"}
+        proc = deployment_run(env, params, deployment="monitor/drop")
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        fr = flow_run(env, run_id_of(proc))
+        assert fr["state"]["type"] == "COMPLETED", fr["state"]
+        records[name] = (fr, json.loads((out / "monitoring" / f"night-{name}.json").read_text()))
+    clean_record, noisy_record = records["clean"][1], records["noisy"][1]
+    assert clean_record["n_images"] == noisy_record["n_images"] == 200
+    assert not clean_record["drifted"] and noisy_record["drifted"], (clean_record["drift"], noisy_record["drift"])
+    assert noisy_record["accuracy"]["estimate"] < clean_record["accuracy"]["estimate"]
+    arts = {
+        a["key"]: a
+        for a in api(env, "POST", "/artifacts/filter", {"flow_runs": {"id": {"any_": [records["noisy"][0]["id"]]}}})
+    }
+    assert {"monitoring-night", "monitoring-history"} <= set(arts)
+    rows = arts["monitoring-history"]["data"]
+    rows = json.loads(rows) if isinstance(rows, str) else rows
+    assert [(r["night"], r["drifted"]) for r in rows] == [("night-clean", False), ("night-noisy", True)]
+    drift_events = api(env, "POST", "/events/filter", {"filter": {"event": {"name": ["data.drift"]}, "related": None}})[
+        "events"
+    ]
+    mine = [e for e in drift_events if e["resource"].get("ensemble-pipeline.source") == "monitor"]
+    assert [e["payload"]["night"] for e in mine] == ["night-noisy"]
+
+    def retraining():
+        return [r for r in api(env, "POST", "/flow_runs/filter", of_nightly) if r["id"] not in before]
+
+    (retrain,) = wait_until(retraining, 120, "the automation's train-ensemble run", every=2)
+    retrain = wait_final(env, retrain["id"])
+    assert retrain["state_type"] == "COMPLETED", retrain["state"]
+    assert retrain["parameters"]["output_dir"] == str(out)
+    champion_config = json.loads((out / "champion.json").read_text())["config"]
+    assert retrain["parameters"]["config"]["model"] == champion_config["model"]
 
 
 def test_three_nights_replayed_by_the_scheduler(two_runs):

@@ -24,6 +24,7 @@ import numpy as np
 
 from ensemble_core import diskspace
 from ensemble_core import metrics as metrics_lib
+from ensemble_core.accuracy_estimation import fit_reference
 from ensemble_core.atomic import atomic_savez
 from ensemble_core.calibration import fit_temperature, temperature_nll
 from ensemble_core.config import PipelineConfig
@@ -33,7 +34,12 @@ from ensemble_core.drift_tests import reference_from
 from ensemble_core.runs.dataset import load, split_lineage
 from ensemble_core.runs.ensemble.load import Members, all_members, load_pool, restore
 from ensemble_core.runs.storage.layout import RunDir
-from ensemble_core.runs.storage.records import write_decisions, write_drift_reference, write_selection
+from ensemble_core.runs.storage.records import (
+    write_accuracy_reference,
+    write_decisions,
+    write_drift_reference,
+    write_selection,
+)
 from ensemble_core.selection import Selection, select_members, selection_record
 
 log = logging.getLogger(__name__)
@@ -96,6 +102,7 @@ def select(
             warn_without_decisions(cfg)
             write_decisions(run, None)
             write_drift_reference(run, None)
+            write_accuracy_reference(run, None)
             return None
         pool_cfg, members = load_pool(cfg, run.path, dataset.num_classes, dataset.image_shape, strategy=strategy)
         rules = fit_decisions(
@@ -152,7 +159,9 @@ def fit_decisions(
     predictions ``validation`` (``(member_probs [E, N_val, C], labels)``). None when the
     config asks for none (and the run's ``drift_reference.json`` is removed). Writes the
     same predictions' drift reference (:func:`ensemble_core.drift_tests.reference_from`)
-    to ``drift_reference.json``, what later drift tests compare new data with.
+    to ``drift_reference.json``, what later drift tests compare new data with, and the
+    label-free accuracy estimators fitted on them
+    (:func:`ensemble_core.accuracy_estimation.fit_reference`) to ``accuracy_reference.json``.
 
     Args:
       picks: the pool rows of the ensemble, one per pick (a member picked twice counts twice,
@@ -162,6 +171,7 @@ def fit_decisions(
     if split is None:
         warn_without_decisions(cfg)
         write_drift_reference(RunDir(Path(run_dir)), None)
+        write_accuracy_reference(RunDir(Path(run_dir)), None)
         return None
     if split == "validation" and validation is not None:
         probs, labels = validation
@@ -171,8 +181,9 @@ def fit_decisions(
     chosen = probs[np.asarray(picks, np.int64)]
     ensemble = ensemble_probs(chosen, np.ones(len(chosen), bool), temperature)
     rules = fit_rules(ensemble, labels, cfg.prediction_sets, cfg.abstention, split, member_probs=chosen)
-    # The same predictions are the reference of later drift tests against this ensemble.
+    # The same predictions are the reference of later drift tests and accuracy estimates.
     write_drift_reference(RunDir(Path(run_dir)), reference_from(chosen, temperature).to_dict())
+    write_accuracy_reference(RunDir(Path(run_dir)), fit_reference(chosen, labels, temperature).to_dict())
     return dataclasses.replace(rules, lineage=split_lineage(cfg, dataset, split))
 
 

@@ -10,6 +10,10 @@ A run directory ``<output_dir>/<run_name>/``::
     corrupt-checkpoints/     unreadable steps set aside on resume
     predictions.npz          the test evaluator's member probabilities (evaluation/evaluate.py)
     selection.json           the members and temperature the select stage chose (records.py)
+    decisions.json, drift_reference.json, accuracy_reference.json
+                             what the select stage fitted on the calibration split: the
+                             prediction sets and abstention, the drift tests' reference, the
+                             label-free accuracy estimators (records.py)
     stratified/              a hyper-deep ensemble's stratified pool: plan.json and a run
                              directory's .lock, checkpoints/, groups/
     eval/<evaluator>.npz     every other evaluator's arrays
@@ -20,7 +24,8 @@ A run directory ``<output_dir>/<run_name>/``::
                              (training/launcher.py)
 
 The output directory ``<output_dir>/`` also holds the champion state (champion_record.py):
-``champion.json``, ``history.jsonl``, ``corrupt-state/`` and ``.champion-state.lock``.
+``champion.json``, ``history.jsonl``, ``corrupt-state/`` and ``.champion-state.lock``, and
+what the monitor flow recorded of unlabelled drops, ``monitoring/`` (runs/monitoring/).
 
 Every file the run layer writes goes through :func:`ensemble_core.atomic.atomic_write`: a synced temporary
 file in the same directory, then ``os.replace``, so a reader sees the old file or the
@@ -43,9 +48,10 @@ RUN_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 CHAMPION_FILE = "champion.json"
 HISTORY_FILE = "history.jsonl"
 CORRUPT_STATE_DIR = "corrupt-state"
+MONITORING_DIR = "monitoring"
 #: The names the output directory uses for itself (besides dot files, which a run name
 #: cannot start with): no run may be named so (compared without case, as on macOS).
-RESERVED_NAMES = (CHAMPION_FILE, HISTORY_FILE, CORRUPT_STATE_DIR)
+RESERVED_NAMES = (CHAMPION_FILE, HISTORY_FILE, CORRUPT_STATE_DIR, MONITORING_DIR)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +142,12 @@ class RunDir:
         return self.path / "drift_reference.json"
 
     @property
+    def accuracy_reference_json(self) -> Path:
+        """What the label-free accuracy estimators fitted on the calibration split
+        (:class:`ensemble_core.accuracy_estimation.Reference`): what monitoring estimates with."""
+        return self.path / "accuracy_reference.json"
+
+    @property
     def decisions_json(self) -> Path:
         """The ensemble's prediction sets and abstention threshold, fitted on the calibration
         split by the select stage (what prediction applies)."""
@@ -201,6 +213,13 @@ class OutputDir:
     @property
     def champion_lock(self) -> Path:
         return self.path / ".champion-state.lock"
+
+    @property
+    def monitoring(self) -> Path:
+        """``monitoring/``: what the monitor flow recorded of each unlabelled drop
+        (:mod:`ensemble_core.runs.monitoring`): ``history.jsonl``, ``history.png``, and
+        ``<night>.json`` / ``<night>.md`` per drop."""
+        return self.path / MONITORING_DIR
 
 
 # MARK: checks of the places a run writes to

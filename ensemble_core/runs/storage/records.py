@@ -22,6 +22,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ensemble_core.accuracy_estimation import Reference
 from ensemble_core.atomic import atomic_write_json
 from ensemble_core.decisions import DecisionRules
 from ensemble_core.drift_tests import DriftReference
@@ -175,6 +176,29 @@ def read_drift_reference(run: RunDir) -> DriftReference | None:
         DriftReference.from_dict,
         "a drift reference",
         "drift tests against this run are skipped",
+    )
+
+
+def write_accuracy_reference(run: RunDir, record: dict | None) -> None:
+    """Write the run's ``accuracy_reference.json`` (the select stage):
+    :meth:`ensemble_core.accuracy_estimation.Reference.to_dict`; None removes the file."""
+    write_or_remove(run.accuracy_reference_json, record)
+
+
+def read_accuracy_reference(run: RunDir) -> Reference | None:
+    """The label-free accuracy estimators' reference fitted on the run's calibration split,
+    or None when absent (a run without a calibration split, or older). A damaged file is
+    set aside: monitoring then uses only the estimators that need no reference.
+
+    Raises:
+      OSError: the file exists but cannot be read or moved (I/O failure).
+    """
+    return read_record(
+        run,
+        run.accuracy_reference_json,
+        Reference.from_dict,
+        "an accuracy reference",
+        "monitoring estimates the accuracy without the fitted estimators (ATC, DoC) until the run is evaluated again",
     )
 
 
