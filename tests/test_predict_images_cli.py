@@ -1,11 +1,13 @@
 """``python -m flows.predict`` on a folder of PNGs: one name per image printed, the table
 written beside the .npz, its names equal to those predicted from the same images as an
 array; the table and summary published as Prefect artifacts; a bad file refused in one
-line before Prefect starts."""
+line before Prefect starts. ``python -m flows.monitor`` on the same run (its Prefect server
+and trained run shared here): a clean drop quiet, a noisy one flagged, both in the history."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
 import pandas as pd
@@ -31,11 +33,19 @@ def prefect_server():
 
 @pytest.fixture(scope="module")
 def tiny_run(tfds_dir, tmp_path_factory):
-    """A trained tiny run (mnist5k, 28x28 grey) and 12 of its test digits, uint8 [12, 28, 28, 1]."""
+    """A trained tiny run (mnist5k, 28x28 grey, 3 epochs of 800 digits; 200 held out as the calibration split, the
+    monitor's reference) and 12 of its test digits, uint8 [12, 28, 28, 1]."""
     from ensemble_core import runs
     from ensemble_core.data import load_split
 
-    cfg = tiny_config(tfds_dir, "retention.enabled=false")
+    cfg = tiny_config(
+        tfds_dir,
+        "retention.enabled=false",
+        "data.max_train_examples=1000",
+        "data.calibration_fraction=0.2",
+        "model.hidden_sizes=[64]",
+        "train.epochs=3",
+    )
     result = runs.run(cfg, tmp_path_factory.mktemp("out"), "r")
     info = runs.prepare(cfg.data)
     images, _ = load_split(info.name, "test", info.tfds_data_dir)
@@ -135,3 +145,50 @@ def test_a_bad_file_in_the_folder_is_refused_in_one_line_before_prefect(tiny_run
     assert rc == 2 and len(errors) == 1, err
     assert repr(str(folder / "d01.png")) in errors[0] and "(1 image file bad)" in errors[0] and "fix:" in errors[0]
     assert "Traceback" not in err and not out.exists() and not (tmp_path / "p.csv").exists()
+
+
+def test_monitor_cli_clean_drop_quiet_noisy_drop_flagged(prefect_server, tiny_run, tmp_path, capsys):
+    """Two nights through ``python -m flows.monitor``: 200 test digits (an .npy), then the
+    same digits under heavy Gaussian noise. The clean night does not reject at alpha 0.05,
+    the noisy one does; each prints its summary and its record's path last; the headline
+    estimate is the members' agreement computed here from the night's saved member
+    probabilities; the history holds both nights and its plot is written."""
+    from ensemble_core import data
+    from flows.monitor import main
+
+    run_dir, _ = tiny_run
+    images, labels = data.read_mnist5k_csv()
+    digits = images[data.mnist5k_split_indices(labels)[1][:200]]
+    noisy = np.clip(digits + np.random.default_rng(0).normal(0, 110, digits.shape), 0, 255).astype(np.uint8)
+    out = tmp_path / "out"
+    records = {}
+    for name, images in (("clean", digits), ("noisy", noisy)):
+        np.save(tmp_path / f"{name}.npy", images)
+        args = ["--images", str(tmp_path / f"{name}.npy"), "--run-dir", str(run_dir), "--output-dir", str(out)]
+        rc = main([*args, "--night", name])
+        lines = capsys.readouterr().out.strip().splitlines()
+        record_path = out / "monitoring" / f"{name}.json"
+        assert rc == 0 and lines[-1] == str(record_path), lines[-8:]
+        records[name] = json.loads(record_path.read_text())
+        verdict = "DRIFT" if name == "noisy" else "no drift"
+        assert any(line.startswith(f"drift tests (Holm, alpha 0.05): {verdict};") for line in lines), lines[-8:]
+        with np.load(records[name]["predictions"]) as f:
+            votes = f["member_probs"].argmax(-1)
+        assert records[name]["accuracy"]["estimator"] == "disagreement"
+        assert records[name]["accuracy"]["estimate"] == pytest.approx(np.mean(votes[0] == votes[1]))
+    assert records["clean"]["drifted"] is False and records["noisy"]["drifted"] is True
+    history = [json.loads(line) for line in (out / "monitoring" / "history.jsonl").read_text().splitlines()]
+    assert [(r["night"], r["drifted"]) for r in history] == [("clean", False), ("noisy", True)]
+    assert (out / "monitoring" / "history.png").stat().st_size > 0
+
+
+def test_monitor_cli_refuses_bad_input_in_one_line_before_prefect(tiny_run, tmp_path, capsys):
+    from flows.monitor import main
+
+    run_dir, images = tiny_run
+    np.save(tmp_path / "d.npy", images)
+    rc = main(["--images", str(tmp_path / "d.npy"), "--run-dir", str(run_dir), "--alpha", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip().startswith("error: alpha 2.0 is not in (0, 1)") and "fix:" in err, err
+    rc = main(["--images", str(tmp_path / "d.npy"), "--run-dir", str(run_dir), "--night", "../x"])
+    assert rc == 2 and "letters, digits" in capsys.readouterr().err
