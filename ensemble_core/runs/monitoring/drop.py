@@ -21,7 +21,7 @@ The default estimator (``"auto"``, :data:`ESTIMATOR_PREFERENCE`): the members'
 disagreement (Jiang et al. 2022) when the ensemble has two members or more, else DoC
 (Guillory et al. 2021) when the run has a fitted reference, else the average confidence.
 Why: on the Fashion-MNIST ensemble's 75 corruption cells its mean absolute error was the
-smallest of the seven (docs/evaluation.md, "Estimated accuracy without labels"), and it
+smallest of the seven (docs/evaluation.md, "Label-free accuracy estimates"), and it
 needs no labelled reference; DoC was the best single-model estimator there.
 """
 
