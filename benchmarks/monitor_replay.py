@@ -57,6 +57,8 @@ OUT = ROOT / "benchmarks" / "results" / "monitor-replay-fashion-mnist-cpu-2core.
 CORRUPTIONS = ("gaussian_noise", "contrast", "fog")
 SEVERITIES = (1, 2, 3, 4, 5)
 DRIFT_EVENT, SOURCE_LABEL, SOURCE = "data.drift", "ensemble-pipeline.source", "monitor"
+#: The drift tests' names in the per-night table.
+SHORT = {"predictive_entropy": "H", "mutual_information": "MI", "predicted_class": "cls"}
 
 
 class ReplayError(RuntimeError):
@@ -177,11 +179,15 @@ def drift_events(output_dir: Path, since: datetime, expected: int, wait_s: float
                     occurred=EventOccurredFilter(since=since, until=datetime.now(UTC) + timedelta(minutes=5)),
                     event=EventNameFilter(name=[DRIFT_EVENT]),
                 ),
-                limit=200,
+                limit=50,  # the server's most per page
             )
+            found = list(page.events)
+            while page.next_page is not None:
+                page = client.read_events_page(str(page.next_page))
+                found += page.events
             mine = [
                 {"night": e.payload.get("night"), "occurred": e.occurred.isoformat(), "id": str(e.id)}
-                for e in page.events
+                for e in found
                 if e.resource.get(SOURCE_LABEL) == SOURCE and e.payload.get("output_dir") == str(output_dir.absolute())
             ]
             stable = stable + 1 if len(mine) == len(seen) and len(mine) >= expected else 0
@@ -255,7 +261,7 @@ def replay_nights(
 
 def line(row: dict[str, Any]) -> str:
     """One night as a table line."""
-    ps = " ".join(f"{k[:7]}={v:.2g}" for k, v in row["p_adjusted"].items())
+    ps = " ".join(f"{SHORT.get(k, k)}={v:<8.2g}" for k, v in row["p_adjusted"].items())
     abst = "   -  " if row["abstention_rate"] is None else f"{row['abstention_rate']:6.1%}"
     sets = "  -  " if row["mean_set_size"] is None else f"{row['mean_set_size']:5.2f}"
     return (

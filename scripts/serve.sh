@@ -3,8 +3,8 @@
 # process work pool, every deployment in prefect.yaml, and a worker. scripts/stop.sh
 # stops exactly the processes started here (their process groups, by the saved pids).
 #
-# It also creates the automation of flows/automations.py (a crashed run is run again and
-# resumes from its checkpoint) and starts the reconciler of flows/reconcile.py (a run whose
+# It also creates the automations of flows/automations.py (a crashed run is run again and
+# resumes from its checkpoint; the monitor flow's data.drift starts a retraining) and starts the reconciler of flows/reconcile.py (a run whose
 # heartbeats stop is marked crashed; a crashed run nothing rescheduled is rescheduled).
 # Logs are appended to, never truncated, so what happened before a restart stays readable.
 #

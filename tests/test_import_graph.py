@@ -23,6 +23,7 @@ RUN_LAYERS = (
     ("ensemble",),
     ("evaluation",),
     ("prediction",),
+    ("monitoring",),
     ("champion",),
     ("report",),
     ("preflight",),
