@@ -250,6 +250,7 @@ def replay_nights(
                 "drifted": record["drifted"],
                 "abstention_rate": record["abstention_rate"],
                 "mean_set_size": record["mean_set_size"],
+                "empty_set_rate": record["empty_set_rate"],
                 "not_computed": record.get("not_computed", []),
                 "seconds": seconds,
             }

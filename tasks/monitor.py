@@ -55,7 +55,8 @@ def score_drop(plan: monitor.MonitorPlan, images: list[str], alpha: float, estim
 
 def event_payload(record: dict[str, Any], plan: monitor.MonitorPlan) -> dict[str, Any]:
     """What the night's events carry: the figures, where the champion lives (``output_dir``,
-    absolute) and ``retrain_config``, the run's own config (what a retraining trains)."""
+    absolute) and ``retrain_config`` (:func:`ensemble_core.runs.monitoring.monitor.retrain_config`:
+    what a retraining trains)."""
     return {
         "night": record["night"],
         "champion_run": record["champion_run"],
@@ -68,7 +69,7 @@ def event_payload(record: dict[str, Any], plan: monitor.MonitorPlan) -> dict[str
         "abstention_rate": record["abstention_rate"],
         "report": record["report"],
         "output_dir": str(Path(plan.output_dir).absolute()),
-        "retrain_config": run_meta(plan.run_dir)["config"],
+        "retrain_config": monitor.retrain_config(plan),
     }
 
 

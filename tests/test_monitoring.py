@@ -96,7 +96,11 @@ def test_headline_estimator_falls_back_for_one_member_or_no_reference(references
     night = drop.summarize(_result(ref[:, :50], decisions=False), None, None)
     assert set(night["accuracy"]["estimates"]) == {"average_confidence", "agreement_with_ensemble", "disagreement"}
     assert night["drift"] is None and night["abstention_rate"] is None
-    assert len(night["not_computed"]) == 2
+    assert [line.split(":")[0] for line in night["not_computed"]] == [
+        "fitted estimators (ATC, DoC, agreement_corrected)",
+        "drift tests",
+        "abstention and prediction sets",
+    ]
 
 
 def test_refusals_name_the_problem(references):
@@ -116,6 +120,27 @@ def test_refusals_name_the_problem(references):
     assert drop.night_id("my drop/../x", __import__("datetime").datetime(2026, 1, 2, 3, 4, 5)) == (
         "20260102T030405Z-my-drop-..-x"
     )
+
+
+def test_references_of_another_temperature_are_refused_either_way(references):
+    ref, drift_ref, acc_ref = references
+    scaled = _result(ref[:, :50])
+    scaled["temperature"] = np.float32(1.5)  # the ensemble scaled, the references fitted without
+    with pytest.raises(DataError, match="temperature None, its ensemble now has 1.5"):
+        drop.summarize(scaled, drift_ref, acc_ref)
+    unscaled = _result(ref[:, :50])  # the references fitted with a temperature, the ensemble without
+    with pytest.raises(DataError, match="temperature 2.0, its ensemble now has None"):
+        drop.summarize(unscaled, reference_from(ref, 2.0), None)
+
+
+def test_empty_prediction_sets_are_counted_apart_from_the_mean_size(references):
+    _, drift_ref, acc_ref = references
+    rng = np.random.default_rng(3)
+    result = _result(_members(rng, 3, 100, 4, 0.3))
+    sizes = result["prediction_set"].sum(1)
+    night = drop.summarize(result, drift_ref, acc_ref)
+    assert night["empty_set_rate"] == pytest.approx(np.mean(sizes == 0)) and night["empty_set_rate"] > 0
+    assert night["mean_set_size"] == pytest.approx(sizes.mean())
 
 
 def _row(night: str, estimate: float, drifted: bool) -> dict:

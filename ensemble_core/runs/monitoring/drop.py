@@ -152,7 +152,9 @@ def summarize(
       ``n_images``; ``accuracy``: ``{"estimator", "estimate", "estimates": {name: fraction}}``;
       ``drift``: the :func:`~ensemble_core.drift_tests.drift_tests` result or None;
       ``drifted`` (bool: a test rejected at ``alpha`` after Holm), ``alpha``;
-      ``abstention_rate`` and ``mean_set_size`` (None without decision rules);
+      ``abstention_rate``, ``mean_set_size`` and ``empty_set_rate`` (the fraction of
+      empty prediction sets, which LAC allows: an empty set means no class is plausible,
+      so under shift the mean set size can *fall*; None without decision rules);
       ``class_counts``, ``class_frequencies`` ({class name: fraction of the drop}),
       ``reference_class_frequencies`` (of the calibration split; None without it);
       ``not_computed``: why a figure is missing.
@@ -173,9 +175,13 @@ def summarize(
     temperature = None if math.isnan(raw_t) else raw_t
     not_computed: list[str] = []
     for ref in (drift_reference, accuracy_reference):
-        if ref is None or temperature is None:
+        if ref is None or (ref.temperature is None and temperature is None):
             continue
-        if ref.temperature is None or not math.isclose(ref.temperature, temperature, rel_tol=1e-6):
+        if (
+            ref.temperature is None
+            or temperature is None
+            or not math.isclose(ref.temperature, temperature, rel_tol=1e-6)
+        ):
             raise DataError(
                 f"the run's references were fitted with temperature {ref.temperature}, its ensemble now has "
                 f"{temperature}",
@@ -191,13 +197,21 @@ def summarize(
             f"{accuracy_reference.n_classes} classes, the ensemble {members} and {classes}"
         )
         accuracy_reference = None
-    if accuracy_reference is None and estimator not in (AUTO, *REFERENCE_FREE):
-        not_computed.append("fitted estimators: the run has no accuracy reference (no calibration split)")
+    elif accuracy_reference is None:
+        not_computed.append(
+            "fitted estimators (ATC, DoC, agreement_corrected): the run has no accuracy_reference.json "
+            "(no calibration split, or evaluated before this release: rerun its run name)"
+        )
     chosen = choose_estimator(estimator, members, accuracy_reference)
     estimates = estimate_all(accuracy_reference, member_probs, t_acc if accuracy_reference is not None else temperature)
     drift = None
     if drift_reference is None:
         not_computed.append("drift tests: the run has no drift reference (no calibration split)")
+    elif drift_reference.members != members or len(drift_reference.class_counts) != classes:
+        not_computed.append(
+            f"drift tests: the reference has {drift_reference.members} members and "
+            f"{len(drift_reference.class_counts)} classes, the ensemble {members} and {classes}"
+        )
     else:
         drift = drift_tests(drift_reference, member_probs, alpha, t_drift)
     abstain = result.get("abstain")
@@ -214,6 +228,7 @@ def summarize(
         "alpha": float(alpha),
         "abstention_rate": None if abstain is None else float(np.mean(abstain)),
         "mean_set_size": None if sets is None else float(np.asarray(sets).sum(1).mean()),
+        "empty_set_rate": None if sets is None else float((np.asarray(sets).sum(1) == 0).mean()),
         "class_counts": {name: int(c) for name, c in zip(names, counts, strict=True)},
         "class_frequencies": _frequencies(counts, names),
         "reference_class_frequencies": None
@@ -248,6 +263,7 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
     if record.get("abstention_rate") is not None:
         lines.append(
             f"abstention rate {record['abstention_rate']:.1%}, mean prediction-set size {record['mean_set_size']:.2f}"
+            f" ({record.get('empty_set_rate') or 0:.1%} empty)"
         )
     top = sorted(record["class_frequencies"].items(), key=lambda kv: -kv[1])[:5]
     lines.append("predicted classes: " + ", ".join(f"{k} {v:.1%}" for k, v in top))
@@ -297,6 +313,7 @@ def report_markdown(record: dict[str, Any]) -> str:
             "",
             f"- abstention rate: {record['abstention_rate']:.1%}",
             f"- mean prediction-set size: {record['mean_set_size']:.2f}",
+            f"- empty prediction sets (no class plausible): {record.get('empty_set_rate') or 0:.1%}",
             "",
         ]
     ref = record.get("reference_class_frequencies") or {}

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 HISTORY_FILE = "history.jsonl"
 PLOT_FILE = "history.png"
+#: The plot draws smaller p-values at this floor (the axis says so); the rows keep them exact.
+P_FLOOR = 1e-16
 
 
 def monitoring_dir(output_dir: str | Path) -> Path:
@@ -41,7 +43,7 @@ def history_row(record: dict[str, Any]) -> dict[str, Any]:
     """What the history keeps of a night's record: ``night``, ``time``, ``champion_run``,
     ``n_images``, ``estimator``, ``estimate``, ``estimates``, ``p_values`` (Holm-adjusted,
     per test), ``drifted``, ``alpha``, ``abstention_rate``, ``mean_set_size``,
-    ``class_frequencies``."""
+    ``empty_set_rate``, ``class_frequencies``."""
     acc = record["accuracy"]
     return {
         "night": record["night"],
@@ -56,6 +58,7 @@ def history_row(record: dict[str, Any]) -> dict[str, Any]:
         "alpha": record["alpha"],
         "abstention_rate": record.get("abstention_rate"),
         "mean_set_size": record.get("mean_set_size"),
+        "empty_set_rate": record.get("empty_set_rate"),
         "class_frequencies": record["class_frequencies"],
     }
 
@@ -113,7 +116,8 @@ def append_history(output_dir: str | Path, row: dict[str, Any]) -> list[dict[str
 def plot_history(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """Two panels over the nights (x: night index, labelled by the night's id): the
     headline estimated accuracy (%); each drift test's Holm-adjusted p-value (log scale)
-    with the nights' ``alpha`` as a dashed line, drifted nights marked in red. Saved with
+    with the nights' ``alpha`` as a dashed line (p-values below :data:`P_FLOOR` drawn at
+    it), drifted nights marked in red. Saved with
     :func:`ensemble_core.plotting.save`.
 
     Raises:
@@ -131,7 +135,7 @@ def plot_history(rows: list[dict[str, Any]], path: str | Path) -> Path:
     tests = sorted({name for r in rows for name in r.get("p_values", {})})
     for i, name in enumerate(tests):
         ys = [r.get("p_values", {}).get(name) for r in rows]
-        pts = [(xi, max(y, 1e-16)) for xi, y in zip(x, ys, strict=True) if y is not None]
+        pts = [(xi, max(y, P_FLOOR)) for xi, y in zip(x, ys, strict=True) if y is not None]
         if pts:
             bottom.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{i + 1}", label=name)
     alphas = [r["alpha"] for r in rows]
@@ -141,7 +145,7 @@ def plot_history(rows: list[dict[str, Any]], path: str | Path) -> Path:
             top.axvspan(xi - 0.4, xi + 0.4, color="red", alpha=0.12)
             bottom.axvspan(xi - 0.4, xi + 0.4, color="red", alpha=0.12)
     bottom.set_yscale("log")
-    bottom.set_ylabel("Holm-adjusted p-value")
+    bottom.set_ylabel(f"Holm-adjusted p-value\n(below {P_FLOOR:g} drawn at it)")
     bottom.legend(fontsize=7, loc="lower left")
     bottom.grid(alpha=0.3)
     bottom.set_xticks(x)

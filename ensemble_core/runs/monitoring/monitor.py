@@ -24,6 +24,7 @@ from ensemble_core.errors import DataError
 from ensemble_core.runs.monitoring import drop, history
 from ensemble_core.runs.prediction import files as prediction
 from ensemble_core.runs.prediction.inputs import output_stem
+from ensemble_core.runs.storage.champion_record import read_champion
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,3 +141,14 @@ def monitor_drop(
     rows_so_far = history.append_history(plan.output_dir, history.history_row(record))
     history.plot_history(rows_so_far, history.monitoring_dir(plan.output_dir) / history.PLOT_FILE)
     return record
+
+
+def retrain_config(plan: MonitorPlan) -> dict[str, Any]:
+    """The config a retraining after this night trains with: the champion record's (the
+    config of the session that made it champion, which also fitted its decision rules) when
+    the night was scored by the champion, else the run's checkpoint config."""
+    if plan.champion_run is not None:
+        record = read_champion(plan.output_dir)
+        if record is not None and record.get("run_name") == plan.champion_run and record.get("config"):
+            return dict(record["config"])
+    return dict(prediction.run_meta(plan.run_dir)["config"])
