@@ -184,3 +184,16 @@ def test_report_and_history_row_carry_the_figures(references):
     md = drop.report_markdown(record)
     assert "**disagreement** (headline)" in md and "| predictive_entropy | ks_2samp |" in md
     assert any(line.startswith("drift tests (Holm, alpha 0.05)") for line in drop.summary_lines(record))
+
+
+def test_retention_leaves_the_monitoring_directory_alone(tmp_path):
+    """The history's lock file (``monitoring/.lock``) once made retention count the folder
+    as an unfinished run; it is the output directory's own, like ``corrupt-state``."""
+    from ensemble_core.config.nightly_section import RetentionConfig
+    from ensemble_core.runs.champion.retention import apply_retention
+
+    history.append_history(tmp_path, _row("n1", 0.9, False))
+    assert (tmp_path / "monitoring" / ".lock").exists()
+    report = apply_retention(tmp_path, RetentionConfig())
+    assert "monitoring" not in report.kept and not report.pruned
+    assert history.read_history(tmp_path)[0]["night"] == "n1"

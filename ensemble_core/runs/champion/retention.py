@@ -57,7 +57,8 @@ log = logging.getLogger(__name__)
 TRASH = ".retention-trash"
 #: The record a pruned run keeps of what was removed and when.
 PRUNED_FILE = "pruned.json"
-#: A child directory of the output directory (not hidden, not ``corrupt-state``) holding one of these is a run.
+#: A child directory of the output directory (not hidden, not ``corrupt-state`` or
+#: ``monitoring``) holding one of these is a run.
 _RUN_MARKERS = (".lock", "checkpoints", "report.json", "groups")
 
 KeptReason = Literal["champion", "recent", "in progress", "unfinished"]
@@ -202,7 +203,7 @@ def _scan(out: Path) -> tuple[list[_Run], list[str]]:
     runs: list[_Run] = []
     skipped: list[str] = []
     for child in sorted(out.iterdir()):
-        if child.name.startswith(".") or child == layout.corrupt_state:
+        if child.name.startswith(".") or child in (layout.corrupt_state, layout.monitoring):
             continue
         try:
             if child.is_symlink() or not child.is_dir() or not any((child / m).exists() for m in _RUN_MARKERS):
