@@ -457,11 +457,15 @@ def test_an_image_folder_trains_through_the_cli_and_a_new_class_is_refused(tmp_p
     assert "bolt: " in (tmp_path / "runs" / "first" / "report.md").read_text()
 
     write_folder(root, {"spring": 12}, size=(14, 14), seed=9)
+    snapshots = tmp_path / "tfds" / "snapshots" / "shelf"
+    prepared = sorted(p.name for p in snapshots.iterdir())
     refused = _cli([*common, "--run-name", "second"], prefect_api)
     assert refused.returncode == 2, refused.stderr[-3000:]
     (line,) = [ln for ln in refused.stderr.splitlines() if ln.startswith("error:")]
     assert "class 'spring' is new since champion first" in line and "nightly.when_classes_change: retrain" in line
     assert not (tmp_path / "runs" / "second" / "checkpoints").exists()
+    # refused from the folder names alone: the changed folder was never decoded into a snapshot
+    assert sorted(p.name for p in snapshots.iterdir()) == prepared
 
     # the same config with when_classes_change=retrain, in this process (the command line's
     # part, the one-line refusal, is above): a new head that replaces the champion

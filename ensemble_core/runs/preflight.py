@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from ensemble_core.ensemble_setup import plan, resolve_strategy
 from ensemble_core.errors import ConfigError
 from ensemble_core.models import check_model, import_model_function, is_import_path, model_options
 from ensemble_core.networks import build_network, members_per_network
+from ensemble_core.runs.champion.retraining import check_folder_class_map
 from ensemble_core.runs.dataset import num_calibration, num_train, num_validation, prepare
 from ensemble_core.runs.ensemble.pool import saved_plan, stratified_config
 from ensemble_core.runs.evaluation.figure_check import check_promotion_figure
@@ -21,6 +23,8 @@ from ensemble_core.runs.storage.layout import RunDir, run_dir_for
 from ensemble_core.runs.storage.lock import ensure_unlocked
 from ensemble_core.runs.storage.resume import check_resumable
 from ensemble_core.runs.training.launcher import check_mesh_spans_processes
+
+log = logging.getLogger(__name__)
 
 SCHEDULER_TIMEOUT_S = 5.0  # how long preflight waits for distributed.address to accept a connection
 
@@ -126,7 +130,10 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
     model_options(cfg.model)
     if is_import_path(cfg.model.name):  # the path imports and names a function, before the dataset
         import_model_function(cfg.model.name)
+    if not run.has_checkpoint():  # as runs.run: a resumed run keeps its class map
+        check_folder_class_map(cfg, output_dir)  # a new class folder: refused before anything is decoded
     dataset = prepare(cfg.data)
+    warn_classes_without_test_images(dataset)
     check_against_dataset(cfg, dataset)
     evaluators.check_data(cfg, dataset)  # OOD sets that can be made for this dataset
     check_promotion_figure(cfg, dataset)
@@ -148,6 +155,37 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
         if meta is not None:
             check_resumable(meta, where_cfg, where.path, members)
     return dataset
+
+
+def warn_classes_without_test_images(dataset: DatasetInfo) -> list[str]:
+    """One warning naming the classes the run trains on that have no test example (an
+    image folder whose ``test/`` lacks their folder): their accuracy and calibration are
+    not measured, and the test figures average over the other classes only.
+
+    Returns:
+      those classes' names, in label order ([] when every class has test examples, or the
+      dataset has no per-class counts).
+    """
+    snap = dataset.snapshot
+    counts = None if snap is None else snap.class_counts.get("test")
+    if not counts:
+        return []
+    kept = dataset.class_indices if dataset.class_indices is not None else range(len(counts))
+    names = dataset.class_names or tuple(str(i) for i in kept)
+    missing = [names[k] for k, i in enumerate(kept) if i >= len(counts) or counts[i] == 0]
+    if missing:
+        log.warning(
+            "class%s %s ha%s no test images (the test split holds none): %s accuracy and calibration are not "
+            "measured and the test figures cover the other classes only; fix: add %s folder%s under the test "
+            "folder, or remove the test folder so that 20%% of each class's training images are held out",
+            "es" if len(missing) > 1 else "",
+            ", ".join(repr(m) for m in missing),
+            "ve" if len(missing) > 1 else "s",
+            "their" if len(missing) > 1 else "its",
+            "their" if len(missing) > 1 else "its",
+            "s" if len(missing) > 1 else "",
+        )
+    return missing
 
 
 def stratified_checkpoints(cfg: PipelineConfig, run: RunDir) -> list[tuple[RunDir, int, PipelineConfig]]:

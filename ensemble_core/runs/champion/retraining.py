@@ -13,6 +13,7 @@ carries the champion's data snapshot and config) and the new data snapshot:
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from ensemble_core import diskspace
 from ensemble_core import drift as drift_lib
 from ensemble_core.atomic import atomic_write_json
 from ensemble_core.config import PipelineConfig
-from ensemble_core.data import DatasetInfo, DataSnapshot, keep_classes, load_split
+from ensemble_core.data import DatasetInfo, DataSnapshot, keep_classes, load_split, resolve_classes
 from ensemble_core.drift_tests import drift_tests
 from ensemble_core.errors import DataError, EnsembleError
 from ensemble_core.runs.champion.promotion import (
@@ -106,6 +107,57 @@ def check_class_map(cfg: PipelineConfig, dataset: DatasetInfo, output_dir: str |
     if cfg.nightly.when_classes_change == "retrain":
         log.warning("class map %s -> %s: a new head (nightly.when_classes_change=retrain)", before, now)
         return
+    raise class_map_refusal(current["run_name"], before, now)
+
+
+def folder_class_names(cfg: PipelineConfig) -> tuple[str, ...] | None:
+    """The class map an image folder (``data.source: image_folder``) will have, from its
+    folder names alone (nothing opened or decoded): the visible folders of
+    ``<data.path>/train``, sorted by name as the folder's scan sorts them, of the classes
+    ``data.classes`` keeps. None for another source, or a folder the scan itself will
+    refuse (missing, unreadable, fewer than two classes, ``data.classes`` that do not
+    resolve): preparation then says why."""
+    if cfg.data.source != "image_folder" or cfg.data.path is None:
+        return None
+    try:
+        with os.scandir(Path(cfg.data.path) / "train") as it:
+            names = tuple(sorted(e.name for e in it if not e.name.startswith(".") and e.is_dir()))
+    except OSError:
+        return None
+    if len(names) < 2:
+        return None
+    if not cfg.data.classes:
+        return names
+    try:
+        return tuple(names[i] for i in resolve_classes(cfg.data.classes, names, len(names)))
+    except EnsembleError:
+        return None
+
+
+@diskspace.output_errors("output_dir")
+def check_folder_class_map(cfg: PipelineConfig, output_dir: str | Path) -> None:
+    """:func:`check_class_map` for an image folder *before* anything is decoded: its class
+    map read from its folder names (:func:`folder_class_names`), so a class folder that
+    appeared is refused in a second, not after the whole folder is decoded and snapshotted.
+    Refuses only (``nightly.when_classes_change: retrain`` is left to :func:`check_class_map`,
+    which also covers every other source after preparation).
+
+    Raises:
+      DataError: as :func:`check_class_map`.
+    """
+    if cfg.nightly.when_classes_change != "refuse" or not cfg.promotion.enabled:
+        return
+    now = folder_class_names(cfg)
+    current = read_champion(output_dir) if now is not None else None
+    before = None if current is None else champion_class_names(current)
+    if now is None or current is None or before is None or tuple(before) == now:
+        return
+    raise class_map_refusal(current["run_name"], tuple(before), now)
+
+
+def class_map_refusal(champion_run: str, before: tuple[str, ...], now: tuple[str, ...]) -> DataError:
+    """The one-line refusal of a class map that differs from the champion's: the first
+    class that appeared (or else disappeared, or moved to another label), both maps, the fix."""
     added, removed = [c for c in now if c not in before], [c for c in before if c not in now]
     if added:
         what = f"class '{added[0]}' is new"
@@ -114,8 +166,8 @@ def check_class_map(cfg: PipelineConfig, dataset: DatasetInfo, output_dir: str |
     else:
         moved = next(c for i, c in enumerate(now) if i >= len(before) or before[i] != c)
         what = f"class '{moved}' has another label"
-    raise DataError(
-        f"{what} since champion {current['run_name']} ({len(before)} classes: {', '.join(before)}; now "
+    return DataError(
+        f"{what} since champion {champion_run} ({len(before)} classes: {', '.join(before)}; now "
         f"{len(now)}: {', '.join(now)}), so this run's members would predict other classes than the champion's",
         fix="restore the class folders (or data.class_names, data.classes), or set "
         "nightly.when_classes_change: retrain to train a new head that replaces the champion",
