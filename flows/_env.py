@@ -4,6 +4,17 @@ On CPU the project runs members in parallel on simulated host devices (one per m
 up to 8). A user's own ``XLA_FLAGS`` always wins: the device-count flag is only added
 when ``XLA_FLAGS`` does not already set it. The same goes for the JAX compilation
 cache variables below: set them yourself to move or disable the cache.
+
+The project's loggers (``ensemble_core``, INFO and up) go to the flow run's logs in
+Prefect: through ``PREFECT_LOGGING_EXTRA_LOGGERS`` when Prefect is imported after this
+module (a command line), else attached to Prefect's handlers when a flow starts
+(:func:`attach_project_logger`; a deployment's flow-run process imports Prefect before the
+flow's module, and prefect.yaml sets the variable there too).
+
+TFDS's own output while a dataset is prepared (its progress bars, and its warnings that
+a variant folder has no ``dataset_info.json``, which it logs each time it checks whether a
+dataset not yet prepared is prepared) is off in the flows' processes
+(:func:`quiet_tfds`); set ``ENSEMBLE_TFDS_VERBOSE=1`` to see it.
 """
 
 from __future__ import annotations
@@ -16,8 +27,11 @@ from pathlib import Path
 
 from ensemble_core.config import HOST_DEVICES  # pydantic and numpy, no JAX
 
-__all__ = ["apply"]
+__all__ = ["TFDS_VERBOSE_ENV", "apply", "attach_project_logger", "quiet_tfds"]
 _FLAG = "--xla_force_host_platform_device_count"
+PROJECT_LOGGER = "ensemble_core"
+#: Set to ``1`` to see TFDS's progress bars and variant-folder warnings (:func:`quiet_tfds`).
+TFDS_VERBOSE_ENV = "ENSEMBLE_TFDS_VERBOSE"
 
 
 def apply() -> None:
@@ -31,13 +45,13 @@ def apply() -> None:
     warnings.filterwarnings("ignore", message="Failed to create the Prefect home directory", category=UserWarning)
     # Member groups on Dask: the scheduler's and workers' own INFO lines stay out of the run's log.
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
-    # Warnings of ensemble_core (a damaged checkpoint or champion pointer set aside) go to
-    # the flow run's logs too (effective when Prefect is imported after this module).
-    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "ensemble_core")
-    # ... and its progress lines (INFO: corrupted sets generated, snapshots written, runs
-    # pruned): Prefect gives the extra loggers its handlers but not a level, so they would
-    # inherit the root logger's WARNING.
-    logging.getLogger("ensemble_core").setLevel(logging.INFO)
+    # Warnings of ensemble_core (a damaged checkpoint or champion pointer set aside, files
+    # skipped) go to the flow run's logs too ...
+    _send_project_logs_to_prefect()
+    # ... and its progress lines (INFO: images decoded, corrupted sets generated, snapshots
+    # written, runs pruned): Prefect gives the extra loggers its handlers but not a level,
+    # so they would inherit the root logger's WARNING.
+    logging.getLogger(PROJECT_LOGGER).setLevel(logging.INFO)
     # JAX's persistent compilation cache, shared by every run of this user: a nightly
     # rerun of the same config loads its programs instead of compiling them again.
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache" / "ensemble-pipeline" / "jax"))
@@ -54,6 +68,76 @@ def apply() -> None:
         jax.config.update(
             "jax_persistent_cache_min_entry_size_bytes", int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"])
         )
+
+
+def _send_project_logs_to_prefect() -> None:
+    """``ensemble_core`` among Prefect's extra loggers (``PREFECT_LOGGING_EXTRA_LOGGERS``,
+    added to the user's list if it has one), which Prefect reads from the environment when
+    it is imported; and, if Prefect's logging is set up already, attached to its handlers
+    now (:func:`attach_project_logger`)."""
+    names = [n.strip() for n in os.environ.get("PREFECT_LOGGING_EXTRA_LOGGERS", "").split(",") if n.strip()]
+    if PROJECT_LOGGER not in names:
+        os.environ["PREFECT_LOGGING_EXTRA_LOGGERS"] = ",".join([*names, PROJECT_LOGGER])
+    attach_project_logger()
+
+
+def attach_project_logger() -> None:
+    """Give ``ensemble_core`` the handlers Prefect gives its extra loggers (those of
+    ``prefect.extra``: the API log handler), as ``PREFECT_LOGGING_EXTRA_LOGGERS`` would
+    have; nothing before Prefect has set up its logging. Idempotent.
+
+    The variable only works when it is set before Prefect is imported: Prefect reads its
+    settings at import and sets up its logging from them later. A deployment's flow-run
+    process imports Prefect before the flow's module (this one), so there the variable
+    came too late unless the deployment set it (prefect.yaml does); a flow calls this when
+    it starts (:class:`flows._services.PrefectServices`), so its logs reach the flow run
+    however it was started."""
+    project = logging.getLogger(PROJECT_LOGGER)
+    for handler in logging.getLogger("prefect.extra").handlers:
+        if handler not in project.handlers:
+            project.addHandler(handler)
+
+
+class _TfdsVariantLines(logging.Filter):
+    """Drops TFDS's ``Variant folder ... has no dataset_info.json`` (or ``features.json``, or
+    ``has invalid version``) and ``Skipping invalid variant directory`` warnings: TFDS logs
+    them whenever it checks whether a dataset not yet prepared is prepared (three times
+    for each dataset prepared), and they read like damage. A damaged prepared dataset is
+    reported by the project itself, in one line naming the fix
+    (:func:`ensemble_core.data.verify_prepared`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        return not (
+            "tensorflow_datasets" in (record.pathname or "")
+            and msg.startswith(("Variant folder ", "Skipping invalid variant directory"))
+        )
+
+
+_TFDS_FILTER = _TfdsVariantLines()
+
+
+def quiet_tfds() -> None:
+    """TFDS's progress bars (``tfds.display_progress_bar``) and its variant-folder warnings
+    (absl logging, :class:`_TfdsVariantLines`) off in this process, unless
+    ``ENSEMBLE_TFDS_VERBOSE=1``: the flows log the preparation themselves (``decoding
+    train: N/N images``, the files skipped, the snapshot prepared), in the console and in
+    the flow run's logs, where a progress bar is a screenful of carriage returns.
+
+    Called by a flow's module once its imports have imported TFDS (:mod:`ensemble_core.data`
+    does; :func:`apply` runs earlier, before JAX is imported, and imports neither).
+    Idempotent. TFDS's own two lines around a preparation (``Downloading and preparing dataset ...``,
+    ``Dataset ... downloaded and prepared``) are plain prints TFDS has no switch for; they stay.
+    """
+    if os.environ.get(TFDS_VERBOSE_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        return
+    import tensorflow_datasets as tfds
+    from absl import logging as absl_logging
+
+    tfds.display_progress_bar(False)
+    absl = absl_logging.get_absl_logger()
+    if _TFDS_FILTER not in absl.filters:
+        absl.addFilter(_TFDS_FILTER)
 
 
 apply()

@@ -16,7 +16,7 @@ computed or written.
 # ruff: noqa: I001  (flows._env must be imported before anything that imports JAX)
 from __future__ import annotations
 
-from flows import _env  # noqa: F401  (must precede every JAX import)
+from flows import _env  # must precede every JAX import
 
 import argparse
 import datetime as dt
@@ -50,6 +50,8 @@ from tasks.select import select_members
 from tasks.retraining import apply_retention, check_unchanged, detect_drift
 from tasks.stratify import stratify_stage
 from tasks.train import train_stage
+
+_env.quiet_tfds()  # TFDS is imported now (by ensemble_core.data): its progress bars off
 
 DEFAULT_OUTPUT_DIR = "runs"
 
@@ -134,6 +136,7 @@ def train_ensemble(
         distributed: Deprecated: use config.distributed.
     """
     services = _services.PrefectServices()
+    _services.send_held_logs()  # what the command line's preflight logged (preparing the dataset)
     run_name = run_name or default_run_name()
     legacy = {"seed": seed, "data": data, "model": model, "ensemble": ensemble, "train": train, "mesh": mesh}
     legacy.update(checkpoint=checkpoint, eval=eval, promotion=promotion, distributed=distributed)
@@ -224,11 +227,17 @@ def _main(args: argparse.Namespace, run_name: str) -> int:
         print(f"error: {down}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        preflight_before_flow(config, args.output_dir, run_name)  # the flow run's preflight takes it over
-    except EnsembleError as err:
-        return report_error(err)
-    closing = functools.partial(stage_times, run_name)
-    return _outcome.run_cli(train_ensemble, closing, config=config, output_dir=args.output_dir, run_name=run_name)
+        try:
+            # The flow run's preflight takes it over; what it logs (the dataset's preparation)
+            # goes to the flow run's logs once that has started (flows._services).
+            with _services.logs_held_for_next_run():
+                preflight_before_flow(config, args.output_dir, run_name)
+        except EnsembleError as err:
+            return report_error(err)
+        closing = functools.partial(stage_times, run_name)
+        return _outcome.run_cli(train_ensemble, closing, config=config, output_dir=args.output_dir, run_name=run_name)
+    finally:
+        _services.discard_held_logs()  # sent to the flow run by now, or it never started
 
 
 def stage_times(run_name: str, run_dir: str) -> list[str]:
