@@ -130,14 +130,17 @@ class ExampleKeyedDropout(nnx.Dropout):
 
 def _nnx_pass(net: NnxNetwork, variables: Any, images: Any, key: Any, index: Any, dtype: Any) -> Any:
     """One pass of an NNX member: merged with its streams seeded from ``key``, in
-    inference mode (``module.eval()``), every ``nnx.Dropout`` an :class:`ExampleKeyedDropout`."""
+    inference mode (``module.eval()``), every ``nnx.Dropout`` an :class:`ExampleKeyedDropout`;
+    a ``__call__`` that takes the call's ``rngs`` gets them from ``key`` too, as in training
+    (:func:`~ensemble_core.train.nnx_member.call_arguments`): its dropout layers draw from
+    them, and ``rngs=None`` would leave a layer built without ``rngs`` no key."""
     module = nnx_member.compute_in(net.merge(variables, key), dtype)
     module.eval()
     for _, layer in nnx.iter_modules(module):
         if isinstance(layer, nnx.Dropout):
             object.__setattr__(layer, "__class__", ExampleKeyedDropout)  # this merged copy only
             object.__setattr__(layer, "example_index", index)
-    return module(images, **mode(net, False))
+    return module(images, **nnx_member.call_arguments(net, mode(net, False), key))
 
 
 def apply_stochastic(

@@ -83,8 +83,10 @@ def test_refusals_name_the_real_cause():
     with pytest.raises(ConfigError, match="imports 'a_package_nobody_installed', which is not installed") as err:
         build_model(load_config(None, ["model.name=tests.user_models.needs_missing_dependency:build"]).model, 10)
     assert "fix: install a_package_nobody_installed" in str(err.value)
-    with pytest.raises(ConfigError, match="NoClassesNet takes no num_classes"):
-        _model("NoClassesNet")
+    cfg, model = _model("NoClassesNet")  # its 10 outputs written in: refused for another class count only
+    with pytest.raises(ConfigError, match="takes no num_classes and returns logits of width 10, but the dataset has 7"):
+        check_model(model, cfg.model, (28, 28, 1), 7)
+    assert check_model(model, cfg.model, (28, 28, 1), 10) == 7850
     with pytest.raises(ConfigError, match=r"cannot import module 'tests\.user_models\.nowhere'"):
         build_model(load_config(None, ["model.name=tests.user_models.nowhere:Net"]).model, 10)
     cfg, model = _model("Cifar10Net")  # 32x32 RGB only: refused on the digits' shape by the check

@@ -175,8 +175,11 @@ def test_the_memory_estimate_of_an_nnx_network_is_that_of_the_same_linen_network
 def test_refusals_name_the_cause():
     with pytest.raises(ConfigError, match="without taking rngs, so every member would start from the same weights"):
         _net("FixedSeedNet")
-    with pytest.raises(ConfigError, match="NoClassesNet takes no num_classes"):
-        _net("NoClassesNet")
+    cfg, net = _net("NoClassesNet", num_classes=7)  # 10 logits written in: checked against the dataset's classes
+    with pytest.raises(ConfigError, match="takes no num_classes and returns logits of width 10, but the dataset has 7"):
+        check_model(net, cfg.model, (28, 28, 1), 7)
+    cfg, net = _net("NoClassesNet")
+    assert check_model(net, cfg.model, (28, 28, 1), 10) == 7850
     with pytest.raises(ConfigError, match=r"needs a newer flax than the installed .*LayerFromAFutureFlax"):
         build_model(load_config(None, ["model.name=tests.user_models.needs_newer_flax:Net"]).model, 10)
     cfg, net = _net("CNN", "{num_classes: 3}")  # logits of the wrong shape

@@ -3,17 +3,22 @@
 ``model.name: foo`` is the module ``ensemble_core/models/foo.py``, which defines
 ``build(cfg: ModelConfig, num_classes: int) -> flax.linen.Module`` and, when it takes
 options, a frozen pydantic ``Options`` model of ``model.options``. ``model.name:
-package.module:Name`` is the user's own: a ``flax.linen.Module`` class or a function
-returning one, called with ``model.options`` as keyword arguments plus ``num_classes`` when
-its signature takes it; a function whose first parameter is ``cfg`` is called as
-``function(cfg: ModelConfig, num_classes: int)`` and validates ``cfg.options`` itself.
+package.module:Name`` is the user's own: a ``flax.linen.Module`` or ``flax.nnx.Module``
+class or a function returning one, called with ``model.options`` as keyword arguments plus
+``num_classes`` when its signature takes it (a class without it, such as the NNX ``CNN`` of
+Flax's MNIST example, is used as written, and :func:`check_model` compares its logits'
+width with the dataset's class count); a function whose first parameter is ``cfg`` is
+called as ``function(cfg: ModelConfig, num_classes: int)`` and validates ``cfg.options``
+itself.
 
 A member module takes float32 images ``[B, H, W, C]`` in [0, 1] and returns float32 logits
 ``[B, num_classes]``, written as Flax's examples write them (``examples/imagenet``):
 ``nn.BatchNorm(use_running_average=not train)``, ``nn.Dropout(deterministic=not train)``
 on the ``'dropout'`` RNG stream, and a mode argument of ``__call__`` (``train``,
 ``training``, ``is_training``, ``deterministic``, or none:
-:data:`ensemble_core.train.forward.MODE_ARGUMENTS`). Adding a model to the registry is adding its file;
+:data:`ensemble_core.train.forward.MODE_ARGUMENTS`); an NNX module may also take the call's
+RNG streams, ``__call__(self, x, rngs)``, as Flax's current NNX examples do
+(:func:`ensemble_core.train.nnx_member.call_arguments`). Adding a model to the registry is adding its file;
 the config accepts every module found here (:data:`ensemble_core.config.MODEL_NAMES`).
 """
 
@@ -25,7 +30,10 @@ import importlib.util
 import inspect
 import math
 import os
+import re
 import sys
+import sysconfig
+import traceback
 from collections.abc import Mapping
 from types import ModuleType
 
@@ -168,22 +176,32 @@ def _parameters(fn) -> Mapping[str, inspect.Parameter]:
         return {}
 
 
-def _constructor(path: str, fn, cfg: ModelConfig, num_classes: int):
+def _takes_num_classes(fn, options: Mapping) -> bool:
+    """Whether ``fn`` (a class or function named by ``model.name``) is given the dataset's
+    class count: a ``num_classes`` argument (or ``**kwargs``), ``model.options.num_classes``,
+    or the builder convention ``fn(cfg, num_classes)``."""
+    parameters = _parameters(fn)
+    names = list(parameters)
+    return (
+        "num_classes" in parameters
+        or "num_classes" in options
+        or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+        or (bool(names) and names[0] == "cfg")
+    )
+
+
+def _constructor(fn, cfg: ModelConfig, num_classes: int):
     """``fn`` as a constructor of one member, called with ``model.options`` as keyword
     arguments plus ``num_classes=`` when its signature takes it (a module class, whose
     dataclass fields or ``__init__`` arguments are its constructor's, or a function
-    returning a module). Returns ``(construct, takes_rngs)``: ``construct(**extra)``."""
+    returning a module). A class without ``num_classes`` (Flax's MNIST example's NNX
+    ``CNN``, its 10 outputs written in) is built as it is: :func:`check_model` accepts it
+    when its logits are as wide as the dataset has classes. Returns
+    ``(construct, takes_rngs)``: ``construct(**extra)``."""
     parameters = _parameters(fn)
     options = dict(cfg.options)
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    if "num_classes" in parameters or takes_any:
+    if _takes_num_classes(fn, {}):
         options.setdefault("num_classes", num_classes)
-    elif isinstance(fn, type) and issubclass(fn, (nn.Module, nnx.Module)) and "num_classes" not in options:
-        raise ConfigError(
-            f"model.name '{path}': {fn.__name__} takes no num_classes, so its outputs cannot be set to the "
-            f"dataset's {num_classes} classes",
-            fix="add an argument num_classes: int to the module, or name a function building it with that many outputs",
-        )
     return (lambda **extra: fn(**options, **extra)), "rngs" in parameters
 
 
@@ -225,7 +243,7 @@ def build_model(cfg: ModelConfig, num_classes: int) -> Network:
     Raises:
       ConfigError: an unknown registry name, bad options (:func:`model_options`), an import
         path that does not import (naming a missing dependency) or name a class or function,
-        a class without ``num_classes``, one that raises, an NNX module on a Flax too old
+        one that raises, an NNX module on a Flax too old
         for it (or using a part of ``flax.nnx`` the installed Flax lacks), an NNX module
         built without ``rngs`` (every member would start from the same weights), or
         anything else than a Flax module; each one line with the fix.
@@ -238,7 +256,7 @@ def build_model(cfg: ModelConfig, num_classes: int) -> Network:
     if names and names[0] == "cfg":  # the project's builder convention: fn(cfg, num_classes)
         model = _built(cfg.name, lambda: fn(cfg, num_classes))
     else:
-        construct, takes_rngs = _constructor(cfg.name, fn, cfg, num_classes)
+        construct, takes_rngs = _constructor(fn, cfg, num_classes)
         if _is_nnx_class(fn) or takes_rngs:
             if not takes_rngs:
                 raise _without_rngs(cfg.name)
@@ -266,45 +284,156 @@ def check_model(
     model: Network, cfg: ModelConfig, image_shape: tuple[int, ...], num_classes: int, *, outputs: int = 1
 ) -> int:
     """Initialise one member on a dummy batch of the dataset's shape and run it in training
-    and inference mode, abstractly (``jax.eval_shape``: no compute, no memory).
+    and inference mode, abstractly (``jax.eval_shape``: no compute, no memory), called as
+    the train step and the predictions call it (:func:`ensemble_core.train.forward.describe_call`).
 
     Returns:
       The member's parameter count.
 
     Raises:
-      ConfigError: initialisation or a forward pass fails, or the logits are not float
-        ``[B, num_classes]`` (``[outputs, B, num_classes]`` for a network of ``outputs``
-        members, :mod:`ensemble_core.networks`); one line naming the model and the fix.
+      ConfigError: one line naming the model and the fix: a ``__call__`` the pipeline
+        cannot call (:func:`ensemble_core.train.forward.check_call`); initialisation or a
+        forward pass fails (naming the failing call and its argument when arguments do not
+        fit a signature, the images only when their shape or dtype is the cause,
+        :func:`_trace_refusal`); or the logits are not float ``[B, num_classes]``
+        (``[outputs, B, num_classes]`` for a network of ``outputs`` members,
+        :mod:`ensemble_core.networks`); a network given no ``num_classes`` is accepted
+        when its logits are as wide as the dataset has classes, and refused naming both
+        numbers when they are not.
     """
-    from ensemble_core.train.forward import apply_inference, init_variables, split_variables, train_unsharded
+    from ensemble_core.train.forward import (
+        apply_inference,
+        check_call,
+        init_variables,
+        split_variables,
+        train_unsharded,
+    )
 
+    check_call(model, cfg.name)
     batch = jax.ShapeDtypeStruct((2, *image_shape), jnp.float32)
+    stage = "initialisation"
     try:
         with user_code(f"model '{cfg.name}' (initialised and run on a batch of 2)"):
             variables = jax.eval_shape(lambda: init_variables(model, jax.random.key(0), tuple(image_shape)))
             params, _ = split_variables(variables)
+            stage = "inference mode"
             logits = jax.eval_shape(lambda v, x: apply_inference(model, v, x), variables, batch)
+            stage = "training mode"
             trained, _ = jax.eval_shape(lambda v, x: train_unsharded(model, v, x), variables, batch)
     except ConfigError:
         raise
     except UserModuleError as err:
         raise ConfigError(str(err), fix=CALL_EXIT_FIX) from None
     except Exception as err:  # noqa: BLE001  (a user's network may raise anything while tracing)
-        raise ConfigError(
-            f"model '{cfg.name}' cannot run on images of shape {tuple(image_shape)} "
-            f"({type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''})",
-            fix="make the network accept float32 [B, H, W, C] images in [0, 1] and return [B, num_classes] logits",
-        ) from None
+        raise _trace_refusal(model, cfg.name, tuple(image_shape), stage, err) from None
     expected = (2, num_classes) if outputs == 1 else (outputs, 2, num_classes)
     for mode, out in (("inference", logits), ("training", trained)):
         shape = getattr(out, "shape", None)
         if shape != expected or not jnp.issubdtype(out.dtype, jnp.floating):
+            width = shape[1] if shape is not None and len(shape) == 2 and shape[0] == 2 else num_classes
+            if outputs == 1 and width != num_classes and _fixed_classes(cfg):
+                raise ConfigError(
+                    f"model '{cfg.name}' takes no num_classes and returns logits of width {width}, but the "
+                    f"dataset has {num_classes} classes",
+                    fix=f"make its last layer's outputs {num_classes}, or give it an argument num_classes: int "
+                    f"for them (the pipeline passes the dataset's {num_classes})",
+                )
             raise ConfigError(
                 f"model '{cfg.name}' returns {_describe(out)} in {mode} mode for a batch of 2, not float logits "
                 f"{list(expected)}",
                 fix=f"end the network with a Dense layer of num_classes={num_classes} outputs",
             )
     return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))
+
+
+def _fixed_classes(cfg: ModelConfig) -> bool:
+    """Whether ``model.name`` is a user's class or function given no ``num_classes``
+    (:func:`_takes_num_classes`): its logits' width is its own."""
+    if not is_import_path(cfg.name):
+        return False
+    return not _takes_num_classes(import_model_function(cfg.name), cfg.options)
+
+
+#: Python's messages for a call whose arguments do not fit the callee's signature; CPython
+#: names the callee by its qualified name (``CNN.__call__() missing 1 required ...``).
+_SIGNATURE_ERROR = re.compile(
+    r"^(?P<call>[\w.<>]+)\(\) (?:missing \d+ required (?:positional|keyword-only) arguments?"
+    r"|got an unexpected keyword argument|got multiple values for argument"
+    r"|takes (?:from \d+ to )?\d+ (?:positional )?arguments? but \d+ (?:was|were) given"
+    r"|got some positional-only arguments passed as keyword arguments)"
+)
+#: An error about an array's shape or dtype: the images can be the cause.
+_ARRAY_ERROR = re.compile(r"shape|dimension|rank|dtype|incompatible|size", re.IGNORECASE)
+#: Where library code lives (JAX, Flax, this project): a traceback's frames there are not
+#: the user's; nor are the standard library's (outside its site-packages).
+_LIBRARY_DIRS = tuple(
+    os.path.dirname(os.path.abspath(path)) + os.sep
+    for path in (jax.__file__, flax.__file__, os.path.dirname(os.path.abspath(__file__)))
+)
+_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+
+
+def _users(filename: str) -> bool:
+    if filename.startswith("<") or filename.startswith(_LIBRARY_DIRS):
+        return False
+    return not filename.startswith(_STDLIB) or "-packages" in filename
+
+
+def _where(err: BaseException) -> str:
+    """`` at file.py:line`` of the innermost frame of ``err``'s traceback in the user's
+    code (not JAX's, Flax's, the project's or Python's), or ``""``."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if _users(os.path.abspath(f.filename))]
+    return f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+
+
+def _trace_refusal(model: Network, name: str, image_shape: tuple[int, ...], stage: str, err: Exception) -> ConfigError:
+    """The refusal of a network that failed while traced in ``stage`` (initialisation,
+    inference mode, training mode): the cause as it is, not blamed on the images unless
+    it is about an array's shape or dtype.
+
+    - arguments that do not fit a signature (a ``TypeError`` of Python's call binding):
+      the failing call and its argument, with a fix about that signature; the pipeline's
+      own call of ``__call__`` (the arguments it passes, :func:`~ensemble_core.train.forward.describe_call`)
+      or a call in the network's code (where);
+    - an error about a shape, dimension or dtype: the images' shape and the call;
+    - anything else: the call, the error and where in the network's code it was raised.
+    """
+    from ensemble_core.train.forward import MODE_ARGUMENTS, describe_call
+
+    call = describe_call(model, stage == "training mode")
+    text = str(err).splitlines()[0][:300] if str(err) else ""
+    where = _where(err)
+    cls = model.module_type if isinstance(model, NnxNetwork) else type(model)
+    bad_call = _SIGNATURE_ERROR.match(text) if isinstance(err, TypeError) else None
+    if bad_call and bad_call["call"] == f"{cls.__qualname__}.__call__":
+        rngs = ", and rngs (flax.nnx modules)" if isinstance(model, NnxNetwork) else ""
+        return ConfigError(
+            f"model '{name}': the pipeline's call {call} ({stage}) does not fit {bad_call['call']}'s signature "
+            f"(TypeError: {text})",
+            fix=f"make {bad_call['call']} take the images first, then only arguments with defaults or those the "
+            f"pipeline passes by name: a mode argument ({', '.join(MODE_ARGUMENTS)}){rngs}",
+        )
+    if bad_call:
+        return ConfigError(
+            f"model '{name}': the network's call {bad_call['call']}(){where} does not fit its signature, in "
+            f"{stage} as {call} (TypeError: {text})",
+            fix=f"call {bad_call['call']} with the arguments its signature takes{where}",
+        )
+    if _ARRAY_ERROR.search(text):
+        return ConfigError(
+            f"model '{name}' cannot run on images of shape {image_shape} ({stage}, {call}{where}: "
+            f"{type(err).__name__}: {text})",
+            fix="make the network accept float32 [B, H, W, C] images in [0, 1] and return [B, num_classes] logits",
+        )
+    if "rngs=None" in call and isinstance(err, AttributeError) and "'NoneType'" in text:
+        fix = (
+            f"in inference mode the pipeline passes rngs=None, as Flax's examples' evaluation steps do: pass rngs "
+            f"on to nnx.Dropout(...)(x, rngs=rngs), which draws no key in model.eval() mode, or draw from it only "
+            f"when it is not None{where}"
+        )
+    else:
+        fix = f"make the network's code{where} run when called as {call}"
+    return ConfigError(f"model '{name}': {call} raised {type(err).__name__} in {stage}{where}: {text}", fix=fix)
 
 
 def _describe(out) -> str:

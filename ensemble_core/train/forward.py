@@ -165,17 +165,83 @@ def mode(model: Network, train: bool) -> dict[str, Any]:
     return {} if name is None else {name: train if MODE_ARGUMENTS[name] else not train}
 
 
+def _call_rngs(model: Network) -> bool:
+    return isinstance(model, NnxNetwork) and nnx_member.takes_call_rngs(model.module_type)
+
+
 def convention(model: Network) -> str:
     """How the member is called, in words, for the run's log: the API and class, and the
-    mode argument in training and in inference."""
+    mode argument in training and in inference (and an NNX module's call-time ``rngs``)."""
     training, inference = mode(model, True), mode(model, False)
     if isinstance(model, NnxNetwork):
         api, switch = f"flax.nnx module {model.module_type.__name__}", "model.train() / model.eval()"
+        if _call_rngs(model):
+            switch += ", rngs=nnx.Rngs(the member's step key) / rngs=None"
         return f"{api}: {switch}" + (f", and {training} / {inference}" if training else "")
     api = f"flax.linen module {type(model).__name__}"
     if not training:
         return f"{api}: no mode argument, called the same way in training and inference"
     return f"{api}: training mode {training}, inference mode {inference}"
+
+
+def describe_call(model: Network, train: bool) -> str:
+    """The call of the member's ``__call__`` as the pipeline makes it in training
+    (``train``) or inference mode, for messages: ``CNN.__call__(x, rngs=nnx.Rngs(...))``,
+    ``Net.__call__(x, train=False)``."""
+    cls = model.module_type if isinstance(model, NnxNetwork) else type(model)
+    parts = ["x", *(f"{name}={value!r}" for name, value in mode(model, train).items())]
+    if _call_rngs(model):
+        parts.append(f"{nnx_member.CALL_RNGS}=nnx.Rngs(...)" if train else f"{nnx_member.CALL_RNGS}=None")
+    return f"{cls.__qualname__}.__call__({', '.join(parts)})"
+
+
+def check_call(model: Network, name: str) -> None:
+    """Refuse, from its signature alone, a member whose ``__call__`` the pipeline cannot
+    call: it passes the images (the first argument), the mode argument
+    (:func:`mode_argument`, by name) and, to an NNX module, the call's RNG streams
+    (:data:`~ensemble_core.train.nnx_member.CALL_RNGS`, by name); every other argument
+    must have a default.
+
+    Raises:
+      ConfigError: one line naming the call and the argument: a required argument the
+        pipeline does not pass (a Linen module's ``rngs`` included: Linen draws its keys
+        with ``self.make_rng``), or a positional-only (before ``/``) mode argument or
+        ``rngs``, which cannot be passed by name.
+    """
+    cls = model.module_type if isinstance(model, NnxNetwork) else type(model)
+    try:
+        parameters = list(inspect.signature(cls.__call__).parameters.values())[1:]  # without self
+    except (TypeError, ValueError):
+        return
+    if not parameters or parameters[0].kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+        return  # (*args, **kwargs): nothing to check by name
+    passed = {mode_argument(model)} | ({nnx_member.CALL_RNGS} if isinstance(model, NnxNetwork) else set())
+    call = f"{cls.__qualname__}.__call__"
+    for parameter in parameters[1:]:
+        if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        if parameter.name in passed and parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
+            raise ConfigError(
+                f"model '{name}': {call} takes '{parameter.name}' as a positional-only argument (before '/'), and "
+                f"the pipeline passes it by name ({call}(x, {parameter.name}=...))",
+                fix=f"remove the '/' from {call}'s signature so that '{parameter.name}' can be passed by name",
+            )
+        if parameter.name in passed or parameter.default is not inspect.Parameter.empty:
+            continue
+        if parameter.name == nnx_member.CALL_RNGS:  # a Linen module
+            raise ConfigError(
+                f"model '{name}': {call} requires an argument 'rngs', which the pipeline passes to flax.nnx modules "
+                f"only; it calls this flax.linen module as {describe_call(model, True)}",
+                fix="draw a flax.linen module's keys with self.make_rng('dropout') (nn.Dropout does) and remove "
+                "the argument rngs, or write the network with flax.nnx",
+            )
+        rngs = " and the call's RNG streams as rngs" if isinstance(model, NnxNetwork) else ""
+        raise ConfigError(
+            f"model '{name}': {call} requires an argument '{parameter.name}' that the pipeline does not pass: it "
+            f"passes the images, a mode argument ({', '.join(MODE_ARGUMENTS)}){rngs}, as "
+            f"{describe_call(model, True)}",
+            fix=f"give '{parameter.name}' a default, or rename it to one of those arguments",
+        )
 
 
 def init_variables(model: Network, key: Key[Array, ""], image_shape: tuple[int, ...]) -> dict[str, Any]:

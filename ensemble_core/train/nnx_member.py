@@ -22,6 +22,14 @@ checkpoints, evaluation and every tool that reads them are the same for both API
   depend on the member and the step only, never on the mesh, a resume, or how often the
   module was called before (as for Linen's ``'dropout'`` stream).
 
+The dropout keys may also come *at call time*, as Flax's current NNX examples and guides
+write it (``examples/mnist/train.py``: ``nnx.Dropout(rate)`` without ``rngs``, and
+``__call__(self, x, rngs: nnx.Rngs)`` passing them on, ``self.dropout1(x, rngs=rngs)``).
+For a ``__call__`` with an argument ``rngs`` (positional, keyword-only, required or
+defaulting to None: :func:`takes_call_rngs`) the member is called with an ``nnx.Rngs``
+drawn exactly as the module-held streams are, from the member's key for the step, in
+training mode, and with ``rngs=None`` in inference mode (:func:`call_arguments`).
+
 Path keys are strings (a list index ``0`` is ``"0"``), so a checkpoint is a nested dict
 that stock orbax writes and reads.
 
@@ -41,6 +49,7 @@ Requires Flax >= :data:`MIN_FLAX` (``nnx.iter_modules``, ``Variable.set_value``,
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 from collections.abc import Callable
 from typing import Any
@@ -64,6 +73,9 @@ MIN_FLAX = (0, 12)
 PARAMS = "params"
 #: Collections named as Linen names them; other variable types are named after their type.
 COLLECTIONS: tuple[tuple[type, str], ...] = ((nnx.Param, PARAMS), (nnx.BatchStat, "batch_stats"))
+#: The argument of ``__call__`` that takes the call's RNG streams, as Flax's current NNX
+#: examples and guides name it (``examples/mnist/train.py``: ``__call__(self, x, rngs)``).
+CALL_RNGS = "rngs"
 
 
 def flax_version() -> tuple[int, ...]:
@@ -148,6 +160,13 @@ class NnxNetwork:
             node[str(path[-1])] = variable.get_value()
         return out
 
+    @property
+    def streams(self) -> int:
+        """How many RNG streams the module holds (``nnx.RngKey`` variables): stream ``i``
+        is seeded with ``fold_in(key, i)`` (:meth:`merge`), and a call-time ``rngs``
+        with ``fold_in(key, streams)`` (:func:`call_rngs`)."""
+        return sum(isinstance(v, nnx.RngKey) for _, v in nnx.to_flat_state(self.rng_template))
+
     def merge(self, variables: dict[str, Any], key: Key[Array, ""]) -> nnx.Module:
         """A module with ``variables``' arrays and every RNG stream seeded from ``key``:
         stream ``i`` (in the state's path order) gets ``fold_in(key, i)`` (split to its
@@ -169,6 +188,53 @@ class NnxNetwork:
                 value = jnp.zeros(variable.get_value().shape, jnp.uint32)
             flat.append((path, variable.replace(value)))
         return nnx.merge(self.graphdef, nnx.from_flat_state(flat))
+
+
+def takes_call_rngs(module_type: type) -> bool:
+    """Whether ``module_type.__call__`` takes the call's RNG streams as an argument
+    :data:`CALL_RNGS` that can be passed by name: positional or keyword-only, required
+    (Flax's MNIST example: ``__call__(self, x, rngs: nnx.Rngs)``) or with a default
+    (its tutorial: ``rngs: nnx.Rngs | None = None``). A positional-only one (before
+    ``/``) cannot be, and is refused by the model check
+    (:func:`ensemble_core.train.forward.check_call`)."""
+    try:
+        parameter = inspect.signature(module_type.__call__).parameters.get(CALL_RNGS)
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+
+
+def call_rngs(net: NnxNetwork, key: Key[Array, ""]) -> nnx.Rngs:
+    """The call-time RNG streams of one call from ``key`` (the member's key for the step,
+    or an MC dropout pass's key), drawn exactly as the module-held streams are
+    (:meth:`NnxNetwork.merge`): one more stream, ``fold_in(key, net.streams)`` (after the
+    module's own, so the two never share a key) with a count of 0, as the ``default``
+    stream of an ``nnx.Rngs``, which serves every stream name (``rngs.dropout()``,
+    ``rngs['dropout']``, ``rngs()``, ``nnx.Dropout(...)(x, rngs=rngs)``). Its masks depend
+    on the member and the step only: the same on any mesh and after a resume."""
+    return nnx.Rngs(jax.random.fold_in(key, net.streams))
+
+
+def call_arguments(net: NnxNetwork, call: dict[str, Any], key: Key[Array, ""] | None) -> dict[str, Any]:
+    """The keyword arguments of one call of the member: ``call`` (its mode argument,
+    :func:`ensemble_core.train.forward.mode`) plus, for a ``__call__`` that takes
+    :data:`CALL_RNGS` (:func:`takes_call_rngs`), the call's RNG streams: ``call_rngs(net,
+    key)`` when ``key`` is given (training mode, an MC dropout pass), ``rngs=None``
+    without one (inference mode).
+
+    Why None in inference mode rather than a deterministic ``nnx.Rngs``: that is what
+    Flax's own example passes (``examples/mnist/train.py``'s ``eval_step`` calls
+    ``loss_fn(model, batch, None)``, and its export ``model(y, None)``), even though its
+    signature reads ``rngs: nnx.Rngs`` without a default. In ``model.eval()`` mode
+    ``nnx.Dropout`` never draws a key, so None is enough, and code written to that
+    convention may read ``rngs is None`` as "inference": a deterministic ``nnx.Rngs``
+    there would turn its dropout on at evaluation."""
+    if not takes_call_rngs(net.module_type):
+        return call
+    return {**call, CALL_RNGS: None if key is None else call_rngs(net, key)}
 
 
 def init_variables(net: NnxNetwork, key: Key[Array, ""]) -> dict[str, Any]:
@@ -202,7 +268,7 @@ def apply_inference(
     logits are float32, or ``dtype`` when ``variables``' params are ``dtype``."""
     module = compute_in(net.merge(variables, jax.random.key(0)), dtype)
     module.eval()
-    return module(images, **call)
+    return module(images, **call_arguments(net, call, None))
 
 
 def training_module(
@@ -236,12 +302,13 @@ def apply_train(
     """One member's logits in training mode (``module.train()``) and its updated
     collections; the contract of :func:`ensemble_core.train.forward.apply_train`.
 
-    ``key`` seeds every RNG stream of the module (its dropout). ``dtype``: the compute
+    ``key`` seeds every RNG stream of the module (its dropout), and the call's ``rngs``
+    when ``__call__`` takes them (:func:`call_arguments`). ``dtype``: the compute
     dtype of its BatchNorm layers (:func:`compute_in`; None: as written). Must run where
     mesh axis ``'data'`` is bound (the train step's ``shard_map``, or a ``vmap`` naming it).
     """
     module = training_module(net, {PARAMS: params, **model_state}, key, data_shards, dtype)
-    logits = module(images, **call)
+    logits = module(images, **call_arguments(net, call, key))
     updated = net.variables(module)
     return logits, {name: updated[name] for name in model_state}
 
@@ -250,8 +317,10 @@ def layer_outputs(net: NnxNetwork, variables: dict[str, Any], images: Any, call:
     """Every layer's output in one training-mode forward pass (``nnx.capture`` with
     ``method_outputs``: each submodule's ``__call__``), for the memory estimate. Axis
     ``'data'`` must be bound."""
-    module = training_module(net, variables, jax.random.key(0), 1)
-    _, captured = nnx.capture(module, nnx.Intermediate, method_outputs=nnx.Intermediate)(images, **call)
+    key = jax.random.key(0)
+    module = training_module(net, variables, key, 1)
+    arguments = call_arguments(net, call, key)
+    _, captured = nnx.capture(module, nnx.Intermediate, method_outputs=nnx.Intermediate)(images, **arguments)
     return captured
 
 

@@ -7,7 +7,8 @@ tests.user_models.conventions:<Class>``, ``model.options`` its constructor's arg
 - ``TrainingArgNet``: ``__call__(self, x, training: bool)``, BatchNorm and Dropout;
 - ``KeywordTrainNet``: ``__call__(self, x, *, train)`` (keyword-only);
 - ``DeterministicNet``: ``__call__(self, x, deterministic: bool)`` (dropout's own convention);
-- ``NoClassesNet``: a module with no ``num_classes`` field that a run cannot size;
+- ``NoClassesNet``: a module with no ``num_classes`` field, its 10 outputs written in (refused
+  for a dataset of another class count);
 - ``Cifar10Net``: a network for 32x32 RGB images only (it reshapes to 32 * 32 * 3).
 """
 

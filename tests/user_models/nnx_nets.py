@@ -11,7 +11,8 @@ tests.user_models.nnx_nets:<Class>``):
   argument to its layers (some NNX code is written this way);
 - ``FixedSeedNet``: builds its own ``nnx.Rngs(0)`` (no ``rngs`` argument): refused, as
   every member would start from the same weights;
-- ``NoClassesNet``: its class count fixed and no argument for it: refused.
+- ``NoClassesNet``: its class count fixed (10) and no argument for it: refused for a dataset
+  of another class count.
 """
 
 from __future__ import annotations
