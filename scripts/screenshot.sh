@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Screenshot the Prefect UI with headless Chromium (Debian's `chromium` package).
-#   make serve && .venv/bin/prefect deployment run 'train-ensemble/adhoc' --watch
+#   make serve && scripts/deployment-run.sh 'train-ensemble/adhoc' --watch
 #   scripts/screenshot.sh run    docs/prefect-ui-run.png     # latest completed training run
 #   scripts/screenshot.sh report docs/prefect-ui-report.png  # latest ensemble-report artifact
 #   scripts/screenshot.sh nightly docs/prefect-ui-nightly.png  # latest completed *scheduled* nightly run

@@ -8,6 +8,11 @@
 # heartbeats stop is marked crashed; a crashed run nothing rescheduled is rescheduled).
 # Logs are appended to, never truncated, so what happened before a restart stays readable.
 #
+# The user's Prefect profile is left alone: the stack's processes get PREFECT_API_URL in
+# their environment, and $ENSEMBLE_SERVE_DIR/env (.serve/env; scripts/stop.sh removes it)
+# holds it for the user: scripts/deployment-run.sh reads it, and `source .serve/env` points
+# the prefect commands of one shell at the stack.
+#
 # Environment: PREFECT_PORT (4200), ENSEMBLE_POOL (ensemble-pool), ENSEMBLE_SERVE_DIR
 # (.serve: pid and log files), NIGHTLY_CRON / NIGHTLY_TIMEZONE (override the nightly
 # schedule of prefect.yaml), ENSEMBLE_ZOMBIE_AFTER_S (120: seconds without a heartbeat
@@ -37,6 +42,28 @@ stamp() { echo "==== $(date -u +%Y-%m-%dT%H:%M:%SZ) $1 started by scripts/serve.
 
 alive() { [ -f "$STATE/$1.pid" ] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
 
+# One note line where the user's Prefect profile still points at a server on 127.0.0.1, as
+# earlier versions of this script left it (`prefect config set PREFECT_API_URL=...`): once
+# the stack stops, commands without a PREFECT_API_URL of their own look for a server there.
+profile_note() {
+  local home=${PREFECT_HOME:-$HOME/.prefect}
+  # Python (a second) only where the profiles file may hold such a URL.
+  [ -n "${PREFECT_PROFILES_PATH:-}" ] || [ -f .env ] || [ -f prefect.toml ] ||
+    grep -qs '127\.0\.0\.1' "${home/#\~/$HOME}/profiles.toml" || return 0
+  env -u PREFECT_API_URL "$BIN/python" - <<'PY' || true
+import re
+from prefect.settings import PREFECT_API_URL
+from prefect.settings.profiles import load_current_profile
+
+profile = load_current_profile()
+url = profile.settings.get(PREFECT_API_URL)
+if url and re.fullmatch(r"http://127\.0\.0\.1:\d+/api", str(url)):
+    print(f"note: your Prefect profile {profile.name!r} sets PREFECT_API_URL={url} (earlier versions of make serve set it; "
+          "this one leaves your profile alone): without a running stack, prefect commands and make run look for a server "
+          "there; if you did not set it yourself: .venv/bin/prefect config unset PREFECT_API_URL -y")
+PY
+}
+
 DB=${ENSEMBLE_DB:-auto}
 case "$DB" in auto|postgres|sqlite) ;; *)
   echo "error: ENSEMBLE_DB=$DB is not a database this stack runs; fix: ENSEMBLE_DB=postgres or ENSEMBLE_DB=sqlite" >&2; exit 2 ;;
@@ -65,8 +92,14 @@ for _ in $(seq 1 180); do
   alive server || { echo "the Prefect server exited; see $STATE/server.log" >&2; tail -20 "$STATE/server.log" >&2; exit 1; }
   sleep 1
 done
-# Later `prefect ...` commands in this profile talk to this server.
-"$BIN/prefect" config set PREFECT_API_URL="$PREFECT_API_URL" >/dev/null
+# Later `prefect ...` commands reach this server through the env file (scripts/deployment-run.sh
+# reads it; `source .serve/env` in a shell); the user's Prefect profile is not written.
+cat >"$STATE/env" <<ENV
+# The Prefect stack of scripts/serve.sh, started $(date -u +%Y-%m-%dT%H:%M:%SZ); scripts/stop.sh removes this file.
+# \`source $STATE/env\` points this shell's prefect commands at it; \`unset PREFECT_API_URL\` undoes that.
+export PREFECT_API_URL=$PREFECT_API_URL
+ENV
+profile_note
 "$BIN/prefect" work-pool inspect "$POOL" >/dev/null 2>&1 || "$BIN/prefect" work-pool create "$POOL" --type process
 "$BIN/prefect" --no-prompt deploy --all
 if [ -n "${NIGHTLY_CRON:-}${NIGHTLY_TIMEZONE:-}" ]; then
@@ -90,3 +123,4 @@ else
   echo $! >"$STATE/worker.pid"
 fi
 echo "Prefect UI: http://127.0.0.1:${PORT}  (logs in $STATE/; stop with: make stop)"
+echo "Run a deployment: scripts/deployment-run.sh 'train-ensemble/adhoc' --watch  (other prefect commands: source $STATE/env first)"

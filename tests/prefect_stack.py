@@ -43,26 +43,48 @@ TASK_NAMES = frozenset(
 )
 
 
-def stack_env(tmp: Path, pgdata: Path, zombie_after_s: float = ZOMBIE_AFTER_S, **extra: str) -> dict[str, str]:
-    """The environment of a stack under ``tmp`` on a free port, its database in ``pgdata``,
-    with ``extra`` variables on top."""
+# Variables of the calling environment a stack does not inherit (where its state and database are).
+OWN_VARIABLES = frozenset({"XLA_FLAGS", "ENSEMBLE_SERVE_DIR", "ENSEMBLE_PGDATA"})
+
+
+def stack_env(tmp: Path, serve_dir: Path, zombie_after_s: float = ZOMBIE_AFTER_S, **extra: str) -> dict[str, str]:
+    """The environment of a stack under ``tmp`` on a free port, its state (and database, in
+    ``serve_dir/postgres``) in ``serve_dir``, with ``extra`` variables on top. The user's
+    Prefect home is ``tmp/prefect-home``."""
     port = free_port()
     return {
-        **{k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "XLA_FLAGS"},
+        **{k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k not in OWN_VARIABLES},
         "PREFECT_HOME": str(tmp / "prefect-home"),
         "PREFECT_PORT": str(port),
         "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_WORKER_QUERY_SECONDS": "2",
         "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5",
-        "ENSEMBLE_SERVE_DIR": str(tmp / "serve"),
+        "ENSEMBLE_SERVE_DIR": str(serve_dir),
         "ENSEMBLE_DB": "postgres",
-        "ENSEMBLE_PGDATA": str(pgdata),
         "ENSEMBLE_VENV": str(Path(sys.executable).parent.parent),
         "ENSEMBLE_ZOMBIE_AFTER_S": str(zombie_after_s),
         "JAX_COMPILATION_CACHE_DIR": str(tmp / "jax-cache"),
         **extra,
     }
+
+
+# The user's Prefect profile in a stack's environment: make serve and make stop must leave it
+# (and so `prefect config view`) as it was.
+USER_PROFILES = b"""active = "mine"
+
+[profiles.mine]
+PREFECT_CLIENT_MAX_RETRIES = "5"
+"""
+
+
+def user_settings(env: dict[str, str]) -> tuple[str, bytes]:
+    """What the user of the stack's environment sees of their Prefect settings, in a shell
+    that never sourced .serve/env: ``prefect config view`` and their profiles file."""
+    shell = {k: v for k, v in env.items() if k != "PREFECT_API_URL"} | {"COLUMNS": "400"}
+    view = _run([str(Path(env["ENSEMBLE_VENV"]) / "bin" / "prefect"), "config", "view"], shell, timeout=120)
+    assert view.returncode == 0, view.stdout + view.stderr
+    return view.stdout, (Path(env["PREFECT_HOME"]) / "profiles.toml").read_bytes()
 
 
 def serve(env: dict[str, str]) -> None:
@@ -79,18 +101,54 @@ def serve(env: dict[str, str]) -> None:
 
 @contextmanager
 def stack(tmp: Path, **env_options) -> Iterator[dict[str, str]]:  # env_options: of stack_env
-    """A started stack under ``tmp`` (yields its environment); stopped and its database
-    removed at exit. The PostgreSQL data directory is in a short path that the cluster's
-    own user can reach when this runs as root."""
-    pgdata = Path(tempfile.mkdtemp(prefix="ensemble-pg-")) / "data"
-    pgdata.parent.chmod(0o711)
-    env = stack_env(tmp, pgdata, **env_options)
+    """A started stack under ``tmp`` (yields its environment); stopped by scripts/stop.sh
+    and removed by ``make clean-stack`` at exit, as a user would.
+
+    Its serve directory (``tmp/serve`` links to it) is in a short path that the cluster's
+    own user can reach when this runs as root (a parent of mode 0711), so that the
+    database is where ``make serve`` puts it, in ``serve/postgres``. The user's Prefect
+    home holds a profile of theirs (:data:`USER_PROFILES`). At a normal exit, AssertionError
+    unless ``prefect config view`` and the profiles file are as before ``make serve``, the
+    database was in the serve directory and ``make clean-stack`` removed it; the logs stay
+    in ``tmp/serve-logs``."""
+    base = Path(tempfile.mkdtemp(prefix="ensemble-stack-"))
+    base.chmod(0o711)
+    serve_dir = base / "serve"
+    link = tmp / "serve"  # benchmarks/soak.py reads tmp/serve
+    tmp.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink():
+        link.unlink()
+    if not link.exists():
+        link.symlink_to(serve_dir)
+    env = stack_env(tmp, serve_dir, **env_options)
+    home = Path(env["PREFECT_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "profiles.toml").write_bytes(USER_PROFILES)
+    before = user_settings(env)
     try:
         serve(env)
         yield env
     finally:
-        subprocess.run(["scripts/stop.sh"], cwd=ROOT, env=env, timeout=300, capture_output=True)
-        shutil.rmtree(pgdata.parent, ignore_errors=True)
+        stopped = _run(["scripts/stop.sh"], env, timeout=300)
+        where = serve_dir / "postgres.dir"
+        pgdata = Path(where.read_text().strip()) if where.exists() else None
+        if serve_dir.exists():
+            shutil.copytree(
+                serve_dir, tmp / "serve-logs", ignore=shutil.ignore_patterns("postgres"), dirs_exist_ok=True
+            )
+        cleaned = _run(["make", "-s", "clean-stack"], env, timeout=120)
+        shutil.rmtree(base, ignore_errors=True)
+    # Reached only when the body did not raise: the checks of the stack's own traces.
+    after = user_settings(env)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert after == before, f"make serve/make stop changed the user's Prefect settings:\n{before}\n---\n{after}"
+    assert pgdata == serve_dir / "postgres", f"the database was in {pgdata}, not in the serve directory {serve_dir}"
+    assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
+    assert not pgdata.exists() and not serve_dir.exists(), cleaned.stdout
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout, capture_output=True, text=True)
 
 
 def api(env: dict[str, str], method: str, path: str, body=None):
@@ -182,7 +240,8 @@ def kill_stack(env: dict[str, str]) -> None:
         kill_group(serve_dir / f"{name}.pid")
     # PostgreSQL: the postmaster and its server processes at once, as a machine loss does
     # (a backend left alive holds the shared memory, and the next start refuses it).
-    postmaster = int((Path(env["ENSEMBLE_PGDATA"]) / "postmaster.pid").read_text().split()[0])
+    pgdata = Path((serve_dir / "postgres.dir").read_text().strip())
+    postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
     pids = [postmaster, *_children(postmaster)]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):  # a server process that exited since it was listed
