@@ -56,7 +56,8 @@ def temporary_server() -> Iterator[str | None]:
     """Run the body against a temporary Prefect server that dies with this process.
 
     Yields the API URL, or None (and starts nothing) when a server is configured
-    (``PREFECT_API_URL`` in the environment or the active profile, as ``make serve`` sets).
+    (``PREFECT_API_URL`` in the environment, as ``source .serve/env`` sets after ``make serve``,
+    or in the active profile).
 
     Raises:
       ServerStartError: the server exited, or did not answer within
