@@ -163,6 +163,9 @@ NEW_KEYS = {
         "packed": {"alpha": 2.0, "gamma": 1},
     },
     "distributed": {"group_lock_wait_s": 120.0},
+    # how many test images a shift level scores (the sampled protocol, with confidence
+    # intervals; "full" is every test image) and the derived sets' disk cap
+    "eval": {"protocol": "sampled", "derived_cache_mb": 512},
     # a user's own images (data.source image_folder/arrays) and its class-map policy
     "data": {
         "source": "tfds",
@@ -195,14 +198,22 @@ CHANGED_CONFIGS: dict[str, dict] = {
     "hyper.yaml": {"ensemble.stratify": 8, "ensemble.size": 24},
     # The CIFAR-10 recipe evaluates as every dataset does now (issue 41): the dataset's
     # defaults, the common corruptions and an OOD set beside test, rotation and translation.
+    # Its sample sizes are eval.protocol's now (decided from the test split's size at
+    # evaluation, not a num_examples of 1,000 per cell), and a dataset without OOD sets of its
+    # own gets its test images with shuffled patches beside uniform noise.
     "cifar10_resnet20.yaml": {
         "eval.evaluators.common_corruptions.type": "common_corruptions",
         "eval.evaluators.common_corruptions.ece_bins": None,
-        "eval.evaluators.common_corruptions.num_examples": 1000,
         "eval.evaluators.ood.type": "ood",
         "eval.evaluators.ood.ece_bins": None,
         "eval.evaluators.ood.source": "uniform_noise",
+        "eval.evaluators.ood_patches.type": "ood",
+        "eval.evaluators.ood_patches.ece_bins": None,
+        "eval.evaluators.ood_patches.source": "shuffled_patches",
     },
+    # The literature's protocol, every test image in every corruption cell, as it always
+    # scored: now said by eval.protocol full (the default samples).
+    "fashion_mnist_best.yaml": {"eval.protocol": "full"},
 }
 
 

@@ -7,11 +7,14 @@ import json
 import numpy as np
 import pytest
 import scipy.special
+from scipy import stats
 from sklearn.metrics import accuracy_score, average_precision_score, log_loss, roc_auc_score
 
 from ensemble_core import data, runs
 from ensemble_core.config import PipelineConfig, load_config
+from ensemble_core.config.eval_section import examples_per_level
 from ensemble_core.errors import ConfigError
+from ensemble_core.evaluators import shift_base
 from ensemble_core.runs.evaluation.cache import cached_arrays, derived_dir
 from ensemble_core.runs.evaluation.figure_check import figure_paths, probe
 from tests.ensembles import tiny_config
@@ -76,12 +79,17 @@ def test_shift_figures_are_recomputed_from_the_npz(finished, name):
     with np.load(result.run_dir.eval_dir / f"{name}.npz") as f:
         probs, labels, level = f["member_probs"], f["labels"], f["level"]
     assert probs.dtype == np.float32 and probs.shape[0] == 3 and labels.shape == level.shape == probs.shape[1:2]
-    assert len(section["levels"]) * 120 == len(labels)
+    n = examples_per_level(120, len(section["levels"]))  # eval.protocol sampled: 100 of the 120 per level
+    assert section["intervals"]["examples_per_level"] == n == 100 and len(section["levels"]) * n == len(labels)
     for row in section["levels"]:
         at = level == np.float32(row["level"])
         p, y = probs[:, at].astype(np.float64), labels[at]
         ens = p.mean(0)
         assert row["ensemble"]["accuracy"] == pytest.approx(accuracy_score(y, ens.argmax(-1)))
+        wilson = stats.binomtest(int((ens.argmax(-1) == y).sum()), n).proportion_ci(0.95, method="wilson")
+        assert row["intervals"]["ensemble"]["accuracy"] == pytest.approx([wilson.low, wilson.high], abs=1e-12)
+        nll = stats.ttest_1samp(-np.log(ens[np.arange(n), y]), 0.0).confidence_interval(0.95)
+        assert row["intervals"]["ensemble"]["nll"] == pytest.approx([nll.low, nll.high], rel=1e-5)
         assert row["ensemble"]["nll"] == pytest.approx(_nll(ens, y), rel=1e-6)
         assert row["ensemble"]["brier"] == pytest.approx(_brier(ens, y), rel=1e-6)
         member_nll = [_nll(m, y) for m in p]
@@ -118,17 +126,18 @@ def test_common_corruptions_figures_are_recomputed_from_the_npz(finished, tfds_d
         probs, labels, level, examples = f["member_probs"].astype(np.float64), f["labels"], f["level"], f["examples"]
     info = data.prepare(data.EMBEDDED, tfds_dir)
     test_images, test_labels = data.load_split(data.EMBEDDED, "test", info.tfds_data_dir, 120)
-    assert len(labels) == 6 * 40 and (labels.reshape(6, 40) == test_labels[:40]).all()
+    sample = shift_base.sample_indices(120, 40)  # every cell: the same seeded sample of 40 of the 120
+    assert len(labels) == 6 * 40 and (labels.reshape(6, 40) == test_labels[sample]).all()
     for row in section["levels"]:
         at = level == np.float32(row["level"])
         ens, y = probs[:, at].mean(0), labels[at]
         assert row["ensemble"]["accuracy"] == pytest.approx(accuracy_score(y, ens.argmax(-1)))
         assert row["ensemble"]["nll"] == pytest.approx(_nll(ens, y), rel=1e-6)
         assert row["ensemble"]["ece"] == pytest.approx(_ece(ens, y, 10), abs=1e-9)  # the evaluator's own bins
-        # The cached corrupted images are the corruption of the first 40 test images.
+        # The cached corrupted images are the corruption of the 40 sampled test images.
         # (40 images are one block of the evaluator's, seeded with SeedSequence([seed 0, block 0]).)
         seed = int(np.random.SeedSequence([0, 0]).generate_state(1)[0])
-        expected = corrupt(test_images[:40], row["corruption"], row["severity"], seed)
+        expected = corrupt(test_images[sample], row["corruption"], row["severity"], seed)
         np.testing.assert_array_equal(examples[int(row["level"])], expected[: examples.shape[1]])
     for who in ("ensemble", "best_member", "member_mean"):
         for figure in ("accuracy", "nll", "brier", "ece", "aurc"):
@@ -162,7 +171,8 @@ def test_rotation_levels_and_selective_prediction(finished):
     with np.load(result.run_dir.predictions) as f:
         test_probs = f["member_probs"]
     with np.load(result.run_dir.eval_dir / "rotation.npz") as f:
-        np.testing.assert_allclose(f["member_probs"][:, f["level"] == 0], test_probs, atol=1e-6)
+        sample = shift_base.sample_indices(120, 100)  # the sampled protocol's 100 of the 120
+        np.testing.assert_allclose(f["member_probs"][:, f["level"] == 0], test_probs[:, sample], atol=1e-6)
 
 
 @pytest.mark.slow

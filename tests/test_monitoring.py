@@ -126,10 +126,10 @@ def test_references_of_another_temperature_are_refused_either_way(references):
     ref, drift_ref, acc_ref = references
     scaled = _result(ref[:, :50])
     scaled["temperature"] = np.float32(1.5)  # the ensemble scaled, the references fitted without
-    with pytest.raises(DataError, match="temperature None, its ensemble now has 1.5"):
+    with pytest.raises(DataError, match=r"temperature None, its ensemble now has 1\.5"):
         drop.summarize(scaled, drift_ref, acc_ref)
     unscaled = _result(ref[:, :50])  # the references fitted with a temperature, the ensemble without
-    with pytest.raises(DataError, match="temperature 2.0, its ensemble now has None"):
+    with pytest.raises(DataError, match=r"temperature 2\.0, its ensemble now has None"):
         drop.summarize(unscaled, reference_from(ref, 2.0), None)
 
 

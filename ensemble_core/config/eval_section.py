@@ -13,17 +13,53 @@ from ensemble_core.registry import EVALUATOR_NAMES
 
 #: Datasets of handwritten digits (28x28x1, MNIST's): their own shift and OOD sets apply.
 DIGIT_DATASETS = ("mnist", "mnist5k")
-#: Test images per (corruption, severity) cell of the default ``common_corruptions``: 75 cells
-#: of 1,000 images cost about 130 s of CPU prediction for 8 CNNs (docs/evaluation.md).
-DEFAULT_CORRUPTED_EXAMPLES = 1000
-#: mnist5k's (the embedded default data): 50 per cell (3,750 images in all), and
-#: :data:`DEFAULT_SHIFTED_EXAMPLES_MNIST5K`, so the quick start stays quick: with every
-#: level of every shift on all of its 1,000 test images, evaluation was a third of the
-#: run beside its training steps (docs/benchmarks.md, "Where a run's time goes").
-DEFAULT_CORRUPTED_EXAMPLES_MNIST5K = 50
-#: mnist5k's test images per level of ``rotation``, ``translation`` and MNIST-C
-#: ``corruptions`` (the first 200 of its 1,000); other datasets use the whole test split.
-DEFAULT_SHIFTED_EXAMPLES_MNIST5K = 200
+#: ``eval.protocol``: ``sampled`` (default) scores every shift level and corruption cell on a
+#: seeded random sample of the test split (:func:`examples_per_level` images, the same at
+#: every level), each figure with its 95% confidence interval; ``full`` scores every test
+#: image at every level (the literature's protocol: Hendrycks & Dietterich 2019, Ovadia et al. 2019).
+PROTOCOLS = ("sampled", "full")
+#: The sampled protocol's floor per level: the sample size that bounds the 95% Wilson
+#: interval of a level's accuracy to +-10 points at worst, ``n = z^2 p (1 - p) / E^2`` at
+#: ``p = 0.5``, ``E = 0.1`` (96; the usual sample-size formula for a proportion, e.g. Cochran
+#: 1977, "Sampling Techniques", eq. 4.2), rounded up.
+MIN_EXAMPLES_PER_LEVEL = 100
+#: The sampled protocol's budget: a shift evaluator's levels together score about this many
+#: test splits' worth of images (spread evenly over its levels, never fewer than
+#: :data:`MIN_EXAMPLES_PER_LEVEL` per level), so evaluation grows with the test split as the
+#: test evaluator does, not with levels x test split (75 x for the common corruptions).
+#: Measured on an image folder of 2,700 + 300 digits (2 shared cores): 10,300 shifted images
+#: instead of 30,900, the shift evaluators' time halved, the evaluation stage 21-28% of the
+#: training stage (docs/evaluation.md, "How many test images").
+SHIFT_BUDGET_TEST_SPLITS = 3
+#: ``eval.derived_cache_mb``'s default: the derived sets (shifted, corrupted and OOD images
+#: cached beside a prepared dataset) of one dataset snapshot are kept within this many MiB;
+#: the least recently used are removed first (:mod:`ensemble_core.runs.evaluation.cache`).
+DEFAULT_DERIVED_CACHE_MB = 512
+
+
+def examples_per_level(test_examples: int, levels: int, protocol: str = "sampled") -> int:
+    """Test images per level (shift level, corruption cell) of a shift evaluator with
+    ``levels`` levels on a test split of ``test_examples`` images, by ``eval.protocol``:
+    ``full``: all of them; ``sampled``: ``ceil(SHIFT_BUDGET_TEST_SPLITS * test_examples /
+    levels)``, at least :data:`MIN_EXAMPLES_PER_LEVEL`, at most the test split.
+
+    Examples: 300 test images: 100 per common-corruption cell (75 cells, 7,500 images: the
+    floor), 100 per rotation (13 angles); mnist5k's 1,000: 100 per cell, 231 per rotation,
+    200 per translation; 10,000: 400 per cell, 2,308 per rotation.
+
+    Raises:
+      ValueError: an unknown protocol, or fewer than one level or test image.
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown eval.protocol {protocol!r}; one of {PROTOCOLS}")
+    if levels < 1 or test_examples < 1:
+        raise ValueError(f"examples_per_level needs levels >= 1 and test_examples >= 1; got {levels}, {test_examples}")
+    if protocol == "full":
+        return test_examples
+    share = -(-SHIFT_BUDGET_TEST_SPLITS * test_examples // levels)
+    return min(test_examples, max(MIN_EXAMPLES_PER_LEVEL, share))
+
+
 #: What ``eval.evaluators`` runs on the default dataset (``mnist5k``) when the config does not say.
 DEFAULT_EVALUATORS = (
     "test",
@@ -39,29 +75,30 @@ DEFAULT_EVALUATORS = (
 
 def default_evaluators(name: str = "mnist5k", source: str = "tfds", held_out: bool = False) -> dict[str, dict]:
     """``eval.evaluators`` when the config does not list its own, by dataset: ``test``,
-    ``rotation``, ``translation``, ``common_corruptions`` (:data:`DEFAULT_CORRUPTED_EXAMPLES`
-    test images per cell; on ``mnist5k`` :data:`DEFAULT_CORRUPTED_EXAMPLES_MNIST5K`, and
-    :data:`DEFAULT_SHIFTED_EXAMPLES_MNIST5K` per shift level) and an ``ood`` evaluator
-    (``held_out_classes`` when ``data.classes`` holds classes out, else ``uniform_noise``) for every dataset; for digits
-    (:data:`DIGIT_DATASETS` from TFDS) also MNIST-C ``corruptions``, ``letters`` and
-    ``fashion_mnist``.
+    ``rotation``, ``translation``, ``common_corruptions`` and an ``ood`` evaluator
+    (``held_out_classes`` when ``data.classes`` holds classes out, else ``uniform_noise``) for
+    every dataset; for digits (:data:`DIGIT_DATASETS` from TFDS) also MNIST-C
+    ``corruptions``, ``letters`` and ``fashion_mnist`` (real OOD sets of other images), for
+    every other dataset (a user's image folder or arrays, any other TFDS dataset)
+    ``ood_patches``: its own test images with their patches shuffled (the same pixels, no
+    meaning; :func:`ensemble_core.shifts.shuffle_patches`). How many test images each shift
+    level scores is ``eval.protocol``'s (:func:`examples_per_level`), not set here.
 
     Args:
       name, source: ``data.name`` and ``data.source``; held_out: whether ``data.classes`` is set.
     """
     digits = source == "tfds" and name in DIGIT_DATASETS
-    quick = digits and name == "mnist5k"
-    cells = DEFAULT_CORRUPTED_EXAMPLES_MNIST5K if quick else DEFAULT_CORRUPTED_EXAMPLES
-    shifted = {"num_examples": DEFAULT_SHIFTED_EXAMPLES_MNIST5K} if quick else {}
     specs: dict[str, dict] = {
         "test": {},
-        "rotation": dict(shifted),
-        "translation": dict(shifted),
-        "common_corruptions": {"num_examples": cells},
+        "rotation": {},
+        "translation": {},
+        "common_corruptions": {},
         "ood": {"source": "held_out_classes" if held_out else "uniform_noise"},
     }
     if digits:
-        specs.update({"corruptions": dict(shifted), "letters": {}, "fashion_mnist": {}})
+        specs.update({"corruptions": {}, "letters": {}, "fashion_mnist": {}})
+    else:
+        specs["ood_patches"] = {"type": "ood", "source": "shuffled_patches"}
     return specs
 
 
@@ -124,6 +161,22 @@ class EvalConfig(BaseModel):
         description="Bins for ECE (equal width) and adaptive ECE (equal mass), 2..1000; an evaluator's own "
         "ece_bins overrides it.",
     )
+    protocol: Literal["sampled", "full"] = Field(
+        "sampled",
+        description="How many test images each shift level and corruption cell scores: 'sampled' (default) a "
+        "seeded random sample of the test split, the same at every level, of max(100, 3 x test split / levels) "
+        "images (at most the split), each figure with its 95% confidence interval; 'full' every test image at "
+        "every level (the literature's protocol; up to levels / 3 times slower). An evaluator's "
+        "own num_examples overrides it.",
+    )
+    derived_cache_mb: int = Field(
+        DEFAULT_DERIVED_CACHE_MB,
+        ge=0,
+        le=2**30,
+        description="Disk cap in MiB of the derived sets (shifted, corrupted and OOD images) cached beside one "
+        "prepared dataset: the least recently used are removed to stay within it, a set larger than the cap is "
+        "not kept (0: keep none).",
+    )
     temperature_scaling: bool = Field(
         False,
         description="Fit one temperature for the ensemble on the validation NLL (Guo et al. 2017, applied to "
@@ -138,10 +191,12 @@ class EvalConfig(BaseModel):
         "modules of ensemble_core/evaluators/: 'test' (the test split: accuracy, NLL, Brier, ECE, diversity; "
         "required), 'rotation', 'translation', 'corruptions' (MNIST-C) under dataset shift, 'letters' and "
         "'fashion_mnist' out of distribution (digits), 'ood' out of distribution for any dataset (a synthetic set, "
-        "or another dataset: {type: ood, source: uniform_noise|gaussian_noise|constant|tfds|image_folder|arrays, "
+        "or another dataset: {type: ood, source: uniform_noise|gaussian_noise|constant|shuffled_patches|tfds|"
+        "image_folder|arrays, "
         "...}), 'common_corruptions' (Hendrycks & Dietterich's 15 corruptions at 5 severities, any dataset). "
         "Default, by dataset: test, rotation, translation, common_corruptions and ood (uniform_noise, or "
-        "held_out_classes with data.classes), plus corruptions, letters and fashion_mnist for mnist and mnist5k. "
+        "held_out_classes with data.classes), plus corruptions, letters and fashion_mnist for mnist and mnist5k, "
+        "ood_patches (the test images with shuffled patches) for every other dataset. "
         "Results are stored under the name (report.json evaluations.<name>, eval/<name>.npz).",
         json_schema_extra=_or_a_list_of_names,
     )

@@ -3,8 +3,10 @@ Robustness to Common Corruptions and Perturbations") at severities 1-5, on the t
 of any dataset (:mod:`ensemble_core.shifts.common_corruptions` says how each corruption and
 its parameters follow the reference code at the image's size).
 
-Every (corruption, severity) cell holds the same first ``num_examples`` test images, so the
-cells are paired; the corrupted copies are generated once per test split, seed and
+Every (corruption, severity) cell holds the same ``num_examples`` test images (a seeded
+random sample of the test split, :func:`ensemble_core.evaluators.shift_base.sample_indices`;
+by default ``eval.protocol``'s size, :func:`ensemble_core.evaluators.shift_base.level_examples`),
+so the cells are paired; the corrupted copies are generated once per test split, seed and
 selection, and cached beside the prepared dataset like every derived set (corrupted in
 blocks of :data:`BLOCK` images, each block with its own seed). The figures are
 those of every shift evaluator (:mod:`ensemble_core.evaluators.shift_base`) per cell, and
@@ -13,7 +15,12 @@ baselines' cA / cNLL / cECE) for the ensemble, the mean member, the best member 
 member, and the mean over severities per corruption.
 
 Options (:class:`Options`): ``corruptions`` (default: all 15), ``severities`` (default:
-1-5), ``num_examples`` (test images per cell; default: the whole test split), ``seed``.
+1-5), ``num_examples`` (test images per cell; default: ``eval.protocol``'s, 100 or more;
+null: the whole test split), ``seed``.
+
+Every cell's ensemble figures carry their 95% confidence intervals (``levels[].intervals``),
+the means over the cells and over each corruption's severities theirs
+(``mean_intervals``; :mod:`ensemble_core.confidence_intervals`).
 
 Arrays (``eval/<name>.npz``): ``member_probs`` float32 ``[E, L*N, C]``, ``labels`` int32
 ``[L*N]``, ``level`` float32 ``[L*N]`` (the cell's index in ``metrics["levels"]``, whose
@@ -31,6 +38,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ensemble_core import confidence_intervals as intervals
 from ensemble_core import metrics as metrics_lib
 from ensemble_core.config import PipelineConfig
 from ensemble_core.decisions import decision_lines, mean_scores
@@ -69,7 +77,10 @@ class Options(BaseModel):
     )
     severities: tuple[int, ...] = Field(SEVERITIES, min_length=1, description="Severities to run, among 1-5.")
     num_examples: int | None = Field(
-        None, ge=1, description="Test images per corruption and severity (the first ones; default: all)."
+        None,
+        ge=1,
+        description="Test images per corruption and severity, a seeded random sample of the test split, the same "
+        "in every cell (default: eval.protocol's; null: the whole test split).",
     )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the random corruptions (noise, snow, ...).")
 
@@ -111,8 +122,8 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     """
     opts: Options = ctx.options or Options()
     images, _ = ctx.load("test")
-    n = min(len(images), opts.num_examples or len(images))
     grid = cells(opts)
+    n = shift_base.level_examples(ctx, opts, len(grid))
     generated = {"seconds": 0.0}
 
     def transform(test_images: np.ndarray, index: float) -> np.ndarray:
@@ -140,6 +151,10 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     log.info("%s: predicting %d corrupted images (%d cells of %d)", ctx.name, len(shifted), len(grid), n)
     t0 = time.perf_counter()
     out = shift_base.evaluate_shifted(ctx, shifted, labels, level, tuple(range(len(grid))), "corruption and severity")
+    severities = {c: tuple(float(i) for i, (name, _) in enumerate(grid) if name == c) for c in opts.corruptions}
+    out.metrics["mean_intervals"] = shift_base.mean_intervals(
+        ctx, out.arrays["member_probs"], labels, level, tuple(range(len(grid))), severities
+    )
     for row in out.metrics["levels"]:
         row["corruption"], row["severity"] = grid[int(row["level"])]
         row["name"] = f"{row['corruption']}-{row['severity']}"
@@ -150,8 +165,9 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     fit = ctx.decision_fit()
     if fit is not None:
         metrics["decisions_by_severity"] = decisions_by_severity(metrics["levels"])
-        # the same first n test images, uncorrupted: the severity-0 point of the plot
-        clean, test_labels = ctx.predict_split("test")[0][:, :n], ctx.load("test")[1][:n]
+        # the same n test images, uncorrupted: the severity-0 point of the plot
+        at = shift_base.sample_indices(len(images), n)
+        clean, test_labels = ctx.predict_split("test")[0][:, at], ctx.load("test")[1][at]
         best = metrics_lib.shift_scores(clean, test_labels, ctx.ece_bins, healthy=ctx.healthy)["best_member_index"]
         metrics["clean"] = fit.score(clean, test_labels, ctx.healthy, best)
     metrics["seconds"] = {"generate": built if generated["seconds"] else 0.0, "evaluate": time.perf_counter() - t0}
@@ -319,6 +335,7 @@ def plot_examples(metrics: dict, arrays: dict, plots_dir: Path, name: str) -> Pa
 def markdown(metrics: dict) -> list[str]:
     """The summary (means over every cell, per who), the per-corruption table."""
     mean = metrics["mean"]
+    ci = metrics.get("mean_intervals", {})
     lines = [
         f"**Common corruptions** (Hendrycks & Dietterich 2019; {len(metrics['by_corruption'])} corruptions x "
         f"{len({r['severity'] for r in metrics['levels']})} severities, {metrics['num_examples']} test images each), "
@@ -329,9 +346,10 @@ def markdown(metrics: dict) -> list[str]:
     ]
     for who in ("ensemble", "member_mean", "best_member", shift_base.SCALED):
         if who in mean:
-            m = mean[who]
+            m, at = mean[who], ci.get(who, {})
             lines.append(
-                f"| {who.replace('_', ' ')} | {m['accuracy']:.4f} | {m['nll']:.4f} | {m['brier']:.4f} | "
+                f"| {who.replace('_', ' ')} | {intervals.show(m['accuracy'], at.get('accuracy'))} | "
+                f"{intervals.show(m['nll'], at.get('nll'))} | {intervals.show(m['brier'], at.get('brier'))} | "
                 f"{m['ece']:.4f} | {m['adaptive_ece']:.4f} | {m['aurc']:.4f} |"
             )
     lines += [
@@ -339,12 +357,20 @@ def markdown(metrics: dict) -> list[str]:
         "| corruption | accuracy | NLL | ECE | best member NLL | mean member NLL |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
+    groups = ci.get("groups", {})
     for name, by in metrics["by_corruption"].items():
-        e = by["ensemble"]
+        e, at = by["ensemble"], groups.get(name, {})
         lines.append(
-            f"| {name} | {e['accuracy']:.4f} | {e['nll']:.4f} | {e['ece']:.4f} | {by['best_member']['nll']:.4f} | "
+            f"| {name} | {intervals.show(e['accuracy'], at.get('accuracy'))} | "
+            f"{intervals.show(e['nll'], at.get('nll'))} | {e['ece']:.4f} | {by['best_member']['nll']:.4f} | "
             f"{by['member_mean']['nll']:.4f} |"
         )
+    if shift_base.INTERVALS in metrics:
+        lines += [
+            "",
+            shift_base.interval_sentence(metrics, "cell"),
+            "Every cell's intervals: report.json -> evaluations.<name>.metrics.levels[].intervals.",
+        ]
     lines += ["", shift_base.wins_sentence(metrics, "cells")]
     if "accuracy_estimation" in metrics:
         lines += ["", shift_base.estimation_sentence(metrics, "cells")]

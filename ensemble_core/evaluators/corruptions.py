@@ -2,7 +2,9 @@
 Benchmark for Computer Vision"), each at its published severity
 (:data:`ensemble_core.shifts.CORRUPTIONS`). Only for 28x28 one-channel images.
 
-Options (:class:`Options`): ``corruptions``, a subset of the 15 (default: all).
+Options (:class:`Options`): ``corruptions``, a subset of the 15 (default: all);
+``num_examples`` (test images per corruption; default ``eval.protocol``'s,
+:func:`ensemble_core.evaluators.shift_base.level_examples`).
 
 Arrays (``eval/<name>.npz``): ``member_probs`` float32 ``[E, K*N, C]``, ``labels``
 int32, ``level`` float32 (the index of the corruption in ``metrics["levels"]``, whose
@@ -34,7 +36,10 @@ class Options(BaseModel):
         description=f"MNIST-C corruptions to run, each at its published severity: {', '.join(NAMES)}.",
     )
     num_examples: int | None = Field(
-        None, ge=1, description="Test images per level: the first ones of the test split (default: all of it)."
+        None,
+        ge=1,
+        description="Test images per level, a seeded random sample of the test split, the same at every level "
+        "(default: eval.protocol's; null: the whole test split).",
     )
 
     @field_validator("corruptions")
@@ -60,7 +65,7 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
         "MNIST-C corruption (published severity)",
         tuple(range(len(names))),
         lambda images, index: shifts.corrupt(images, names[int(index)]),
-        opts.num_examples,
+        shift_base.level_examples(ctx, opts, len(names)),
     )
     for row in out.metrics["levels"]:
         row["name"] = names[int(row["level"])]

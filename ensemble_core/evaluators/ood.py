@@ -17,6 +17,14 @@ Sources (``source``):
   "Gaussian" set of Outlier Exposure, Hendrycks, Mazeika & Dietterich 2019, section 4.2);
 - ``constant``: each image one value per channel, uniform on 0..255 (the constant images
   of Nalisnick et al. 2019);
+- ``shuffled_patches``: the test images themselves, each cut into ``patches x patches``
+  tiles (default 4 x 4) put back in a random order (:func:`ensemble_core.shifts.shuffle_patches`;
+  the jigsaw puzzles Yu et al. 2024 use as OOD data): every pixel of the data kept, its
+  objects' shapes gone. The default OOD set beside uniform noise for every dataset without
+  a real one of its own (a user's image folder or arrays): noise differs from the data in
+  its pixel statistics already, and an ensemble detects it easily (AUROC near 1) whatever it
+  learnt; shuffled patches differ only in what the image shows. Seeded by ``seed``, not
+  cached (a permutation is cheap);
 - ``tfds`` (``name``, optionally ``data_dir``/``manual_dir``), ``image_folder`` or
   ``arrays`` (``path``): a dataset prepared as a data snapshot like the training data
   (:func:`ensemble_core.data.prepare`), its ``split`` resized and converted with Pillow
@@ -29,7 +37,8 @@ Sources (``source``):
   ``name``, ``data_dir``, ``manual_dir`` or ``split: train``.
 
 As many OOD images as test images (``num_examples`` to choose; a dataset gives at most its
-split; ``held_out_classes`` all its images). Figures: :mod:`ensemble_core.evaluators.ood_base`.
+split; ``held_out_classes`` all its images; ``shuffled_patches`` at most the test split, a
+seeded random sample of it when fewer). Figures: :mod:`ensemble_core.evaluators.ood_base`.
 """
 
 from __future__ import annotations
@@ -41,14 +50,16 @@ import numpy as np
 import pydantic
 
 from ensemble_core import data as data_lib
-from ensemble_core import image_decoding
+from ensemble_core import image_decoding, shifts
 from ensemble_core.config import PipelineConfig
 from ensemble_core.config.data_section import snake_case
 from ensemble_core.data import DatasetInfo
-from ensemble_core.errors import DataError
-from ensemble_core.evaluators import EvalContext, EvaluatorOutput, ood_base
+from ensemble_core.errors import ConfigError, DataError
+from ensemble_core.evaluators import EvalContext, EvaluatorOutput, ood_base, shift_base
 
 SYNTHETIC = ("uniform_noise", "gaussian_noise", "constant")
+#: The test images with their patches shuffled (:func:`ensemble_core.shifts.shuffle_patches`).
+SHUFFLED_PATCHES = "shuffled_patches"
 DATASETS = ("tfds", "image_folder", "arrays")
 #: The source of the classes ``data.classes`` leaves out of training.
 HELD_OUT_CLASSES = "held_out_classes"
@@ -63,11 +74,19 @@ class Options(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
 
     source: Literal[
-        "uniform_noise", "gaussian_noise", "constant", "tfds", "image_folder", "arrays", "held_out_classes"
+        "uniform_noise",
+        "gaussian_noise",
+        "constant",
+        "shuffled_patches",
+        "tfds",
+        "image_folder",
+        "arrays",
+        "held_out_classes",
     ] = pydantic.Field(
         "uniform_noise",
-        description="The OOD set: a synthetic one, a dataset (tfds, image_folder, arrays), or the test images of "
-        "the classes data.classes leaves out of training (held_out_classes).",
+        description="The OOD set: a synthetic one, the test images with their patches shuffled "
+        "(shuffled_patches), a dataset (tfds, image_folder, arrays), or the test images of the classes "
+        "data.classes leaves out of training (held_out_classes).",
     )
     name: str | None = pydantic.Field(
         None, description="source tfds: the TFDS dataset; image_folder/arrays: the snapshot's name (default: path's)."
@@ -80,6 +99,13 @@ class Options(pydantic.BaseModel):
         None, ge=1, description="OOD images (default: as many as test images; held_out_classes: all of them)."
     )
     seed: int = pydantic.Field(0, ge=0, le=2**32 - 1, description="The synthetic sets' seed.")
+    patches: int = pydantic.Field(
+        shifts.PATCH_GRID,
+        ge=2,
+        le=1024,
+        description="source shuffled_patches: tiles per side (patches x patches tiles, each H // patches by "
+        "W // patches pixels).",
+    )
 
     @pydantic.model_validator(mode="after")
     def _source_settings(self) -> Options:
@@ -87,7 +113,7 @@ class Options(pydantic.BaseModel):
             raise ValueError(f"source {self.source} needs path, the directory of the OOD images")
         if self.source == "tfds" and self.name is None:
             raise ValueError("source tfds needs name, a TFDS dataset name such as mnist")
-        if self.source in SYNTHETIC and (self.path or self.name):
+        if self.source in (*SYNTHETIC, SHUFFLED_PATCHES) and (self.path or self.name):
             raise ValueError(f"source {self.source} is synthetic: it takes no path or name")
         if self.source == HELD_OUT_CLASSES and (
             self.path or self.name or self.data_dir or self.manual_dir or self.split != "test"
@@ -203,11 +229,21 @@ def check(config: PipelineConfig, dataset: DatasetInfo, name: str, opts: Options
     (it is prepared now, as evaluation would, and one image converted; the snapshot is
     reused by the evaluation).
 
+    A ``shuffled_patches`` grid larger than the images is refused too.
+
     Raises:
       DataError, ConfigError: the one-line refusal.
     """
     if opts.source == HELD_OUT_CLASSES:
         check_held_out_classes(config, dataset, name)
+    elif opts.source == SHUFFLED_PATCHES:
+        height, width = (int(d) for d in dataset.image_shape[:2])
+        if opts.patches > min(height, width):
+            raise ConfigError(
+                f"config key 'eval.evaluators.{name}.patches': {opts.patches} x {opts.patches} tiles do not fit "
+                f"the {height}x{width} images",
+                fix=f"give patches between 2 and {min(height, width)}",
+            )
     elif opts.source in DATASETS:
         height, width, channels = (int(d) for d in dataset.image_shape)
         try:
@@ -225,7 +261,12 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     height, width, channels = (int(d) for d in ctx.dataset.image_shape)
     shape = (height, width, channels)
     n = opts.num_examples or len(ctx.load("test")[0])
-    if opts.source in SYNTHETIC:
+    if opts.source == SHUFFLED_PATCHES:
+        test = ctx.load("test")[0]
+        picked = test[shift_base.sample_indices(len(test), n)]
+        images = shifts.shuffle_patches(picked, opts.patches, opts.seed)
+        what = f"{SHUFFLED_PATCHES} {opts.patches}x{opts.patches} of the test images ({len(images)}, seed {opts.seed})"
+    elif opts.source in SYNTHETIC:
         key = f"ood-{opts.source}-v{CACHE_VERSION}-{n}-{'x'.join(map(str, shape))}-seed{opts.seed}"
         build = lambda: {"images": synthetic_images(opts.source, n, shape, opts.seed)}  # noqa: E731
         images = ctx.cached(key, build, {"images": (n, *shape)})["images"]

@@ -3,7 +3,8 @@ rotated MNIST; :func:`ensemble_core.shifts.rotate`), plus selective prediction a
 those angles (default 60 degrees): the accuracy on the examples predicted with confidence
 >= tau and the risk-coverage curve.
 
-Options (:class:`Options`): ``degrees``, ``selective_degrees``.
+Options (:class:`Options`): ``degrees``, ``selective_degrees``, ``num_examples`` (test
+images per angle; default ``eval.protocol``'s, :func:`ensemble_core.evaluators.shift_base.level_examples`).
 
 Arrays (``eval/<name>.npz``): ``member_probs`` float32 ``[E, L*N, C]`` (L angles),
 ``labels`` int32, ``level`` float32 (degrees), ``healthy`` bool ``[E]``.
@@ -40,7 +41,10 @@ class Options(BaseModel):
         SELECTIVE_DEGREES, description="The angle of the selective-prediction figures; one of degrees."
     )
     num_examples: int | None = Field(
-        None, ge=1, description="Test images per level: the first ones of the test split (default: all of it)."
+        None,
+        ge=1,
+        description="Test images per level, a seeded random sample of the test split, the same at every level "
+        "(default: eval.protocol's; null: the whole test split).",
     )
 
     @model_validator(mode="after")
@@ -59,7 +63,8 @@ def _selective_key(degrees: float) -> str:
 def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     """Every member on the rotated test split; see the module docstring."""
     opts = ctx.options or Options()
-    out = shift_base.evaluate_shift(ctx, "rotation", "degrees", opts.degrees, shifts.rotate, opts.num_examples)
+    n = shift_base.level_examples(ctx, opts, len(opts.degrees))
+    out = shift_base.evaluate_shift(ctx, "rotation", "degrees", opts.degrees, shifts.rotate, n)
     at = out.arrays["level"] == np.float32(opts.selective_degrees)
     probs, labels = out.arrays["member_probs"][:, at], out.arrays["labels"][at]
     healthy = ctx.healthy

@@ -6,16 +6,18 @@ shift"), plus the plot of each figure against the level and a report section."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ensemble_core import confidence_intervals as intervals
 from ensemble_core import metrics as metrics_lib
 from ensemble_core import stopping
 from ensemble_core.accuracy_estimation import estimate_all, estimation_errors
 from ensemble_core.calibration import apply_temperature
+from ensemble_core.config.eval_section import examples_per_level
 from ensemble_core.decisions import decision_lines, mean_scores
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput
 from ensemble_core.plotting import image_grid, save, subplots
@@ -28,10 +30,15 @@ SCALED = "ensemble_temperature_scaled"
 DECISIONS = "decisions"
 #: A level's label-free accuracy estimates (:func:`ensemble_core.accuracy_estimation.estimate_all`).
 ESTIMATES = "accuracy_estimates"
+#: A level's confidence intervals of the ensemble's figures (:mod:`ensemble_core.confidence_intervals`).
+INTERVALS = "intervals"
 #: Example images per level kept for the plots.
 EXAMPLES = 8
 #: Bump when a transform changes, so cached shifted sets are built again.
 CACHE_VERSION = 1
+#: The seed of the test images a sampled shift evaluation scores (:func:`sample_indices`):
+#: fixed, so every run, level and evaluator of a test split scores the same images.
+SAMPLE_SEED = 0
 
 
 def distinct_levels(option: str, values: tuple, known: Sequence) -> tuple:
@@ -47,6 +54,29 @@ def distinct_levels(option: str, values: tuple, known: Sequence) -> tuple:
     return values
 
 
+def sample_indices(test_examples: int, n: int, seed: int = SAMPLE_SEED) -> np.ndarray:
+    """The test images a shift evaluation scores at every level: all ``test_examples`` when
+    ``n`` covers them, else a simple random sample of ``n`` without replacement drawn with
+    ``np.random.default_rng(seed)``, in the split's order (int64, ascending). A random
+    sample, not the first ``n``: a user's image folder lists its test split class by class,
+    so its first images are of the first classes only; a simple random sample is what the
+    confidence intervals (:mod:`ensemble_core.confidence_intervals`) assume."""
+    if n >= test_examples:
+        return np.arange(test_examples)
+    return np.sort(np.random.default_rng(seed).choice(test_examples, n, replace=False))
+
+
+def level_examples(ctx: EvalContext, opts: Any, levels: int) -> int:
+    """Test images per level of a shift evaluator with ``levels`` levels: its option
+    ``num_examples`` when the config gives one (an explicit null: the whole test split), else
+    ``eval.protocol``'s (:func:`ensemble_core.config.eval_section.examples_per_level`);
+    never more than the test split."""
+    total = len(ctx.load("test")[0])
+    if opts is not None and "num_examples" in opts.model_fields_set:
+        return total if opts.num_examples is None else min(total, opts.num_examples)
+    return examples_per_level(total, levels, ctx.config.eval.protocol)
+
+
 def shifted_test_set(
     ctx: EvalContext,
     name: str,
@@ -54,15 +84,19 @@ def shifted_test_set(
     transform: Callable[[np.ndarray, float], np.ndarray],
     num_examples: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The test split (its first ``num_examples`` images; default all) transformed at every
-    level, cached: images uint8 ``[L*N, H, W, C]`` (level-major), labels int32 ``[L*N]``
-    and level float32 ``[L*N]``."""
+    """The test split (``num_examples`` of its images, :func:`sample_indices`; default all)
+    transformed at every level, cached: images uint8 ``[L*N, H, W, C]`` (level-major), labels
+    int32 ``[L*N]`` and level float32 ``[L*N]``."""
     images, labels = ctx.load("test")
-    if num_examples is not None:
-        images, labels = images[:num_examples], labels[:num_examples]
-    key = f"{name}-v{CACHE_VERSION}-n{len(images)}-" + "_".join(f"{x:g}" for x in levels)
+    total = len(images)
+    if num_examples is not None and num_examples < total:
+        at = sample_indices(total, num_examples)
+        images, labels = images[at], labels[at]
+    # a sample is named by its size and the split's (the indices follow from both and the seed)
+    size = f"n{len(images)}" if len(images) == total else f"n{len(images)}of{total}s{SAMPLE_SEED}"
+    key = f"{name}-v{CACHE_VERSION}-{size}-" + "_".join(f"{x:g}" for x in levels)
     if len(key) > 200:  # many levels: name them by a digest
-        key = f"{name}-v{CACHE_VERSION}-n{len(images)}-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+        key = f"{name}-v{CACHE_VERSION}-{size}-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def build() -> dict[str, np.ndarray]:
         shifted = []
@@ -88,15 +122,19 @@ def score_levels(
     ensemble, the mean member and the best member
     (:meth:`ensemble_core.decisions.DecisionFit.score`), and ``accuracy_estimates``: every
     label-free estimate of the ensemble's accuracy at the level
-    (:func:`ensemble_core.accuracy_estimation.estimate_all`, fitted on the calibration split)."""
+    (:func:`ensemble_core.accuracy_estimation.estimate_all`, fitted on the calibration split),
+    and ``intervals``: ``{"ensemble": {figure: [low, high]}}``, the 95% confidence intervals
+    of the ensemble's accuracy, NLL, Brier and ECE on the level's sample
+    (:func:`ensemble_core.confidence_intervals.level_intervals`)."""
     bins = ctx.ece_bins
     out = []
     healthy = ctx.healthy
-    for value in levels:
+    for index, value in enumerate(levels):
         at = level == np.float32(value)
         s = metrics_lib.shift_scores(probs[:, at], labels[at], bins, healthy=healthy)
         ens = metrics_lib.ensemble_probs(probs[healthy][:, at])
         row = {"level": float(value), **s}
+        row[INTERVALS] = {"ensemble": intervals.level_intervals(ens, labels[at], bins, seed=index)}
         if ctx.temperature is not None:
             row[SCALED] = metrics_lib.scores(apply_temperature(ens, ctx.temperature), labels[at], bins)
         fit = ctx.decision_fit()
@@ -138,8 +176,9 @@ def evaluate_shift(
     transform: Callable[[np.ndarray, Any], np.ndarray],  # (images, level): degrees or pixels
     num_examples: int | None = None,
 ) -> EvaluatorOutput:
-    """Score the members on the test split (its first ``num_examples`` images; default all)
-    under ``transform`` at each level (:func:`shifted_test_set` then :func:`evaluate_shifted`)."""
+    """Score the members on the test split (``num_examples`` of its images,
+    :func:`sample_indices`; default all) under ``transform`` at each level
+    (:func:`shifted_test_set` then :func:`evaluate_shifted`)."""
     images, labels, level = shifted_test_set(ctx, name, levels, transform, num_examples)
     return evaluate_shifted(ctx, images, labels, level, levels, unit)
 
@@ -147,16 +186,18 @@ def evaluate_shift(
 def predict_levels(ctx: EvalContext, images: np.ndarray, levels: int) -> np.ndarray:
     """Every member's probabilities float32 ``[E, L*N, C]`` on a level-major shifted set
     (``images`` uint8 ``[L*N, H, W, C]``, ``L = levels``). A level whose N images are the test
-    split's first N (rotation by 0 degrees, translation by 0 pixels) is not predicted again:
-    its rows are the test split's predictions (:attr:`EvalContext.predict_split`), which
-    evaluation computes once for every evaluator."""
+    split's sample (:func:`sample_indices`; rotation by 0 degrees, translation by 0 pixels)
+    is not predicted again: its rows are the test split's predictions
+    (:attr:`EvalContext.predict_split`), which evaluation computes once for every evaluator."""
     n = len(images) // levels
     blocks = [images[b * n : (b + 1) * n] for b in range(levels)]
-    test = ctx.load("test")[0][:n]
+    test_images = ctx.load("test")[0]
+    at = sample_indices(len(test_images), n)
+    test = test_images[at]
     same = [block.shape == test.shape and np.array_equal(block, test) for block in blocks]
     if not any(same):
         return ctx.predict(images)[0]
-    known = ctx.predict_split("test")[0][:, :n]
+    known = ctx.predict_split("test")[0][:, at]
     out = np.empty((known.shape[0], len(images), known.shape[2]), np.float32)
     rest = [b for b in range(levels) if not same[b]]
     if rest:
@@ -169,21 +210,49 @@ def predict_levels(ctx: EvalContext, images: np.ndarray, levels: int) -> np.ndar
     return out
 
 
+def mean_intervals(
+    ctx: EvalContext,
+    probs: np.ndarray,
+    labels: np.ndarray,
+    level: np.ndarray,
+    levels: Sequence[float],
+    groups: Mapping[str, Sequence[float]] | None = None,
+) -> dict:
+    """``{"ensemble": {figure: [low, high]}}``: the 95% confidence intervals of the mean over
+    ``levels`` of the ensemble's accuracy, NLL and Brier (every level holds the same test
+    images: :func:`ensemble_core.confidence_intervals.mean_over_levels`); with ``groups``
+    (``{name: its levels}``, e.g. a corruption's severities) also ``{"groups": {name: {figure:
+    [low, high]}}}``, the same over each group's levels."""
+    ens = metrics_lib.ensemble_probs(probs[ctx.healthy])
+    at = {float(v): level == np.float32(v) for v in levels}
+    terms = {v: intervals.per_example(ens[mask], labels[mask]) for v, mask in at.items()}
+    out: dict = {"ensemble": intervals.mean_over_levels([terms[float(v)] for v in levels])}
+    if groups:
+        out["groups"] = {g: intervals.mean_over_levels([terms[float(v)] for v in vs]) for g, vs in groups.items()}
+    return out
+
+
 def evaluate_shifted(
     ctx: EvalContext, images: np.ndarray, labels: np.ndarray, level: np.ndarray, levels: Sequence[float], unit: str
 ) -> EvaluatorOutput:
     """Score the members on a shifted test set (:func:`shifted_test_set`'s arrays).
 
     Returns:
-      metrics ``{"unit", "levels": [per level], "mean", "ensemble_beats_best_member"}``;
+      metrics ``{"unit", "levels": [per level], "mean", "ensemble_beats_best_member",
+      "mean_intervals", "intervals"}`` (``mean_intervals``: ``{"ensemble": {figure: [low,
+      high]}}``, the 95% intervals of the mean over the levels of the ensemble's accuracy, NLL
+      and Brier, :func:`mean_intervals`; ``intervals``: the level, the examples per level
+      and the methods, :func:`ensemble_core.confidence_intervals.describe`);
       arrays ``member_probs`` float32 ``[E, L*N, C]``, ``labels`` int32 ``[L*N]``,
       ``level`` float32 ``[L*N]``, ``healthy`` bool ``[E]``, ``examples`` uint8
       ``[L, 8, H, W, C]`` (the first test images at every level, for the plots).
     """
     probs = predict_levels(ctx, images, len(levels))
     per_level = score_levels(ctx, probs, labels, level, levels)
-    metrics = {"unit": unit, "levels": per_level, **summary(per_level)}
     n = len(images) // len(levels)
+    metrics = {"unit": unit, "levels": per_level, **summary(per_level)}
+    metrics["mean_intervals"] = mean_intervals(ctx, probs, labels, level, levels)
+    metrics[INTERVALS] = intervals.describe(n, len(ctx.load("test")[0]))
     examples = images.reshape(len(levels), n, *images.shape[1:])[:, :EXAMPLES]
     return EvaluatorOutput(
         metrics=metrics,
@@ -230,11 +299,16 @@ def markdown(metrics: dict, title: str, unit: str) -> list[str]:
     ]
     for r in metrics["levels"]:
         e, b = r["ensemble"], r["best_member"]
+        ci = r.get(INTERVALS, {}).get("ensemble", {})
         label = r.get("name", f"{r['level']:g}")
-        lines.append(
-            f"| {label} | {e['accuracy']:.4f} | {e['nll']:.4f} | {e['brier']:.4f} | {e['ece']:.4f} | "
-            f"{b['nll']:.4f} | {b['brier']:.4f} | {b['ece']:.4f} |"
-        )
+        shown = " | ".join(intervals.show(e[f], ci.get(f)) for f in FIGURES)
+        lines.append(f"| {label} | {shown} | {b['nll']:.4f} | {b['brier']:.4f} | {b['ece']:.4f} |")
+    mean, mean_ci = metrics["mean"]["ensemble"], metrics.get("mean_intervals", {}).get("ensemble", {})
+    shown = " | ".join(intervals.show(mean[f], mean_ci.get(f)) for f in FIGURES)
+    best = metrics["mean"]["best_member"]
+    lines.append(f"| mean | {shown} | {best['nll']:.4f} | {best['brier']:.4f} | {best['ece']:.4f} |")
+    if INTERVALS in metrics:
+        lines += ["", interval_sentence(metrics, "level")]
     lines += ["", wins_sentence(metrics, "levels")]
     if "accuracy_estimation" in metrics:
         lines += ["", estimation_sentence(metrics, "levels")]
@@ -251,6 +325,27 @@ def markdown(metrics: dict, title: str, unit: str) -> list[str]:
             f"Brier {before['brier']:.4f} -> {after['brier']:.4f}, ECE {before['ece']:.4f} -> {after['ece']:.4f}.",
         ]
     return lines
+
+
+def interval_sentence(metrics: dict, unit: str) -> str:
+    """The report.md sentence saying what the brackets are: 95% confidence intervals of the
+    ensemble's figures on the sample of each ``unit`` (level, cell) and how they are computed
+    (:mod:`ensemble_core.confidence_intervals`)."""
+    about = metrics[INTERVALS]
+    n, total = about["examples_per_level"], about.get("test_examples", about["examples_per_level"])
+    sample = (
+        f"{n} of the {total} test images per {unit} (a seeded random sample, the same at every {unit}; "
+        f"eval.protocol: full scores all {total})"
+        if n < total
+        else f"all {n} test images at every {unit}"
+    )
+    return (
+        f"In brackets: {about['confidence']:.0%} confidence intervals of the ensemble's figures on {sample}: "
+        "Wilson score interval for the accuracy, "
+        f"Student-t for the NLL and Brier means, percentile bootstrap ({intervals.BOOTSTRAP_RESAMPLES:,} resamples) "
+        "for the ECE; "
+        f"for the mean over every {unit}, Student-t over the images' averages (each image is in every {unit})."
+    )
 
 
 def wins_sentence(metrics: dict, unit: str) -> str:

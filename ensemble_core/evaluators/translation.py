@@ -1,7 +1,8 @@
 """Horizontally translated test split, by default 0 to 14 pixels (Ovadia et al. 2019;
 :func:`ensemble_core.shifts.translate`, ``np.roll`` along the width).
 
-Options (:class:`Options`): ``pixels``.
+Options (:class:`Options`): ``pixels``, ``num_examples`` (test images per shift; default
+``eval.protocol``'s, :func:`ensemble_core.evaluators.shift_base.level_examples`).
 
 Arrays (``eval/<name>.npz``): ``member_probs`` float32 ``[E, L*N, C]`` (L shifts),
 ``labels`` int32, ``level`` float32 (pixels).
@@ -30,7 +31,10 @@ class Options(BaseModel):
         "mirror each other).",
     )
     num_examples: int | None = Field(
-        None, ge=1, description="Test images per level: the first ones of the test split (default: all of it)."
+        None,
+        ge=1,
+        description="Test images per level, a seeded random sample of the test split, the same at every level "
+        "(default: eval.protocol's; null: the whole test split).",
     )
 
     @field_validator("pixels")
@@ -44,7 +48,8 @@ class Options(BaseModel):
 def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     """Every member on the translated test split; see the module docstring."""
     opts = ctx.options or Options()
-    return shift_base.evaluate_shift(ctx, "translation", "pixels", opts.pixels, shifts.translate, opts.num_examples)
+    n = shift_base.level_examples(ctx, opts, len(opts.pixels))
+    return shift_base.evaluate_shift(ctx, "translation", "pixels", opts.pixels, shifts.translate, n)
 
 
 def plot(

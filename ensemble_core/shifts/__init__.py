@@ -1,7 +1,9 @@
 """Dataset shifts for MNIST-like images: Ovadia et al. rotations and translations
 (:mod:`.ovadia`), the MNIST-C corruptions (:mod:`.mnistc`, built from :mod:`.transforms`),
-and a notMNIST-like set of rendered letters A-J (:mod:`.rendered_letters`: not named
-``letters``, so that the function ``letters`` the package re-exports does not hide it).
+a notMNIST-like set of rendered letters A-J (:mod:`.rendered_letters`: not named
+``letters``, so that the function ``letters`` the package re-exports does not hide it), and
+images with their patches shuffled (:mod:`.patches`, any image size: an OOD set with the
+data's own pixels).
 
 numpy, scipy, scikit-image and matplotlib (no OpenCV, Wand/ImageMagick or PIL), host
 only, deterministic. :func:`rotate` and :func:`translate` take and return any uint8
@@ -41,12 +43,14 @@ built here (:func:`.transforms.affine_params`) and passed as ``matrix=``.
 from ensemble_core.shifts.layout import CHANNELS, H, W
 from ensemble_core.shifts.mnistc import CORRUPTIONS, corrupt
 from ensemble_core.shifts.ovadia import ROTATION_DEGREES, TRANSLATION_PIXELS, rotate, translate
+from ensemble_core.shifts.patches import PATCH_GRID, shuffle_patches
 from ensemble_core.shifts.rendered_letters import LETTERS, letter_fonts, letters
 
 __all__ = [
     "CHANNELS",
     "CORRUPTIONS",
     "LETTERS",
+    "PATCH_GRID",
     "ROTATION_DEGREES",
     "TRANSLATION_PIXELS",
     "H",
@@ -55,5 +59,6 @@ __all__ = [
     "letter_fonts",
     "letters",
     "rotate",
+    "shuffle_patches",
     "translate",
 ]

@@ -20,7 +20,7 @@ from ensemble_core.data import DatasetInfo
 from ensemble_core.decisions import DecisionFit, fit_all
 from ensemble_core.runs.dataset import load
 from ensemble_core.runs.ensemble.load import load_ensemble
-from ensemble_core.runs.evaluation.cache import cached_arrays
+from ensemble_core.runs.evaluation.cache import MIB, cached_arrays, derived_dir, disk_use
 from ensemble_core.runs.results import Evaluation, EvaluatorResult
 from ensemble_core.runs.storage.layout import RunDir
 
@@ -55,6 +55,11 @@ def evaluate(
     The arrays and plots of an evaluator are written by a background thread while the next
     one computes; the stage returns when all are written (an error writing them is raised here).
 
+    Each evaluator that used derived sets (shifted, corrupted, OOD images cached beside the
+    dataset, within ``eval.derived_cache_mb``) gets ``derived_sets`` in its metrics:
+    ``{"bytes", "files": {key: bytes on disk}}`` (0: larger than the cap, not kept); the
+    stage logs their total and the cache directory's.
+
     The result's ``timing`` says where the stage's wall time went: ``load ensemble``, one
     part per evaluator, each split into :data:`DERIVED`, :data:`FORWARD` and ``other``
     (metrics, loading), then :data:`WAIT` (:meth:`ensemble_core.timing.Span.to_json`); and
@@ -85,9 +90,18 @@ def _evaluate(
         with timing.part(FORWARD):
             return members.predict(cfg, images, logits=True)[0]
 
+    # The derived sets each evaluator used, {evaluator: {key: bytes on disk}}: its metrics'
+    # ``derived_sets`` (report.json), within eval.derived_cache_mb (cache.py).
+    derived: dict[str, dict[str, int]] = {}
+    current = {"name": ""}
+    cap = cfg.eval.derived_cache_mb * MIB
+
     def cached(key, build, shapes=None):
         with timing.part(DERIVED):
-            return cached_arrays(dataset, key, build, shapes)
+            arrays = cached_arrays(dataset, key, build, shapes, cap_bytes=cap)
+        path = derived_dir(dataset) / f"{key}.npz"
+        derived.setdefault(current["name"], {})[key] = path.stat().st_size if path.exists() else 0
+        return arrays
 
     load_split = functools.cache(lambda split: load(cfg, dataset, split))
 
@@ -151,8 +165,12 @@ def _evaluate(
         for name, spec in cfg.eval.evaluators.items():
             stopping.check()  # a stop request ends evaluation between evaluators (and batches)
             module = evaluators.get(spec.type)
+            current["name"] = name
             with timing.part(name):
                 out = module.evaluate(ctx.for_evaluator(name, spec))
+            if derived.get(name) and not out.skipped:
+                files = derived[name]
+                out.metrics["derived_sets"] = {"bytes": sum(files.values()), "files": files}
             outputs[name] = (spec, out)
             if out.skipped:
                 log.warning("evaluator %s skipped: %s", name, out.skipped)
@@ -162,6 +180,15 @@ def _evaluate(
             written = {name: job.result() for name, job in jobs.items()}
     finally:
         writer.shutdown(wait=True, cancel_futures=True)
+    if derived:
+        log.info(
+            "derived sets: %.1f MB used by this evaluation (%s); %s holds %.1f MB (cap eval.derived_cache_mb %d MB)",
+            sum(sum(files.values()) for files in derived.values()) / MIB,
+            ", ".join(f"{name} {sum(files.values()) / MIB:.1f} MB" for name, files in derived.items()),
+            derived_dir(dataset),
+            disk_use(derived_dir(dataset)) / MIB,
+            cfg.eval.derived_cache_mb,
+        )
     results = {
         name: EvaluatorResult(
             name=name, type=spec.type, metrics=out.metrics, plots=written[name][0] if name in written else {}

@@ -81,13 +81,20 @@ def probe(cfg: PipelineConfig, dataset: DatasetInfo, name: str) -> evaluators.Ev
     return module.evaluate(ctx.for_evaluator(name, spec))
 
 
+#: Keys of an evaluator's metrics that are records of the run, not figures: the derived sets'
+#: disk use (added by the evaluation stage, :mod:`ensemble_core.runs.evaluation.evaluate`).
+NOT_FIGURES = ("derived_sets",)
+
+
 def figure_paths(metrics: dict | list, prefix: str = "") -> list[str]:
     """Every dotted path to a figure in an evaluator's metrics (a list index is a path
     segment), in order: a number, or None where the data left it undefined (e.g. the
-    accuracy above a confidence no example reaches)."""
+    accuracy above a confidence no example reaches); :data:`NOT_FIGURES` left out."""
     out: list[str] = []
     items = metrics.items() if isinstance(metrics, dict) else enumerate(metrics)
     for key, value in items:
+        if not prefix and key in NOT_FIGURES:
+            continue
         path = f"{prefix}{key}"
         if isinstance(value, dict | list):
             out += figure_paths(value, path + ".")
