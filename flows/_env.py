@@ -82,9 +82,9 @@ def _send_project_logs_to_prefect() -> None:
 
 
 def attach_project_logger() -> None:
-    """Give ``ensemble_core`` the handlers Prefect gives its extra loggers (those of
-    ``prefect.extra``: the API log handler), as ``PREFECT_LOGGING_EXTRA_LOGGERS`` would
-    have; nothing before Prefect has set up its logging. Idempotent.
+    """Give ``ensemble_core`` Prefect's API log handler, the one Prefect gives its extra
+    loggers (``prefect.extra``), as ``PREFECT_LOGGING_EXTRA_LOGGERS`` would have; nothing
+    before Prefect has set up its logging. Idempotent.
 
     The variable only works when it is set before Prefect is imported: Prefect reads its
     settings at import and sets up its logging from them later. A deployment's flow-run
@@ -92,9 +92,14 @@ def attach_project_logger() -> None:
     came too late unless the deployment set it (prefect.yaml does); a flow calls this when
     it starts (:class:`flows._services.PrefectServices`), so its logs reach the flow run
     however it was started."""
+    from prefect.logging.handlers import APILogHandler
+
     project = logging.getLogger(PROJECT_LOGGER)
+    # The API handler only: the console is the root logger's (the project's loggers
+    # propagate), and anything else on prefect.extra is not Prefect's (pytest's capture
+    # handlers end up there under a test harness, and would then see each record twice).
     for handler in logging.getLogger("prefect.extra").handlers:
-        if handler not in project.handlers:
+        if isinstance(handler, APILogHandler) and handler not in project.handlers:
             project.addHandler(handler)
 
 
