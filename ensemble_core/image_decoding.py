@@ -10,13 +10,35 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from PIL import Image
+from PIL import ExifTags, Image, ImageOps
 
 #: Pillow's modes taken as they are: grey and RGB. Any other (palette, alpha, CMYK,
-#: 16-bit, bilevel) needs ``data.channels``, which converts.
+#: 16-bit, bilevel) needs ``data.channels``, which converts (:func:`to_8bit`).
 MODE_CHANNELS = {"L": 1, "RGB": 3}
 #: Pillow's mode for each ``data.channels``.
 CHANNEL_MODES = {1: "L", 3: "RGB"}
+
+#: 16-bit grey modes (unsigned): scaled to 8 bits by their bit depth, ``v >> 8`` (the high
+#: byte, as Pillow itself reduces a 16-bit RGB PNG to ``RGB``): 0 -> 0, 65535 -> 255.
+SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
+#: Pillow's 32-bit integer mode, taken as holding 16-bit data (a 16-bit grey PNG or TIFF
+#: read by some Pillow versions): values 0..65535 scaled as :data:`SIXTEEN_BIT_MODES`,
+#: others refused.
+INT_MODE, INT_RANGE = "I", (0, 65535)
+#: Pillow's 32-bit float mode: values in ``[0, 1]`` mapped to ``round(v * 255)``, others
+#: (or NaN) refused.
+FLOAT_MODE, FLOAT_RANGE = "F", (0.0, 1.0)
+#: Modes converted by Pillow's ``Image.convert`` as it documents: bilevel ``1`` to 0/255,
+#: palette by its colours, ``CMYK``/``YCbCr``/``HSV`` to RGB, ``LAB`` through littleCMS's
+#: LAB -> sRGB transform (grey: that RGB's luma), alpha (``LA``, ``PA``, ``RGBA``) and
+#: padding (``RGBX``) dropped: a transparent pixel keeps the colour it stores.
+PILLOW_CONVERTED_MODES = frozenset({"1", "L", "P", "PA", "LA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr", "LAB", "HSV"})
+#: Every mode :func:`to_8bit` converts; any other is refused with :data:`UNCONVERTED_FIX`.
+CONVERTED_MODES = PILLOW_CONVERTED_MODES | SIXTEEN_BIT_MODES | {INT_MODE, FLOAT_MODE}
+UNCONVERTED_FIX = "save it as 8-bit grey or RGB (e.g. a PNG)"
+FLOAT_FIX = "scale it to [0, 1] or save it as 8- or 16-bit"
+#: EXIF orientations that swap width and height (transposed or turned a quarter).
+SWAPPING_ORIENTATIONS = frozenset({5, 6, 7, 8})
 
 #: The kinds of :class:`ImageDecodeError`.
 UNREADABLE, MISSING, MODE, CHANNELS, SIZE = "unreadable", "missing", "mode", "channels", "size"
@@ -35,24 +57,94 @@ class ImageDecodeError(Exception):
         self.kind, self.detail = kind, detail
 
 
+def orientation(image: Image.Image) -> int:
+    """The EXIF orientation of ``image`` (1, upright, where it has none or an invalid one)."""
+    value = image.getexif().get(ExifTags.Base.Orientation, 1)
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def upright_size(image: Image.Image) -> tuple[int, int]:
+    """``(H, W)`` of ``image`` once turned upright by its EXIF orientation (as
+    ``ImageOps.exif_transpose`` does in :func:`decode_file`)."""
+    width, height = image.size
+    return (width, height) if orientation(image) in SWAPPING_ORIENTATIONS else (height, width)
+
+
+def _range_error(
+    mode: str, kind: str, found: tuple[float, float], allowed: tuple[float, float], fix: str
+) -> ImageDecodeError:
+    """The one-line refusal of an ``I`` or ``F`` image with values ``found`` outside ``allowed``."""
+    low, high = found
+    return ImageDecodeError(
+        UNREADABLE,
+        f"Pillow mode '{mode}' ({kind}) with values {low:g}..{high:g}, outside [{allowed[0]:g}, {allowed[1]:g}], "
+        f"the range mapped to 0-255; {fix}",
+    )
+
+
+def to_8bit(image: Image.Image, target: str) -> Image.Image:
+    """``image`` in Pillow mode ``target`` (``L`` or ``RGB``), its full range mapped to 0-255:
+
+    - ``L``, ``RGB``: as they are (``L`` <-> ``RGB`` by ``Image.convert``: ITU-R 601-2 luma);
+    - 16-bit grey (:data:`SIXTEEN_BIT_MODES`) and ``I`` holding 0..65535: ``v >> 8``;
+    - ``F``: values in ``[0, 1]`` to ``round(v * 255)``;
+    - :data:`PILLOW_CONVERTED_MODES`: ``Image.convert``, alpha dropped.
+
+    Raises:
+      ImageDecodeError: (:data:`UNREADABLE`) an ``I`` or ``F`` image with values outside
+        its range, or a mode none of these is: one line naming the mode and the fix.
+    """
+    mode = image.mode
+    if mode in SIXTEEN_BIT_MODES:
+        image = Image.fromarray((np.asarray(image).astype(np.uint16) >> 8).astype(np.uint8))
+    elif mode == INT_MODE:
+        values = np.asarray(image)
+        found = (int(values.min()), int(values.max())) if values.size else INT_RANGE
+        if found[0] < INT_RANGE[0] or found[1] > INT_RANGE[1]:
+            raise _range_error(mode, "32-bit integer, taken as 16-bit", found, INT_RANGE, "save it as 8- or 16-bit")
+        image = Image.fromarray((values.astype(np.uint16) >> 8).astype(np.uint8))
+    elif mode == FLOAT_MODE:
+        values = np.asarray(image, dtype=np.float32)
+        if values.size and not np.isfinite(values).all():
+            raise ImageDecodeError(
+                UNREADABLE,
+                f"Pillow mode 'F' (32-bit float) holding NaN or infinite values, outside [0, 1], "
+                f"the range mapped to 0-255; {FLOAT_FIX}",
+            )
+        span = (float(values.min()), float(values.max())) if values.size else FLOAT_RANGE
+        if span[0] < FLOAT_RANGE[0] or span[1] > FLOAT_RANGE[1]:
+            raise _range_error(mode, "32-bit float", span, FLOAT_RANGE, FLOAT_FIX)
+        image = Image.fromarray(np.rint(values * 255).astype(np.uint8))
+    elif mode == "LAB" and target == "L":
+        image = image.convert("RGB")  # Pillow converts LAB to RGB only (littleCMS, sRGB)
+    elif mode not in PILLOW_CONVERTED_MODES:
+        raise ImageDecodeError(UNREADABLE, f"Pillow mode '{mode}', which is not converted; {UNCONVERTED_FIX}")
+    return image if image.mode == target else image.convert(target)
+
+
 def decode_file(
     path: str, image_size: tuple[int, int] | None, channels: int | None, shape: tuple[int, int, int]
 ) -> np.ndarray:
-    """One image as uint8 ``[H, W, C]`` of ``shape``: converted to ``channels`` (Pillow's
-    ``Image.convert``: ``L`` is ITU-R 601-2 luma) and resized to ``image_size``
-    (``Image.resize`` with ``Resampling.BILINEAR``: bilinear, antialiased when
-    shrinking, the method of ``torchvision.transforms.Resize``) where they are set.
+    """One image as uint8 ``[H, W, C]`` of ``shape``: turned upright by its EXIF
+    orientation (``ImageOps.exif_transpose``, as image viewers show it) before anything
+    else, converted to ``channels`` with its full range mapped to 0-255 (:func:`to_8bit`)
+    and resized to ``image_size`` (``Image.resize`` with ``Resampling.BILINEAR``: bilinear,
+    antialiased when shrinking, the method of ``torchvision.transforms.Resize``) where they
+    are set.
 
     Raises:
-      ImageDecodeError: the file cannot be decoded or disappeared, or (without
-        ``image_size``/``channels``) its mode, channel count or size is not ``shape``'s.
+      ImageDecodeError: the file cannot be decoded or disappeared, its pixels cannot be
+        converted (:func:`to_8bit`), or (without ``image_size``/``channels``) its mode,
+        channel count or upright size is not ``shape``'s.
     """
     try:
         with Image.open(path) as opened:
             opened.load()
+            turned = orientation(opened)
+            ImageOps.exif_transpose(opened, in_place=True)
             image: Image.Image = opened
             if channels is not None:
-                image = image.convert(CHANNEL_MODES[channels])
+                image = to_8bit(image, CHANNEL_MODES[channels])
             elif image.mode not in MODE_CHANNELS:
                 raise ImageDecodeError(MODE, image.mode)
             elif MODE_CHANNELS[image.mode] != shape[2]:
@@ -60,7 +152,8 @@ def decode_file(
             if image_size is not None:
                 image = image.resize((image_size[1], image_size[0]), Image.Resampling.BILINEAR)
             elif (image.height, image.width) != shape[:2]:
-                raise ImageDecodeError(SIZE, f"{image.height}x{image.width}")
+                upright = f" (upright, by its EXIF orientation {turned})" if turned != 1 else ""
+                raise ImageDecodeError(SIZE, f"{image.height}x{image.width}{upright}")
             array = np.asarray(image, dtype=np.uint8)
     except FileNotFoundError as err:
         raise ImageDecodeError(MISSING, str(err)) from None

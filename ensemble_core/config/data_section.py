@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import unicodedata
 from pathlib import PurePath
 from typing import Any, Literal
 
@@ -176,6 +177,31 @@ class DataConfig(Section):
             raise ValueError(f"data.image_size {list(value)} must be two sides in 1..16384 pixels, [H, W]")
         return value
 
+    @field_validator("class_names")
+    @classmethod
+    def _class_names_one_line(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        """Each name normalised to Unicode NFC (as an image folder's class folders are);
+        refused, escaped with ``repr`` so the message is one line: a name with a control
+        character (category Cc: newline, tab, ...) or a line/paragraph separator, a blank
+        name, a name that begins or ends with white space (the class map is stored one
+        stripped name per line)."""
+        if value is None:
+            return None
+        names = tuple(unicodedata.normalize("NFC", name) for name in value)
+        for name in names:
+            bad = [ch for ch in name if unicodedata.category(ch) in ("Cc", "Zl", "Zp")]
+            if bad:
+                raise ValueError(
+                    f"data.class_names: {name!r} has the control character {bad[0]!r}: a class name is stored as "
+                    "one line of the class map; fix: remove newlines, tabs and other control characters"
+                )
+            if not name.strip() or name != name.strip():
+                raise ValueError(
+                    f"data.class_names: {name!r} is blank or begins or ends with white space: the class map stores "
+                    f"names stripped; fix: write {name.strip()!r}" + ("" if name.strip() else " a name")
+                )
+        return names
+
     @field_validator("classes", mode="before")
     @classmethod
     def _classes_are_indices_or_names(cls, value: Any) -> Any:
@@ -243,7 +269,9 @@ class DataConfig(Section):
         if self.class_names is not None and (
             len(set(self.class_names)) != len(self.class_names) or len(self.class_names) < 2
         ):
-            raise ValueError(f"data.class_names must be two or more distinct names, not {list(self.class_names)}")
+            raise ValueError(
+                f"data.class_names must be two or more distinct names (in Unicode NFC), not {list(self.class_names)}"
+            )
         if (files or self.builder is not None) and not DATASET_NAME.match(self.name):
             raise ValueError(
                 f"data.name '{self.name}' is not a TFDS dataset name; fix: use snake_case, e.g. "

@@ -14,6 +14,7 @@ import logging
 import multiprocessing
 import os
 import time
+import unicodedata
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -40,10 +41,10 @@ BLOCK = 2048
 class FolderScan:
     """What an image folder holds, before decoding.
 
-    ``class_names``: the class folders of ``train``, sorted (label ``i`` is
-    ``class_names[i]``); ``files``: per split, ``(path, label)`` in file-name order
-    across classes (by the path below the class folder, then the class), so a folder
-    exported with numbered file names keeps the export's order.
+    ``class_names``: the names of the class folders of ``train`` in Unicode NFC,
+    sorted (label ``i`` is ``class_names[i]``); ``files``: per split, ``(path, label)``
+    in file-name order across classes (by the path below the class folder, then the
+    class), so a folder exported with numbered file names keeps the export's order.
     """
 
     root: Path
@@ -104,15 +105,51 @@ def walk_files(directory: Path, ancestors: tuple[str, ...] = (), *, refuse_speci
     return out
 
 
+def class_folder_name(name: str, split_dir: Path) -> str:
+    """The class name of the class folder ``name`` of ``split_dir``: ``name`` normalised to
+    Unicode NFC, so that a folder spelled in NFD (as macOS writes it) is the same class as
+    one spelled in NFC.
+
+    Raises:
+      DataError: one line, the name escaped with ``repr``: a control character (Unicode
+        category Cc: newline, tab, ...) or a line or paragraph separator in the name (the
+        class map is stored one name per line, and messages would break), or a name that
+        begins or ends with white space (TFDS reads its label names back stripped).
+    """
+    nfc = unicodedata.normalize("NFC", name)
+    bad = [ch for ch in nfc if unicodedata.category(ch) in ("Cc", "Zl", "Zp")]
+    if bad:
+        raise DataError(
+            f"class folder {name!r} in {str(split_dir)!r} has the control character {bad[0]!r} in its name: "
+            "a class name is stored as one line of the class map",
+            fix="rename the folder without newlines, tabs or other control characters",
+        )
+    if nfc != nfc.strip():
+        raise DataError(
+            f"class folder {name!r} in {str(split_dir)!r} begins or ends with white space: the class map "
+            "stores names stripped, so the class would be read back as another name",
+            fix=f"rename the folder to {nfc.strip()!r}" if nfc.strip() else "give the folder a name",
+        )
+    return nfc
+
+
 def scan_image_folder(root: str | os.PathLike) -> FolderScan:
     """List the classes and image files of ``root`` (``<root>/<split>/<class>/...``; files
     may lie in subfolders of a class folder; names starting with ``.`` are ignored).
 
+    Class names are the class folders' names normalised to Unicode NFC
+    (:func:`class_folder_name`): ``train/é`` and ``test/é`` in NFC and NFD are one class.
+
     Raises:
-      DataError: one line naming the path and the fix: ``root`` missing or not a
-        directory; no ``train`` folder; a file directly in a split folder (outside every
-        class folder); fewer than two classes; an empty class folder; a ``test`` class
-        that ``train`` lacks; a symlink loop or a broken symlink.
+      DataError: one line naming the path and the fix (names escaped with ``repr``):
+        ``root`` missing or not a directory; no ``train`` folder; a file directly in a
+        split folder (outside every class folder); a class folder name with a control
+        character or leading/trailing white space; two class folders of a split whose
+        names are one name in NFC; fewer than two classes; an empty class folder; a
+        ``test`` class that ``train`` lacks; a ``test`` folder without class folders
+        (empty, or only hidden files such as ``.DS_Store``); no ``test`` folder and one
+        file per class, so that the test split carved from ``train`` would be empty; a
+        symlink loop or a broken symlink.
     """
     root = Path(root)
     if not root.is_dir():
@@ -125,6 +162,7 @@ def scan_image_folder(root: str | os.PathLike) -> FolderScan:
         )
     class_names: tuple[str, ...] = ()
     files: dict[str, list[tuple[Path, int]]] = {}
+    per_class: dict[str, list[int]] = {}
     for split in FOLDER_SPLITS:
         split_dir = root / split
         if not split_dir.is_dir():
@@ -137,7 +175,17 @@ def scan_image_folder(root: str | os.PathLike) -> FolderScan:
                 f"{split_dir / stray[0]} lies outside every class folder ({len(stray)} such file(s) in {split_dir})",
                 fix=f"move it into {split_dir}/<class name>/ or remove it",
             )
-        names = tuple(e.name for e in entries)
+        folders: dict[str, str] = {}  # class name (NFC) -> the folder's name on disk
+        for entry in entries:
+            name = class_folder_name(entry.name, split_dir)
+            if name in folders:
+                raise DataError(
+                    f"class folders {folders[name]!r} and {entry.name!r} in {str(split_dir)!r} are one name, "
+                    f"{name!r}, in Unicode NFC: two folders of one class",
+                    fix="merge them into one folder",
+                )
+            folders[name] = entry.name
+        names = tuple(sorted(folders))
         if split == "train":
             if len(names) < 2:
                 raise DataError(
@@ -146,28 +194,45 @@ def scan_image_folder(root: str | os.PathLike) -> FolderScan:
                 )
             class_names = names
         else:
+            if not names:
+                raise DataError(
+                    f"test folder {split_dir} holds no class folder, so no test images "
+                    "(names starting with '.', such as .DS_Store, are ignored)",
+                    fix=f"put the test images in {split_dir}/<class name>/<image file>, or remove {split_dir} "
+                    "to hold out data.test_fraction of train as the test split",
+                )
             unknown = sorted(set(names) - set(class_names))
             if unknown:
                 raise DataError(
-                    f"{split_dir / unknown[0]} is a class that {root / 'train'} does not have",
+                    f"{split_dir / folders[unknown[0]]} is a class that {root / 'train'} does not have "
+                    f"(no class folder there is named {unknown[0]!r} in Unicode NFC)",
                     fix=f"add {root / 'train' / unknown[0]} with training images, or remove the test folder",
                 )
         found: list[tuple[str, str, Path, int]] = []
+        counts = per_class.setdefault(split, [])
         for name in names:
             label = class_names.index(name)
-            class_dir = split_dir / name
+            class_dir = split_dir / folders[name]
             paths = walk_files(class_dir)
             if not paths:
                 raise DataError(f"class folder {class_dir} holds no files", fix="add images to it or remove it")
+            counts.append(len(paths))
             found.extend((str(p.relative_to(class_dir)), name, p, label) for p in paths)
         found.sort(key=lambda item: (item[0], item[1]))
         files[split] = [(path, label) for _, _, path, label in found]
+    if "test" not in files and max(per_class["train"]) < 2:
+        raise DataError(
+            f"{root} has no test folder and every class folder of {root / 'train'} holds one file: too few "
+            "images per class to hold out data.test_fraction of train as a test split (it would be empty)",
+            fix=f"add test images in {root}/test/<class name>/<image file>, or two or more images per class",
+        )
     return FolderScan(root=root, class_names=class_names, files=files)
 
 
 def image_geometry(path: Path, image_size: tuple[int, int] | None, channels: int | None) -> tuple[int, int, int]:
     """The ``(H, W, C)`` the images decode to: ``image_size`` and ``channels`` where set,
-    else those of ``path`` (read from its header only).
+    else those of ``path`` (read from its header: its size once turned upright by its EXIF
+    orientation, as :func:`~ensemble_core.image_decoding.decode_file` turns it).
 
     Raises:
       DataError: ``path`` cannot be opened as an image (with ``data.on_bad_image=fail``'s
@@ -175,10 +240,11 @@ def image_geometry(path: Path, image_size: tuple[int, int] | None, channels: int
     """
     try:
         with Image.open(path) as image:
-            size, mode = image.size, image.mode
+            mode = image.mode
+            upright = image_decoding.upright_size(image) if image_size is None else image_size
     except image_decoding.PILLOW_ERRORS as err:
         raise bad_image(path, one_line(err)) from None
-    height, width = image_size if image_size is not None else (size[1], size[0])
+    height, width = upright
     return height, width, channels if channels is not None else mode_channels(path, mode)
 
 
@@ -194,10 +260,13 @@ def mode_channels(path: Path, mode: str) -> int:
 
 
 def mode_error(path: Path, mode: str) -> DataError:
-    """The one-line error for an image whose Pillow mode is neither grey nor RGB."""
+    """The one-line error for an image whose Pillow mode is neither grey nor RGB (the fix:
+    ``data.channels`` where it converts that mode, else saving the image otherwise)."""
+    converts = mode in image_decoding.CONVERTED_MODES
     return DataError(
-        f"{path} is a Pillow '{mode}' image, neither grey ('L') nor RGB",
-        fix="set data.channels: 1 or 3 to convert every image",
+        f"{path} is a Pillow '{mode}' image, neither grey ('L') nor RGB"
+        + ("" if converts else ", and data.channels does not convert it"),
+        fix="set data.channels: 1 or 3 to convert every image" if converts else image_decoding.UNCONVERTED_FIX,
     )
 
 

@@ -238,6 +238,27 @@ def prepare_locked(name: str, data_dir: str | None, manual_dir: str | None, root
     return describe_prepared(builder, name, data_dir)
 
 
+def class_map_problem(names: list[str] | tuple[str, ...], num_classes: int) -> str | None:
+    """What is wrong with ``names`` as the class map of ``num_classes`` classes, or None.
+
+    TFDS writes a ``ClassLabel``'s names to ``label.labels.txt`` one per line and reads
+    them back split at newlines, stripped, blank lines dropped: the map must hold exactly
+    one name per class, each of which survives that round trip unchanged (no newline, no
+    leading/trailing white space, not blank), with no name twice. Names are escaped with
+    ``repr`` so that the answer is one line.
+    """
+    names = list(names)
+    if len(names) != num_classes:
+        return f"{len(names)} class names for {num_classes} classes ({names[:8]!r}{' ...' if len(names) > 8 else ''})"
+    for name in names:
+        if not isinstance(name, str) or not name.strip() or name != name.strip() or "\n" in name or "\r" in name:
+            return f"class name {name!r} does not survive the class map, which stores one stripped name per line"
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        return f"class name {twice!r} is in the class map twice"
+    return None
+
+
 def describe_prepared(builder, name: str, data_dir: str | None) -> DatasetInfo:
     """The :class:`DatasetInfo` of ``builder``'s prepared dataset, after checking its files
     (:func:`verify_prepared`) and that it is an image classification dataset the models
@@ -245,7 +266,9 @@ def describe_prepared(builder, name: str, data_dir: str | None) -> DatasetInfo:
 
     Raises:
       DataError: damage; no train or test split; no ``image``/``label`` features; images
-        not of one fixed ``(H, W, C)`` shape with C 1 (grey) or 3 (RGB).
+        not of one fixed ``(H, W, C)`` shape with C 1 (grey) or 3 (RGB); a label that is
+        not a ``ClassLabel``; a class map without exactly one name per class
+        (:func:`class_map_problem`: e.g. a name with a newline, read back as two).
     """
     verify_prepared(builder, name)
     for split in ("train", "test"):
@@ -263,6 +286,15 @@ def describe_prepared(builder, name: str, data_dir: str | None) -> DatasetInfo:
     shape = tuple(features["image"].shape)
     if len(shape) != 3 or None in shape:
         raise DataError(f"dataset '{name}' has image shape {shape}", fix="choose a dataset of fixed-size HWC images")
+    label = features["label"]
+    if not isinstance(label, tfds.features.ClassLabel):
+        raise DataError(
+            f"dataset '{name}' has a 'label' feature of {type(label).__name__}, not ClassLabel",
+            fix="choose an image classification dataset",
+        )
+    problem = class_map_problem(label.names, int(label.num_classes))
+    if problem is not None:
+        raise damaged_error(name, builder.data_dir, f"its class map (label.labels.txt) is wrong: {problem}")
     if shape[-1] not in CHANNELS:
         raise DataError(
             f"dataset '{name}' has images of shape {shape} with {shape[-1]} channels, not 1 (grey) or 3 (RGB); "

@@ -15,7 +15,13 @@ from typing import ClassVar
 import numpy as np
 import tensorflow_datasets as tfds
 
-from ensemble_core.data.preparation import DatasetInfo, describe_prepared, is_registered, prepared_variant
+from ensemble_core.data.preparation import (
+    DatasetInfo,
+    class_map_problem,
+    describe_prepared,
+    is_registered,
+    prepared_variant,
+)
 from ensemble_core.data.sources import EMBEDDED, FILE_FORMAT, IDX_SOURCES, one_line
 from ensemble_core.data.user_source import UserSource, UserSplits, read_user_source
 from ensemble_core.errors import DataError
@@ -63,6 +69,35 @@ def user_builder_class(name: str, splits: UserSplits, source: UserSource) -> typ
     return UserImages
 
 
+def check_splits(splits: UserSplits, source: UserSource) -> None:
+    """Refuse, before anything is written, splits TFDS cannot write or read back as they
+    are: a class map without one name per class that survives ``label.labels.txt``
+    (:func:`~ensemble_core.data.preparation.class_map_problem`), or an empty split (TFDS
+    fails on it with "No examples were yielded", which reads like a full disk).
+
+    Raises:
+      DataError: one line naming the cause and the fix.
+    """
+    problem = class_map_problem(splits.class_names, len(splits.class_names))
+    if problem is not None:
+        raise DataError(f"{source.kind} {source.path}: {problem}", fix="rename the class so that it is one line")
+    for split in ("train", "test"):
+        if len(getattr(splits, split)[1]):
+            continue
+        if split == "test" and splits.test_carved:
+            raise DataError(
+                f"{source.kind} {source.path}: the test split held out from train (data.test_fraction="
+                f"{source.test_fraction!r}) is empty: every class has fewer than two usable examples",
+                fix="add a test split (test/<class name>/ of an image folder, test.npz of arrays), or more examples "
+                "per class",
+            )
+        raise DataError(
+            f"{source.kind} {source.path}: the {split} split holds no usable example",
+            fix=f"add {split} examples"
+            + (", or remove the test split to hold out data.test_fraction of train" if split == "test" else ""),
+        )
+
+
 def check_user_name(name: str) -> None:
     """Refuse a user dataset named like a dataset TFDS or this package already knows
     (its prepared files would be read with that dataset's builder).
@@ -90,12 +125,14 @@ def prepare_user_locked(name: str, data_dir: str, source: UserSource) -> tuple[D
 
     Raises:
       DataError: every refusal of
-        :func:`~ensemble_core.data.user_source.read_user_source`; a write that fails
+        :func:`~ensemble_core.data.user_source.read_user_source` and of
+        :func:`check_splits` (a bad class map, an empty split); a write that fails
         (naming the directory).
     """
     skipped: tuple[str, ...] = ()
     if prepared_variant(name, data_dir) is None:
         splits = read_user_source(source)
+        check_splits(splits, source)
         builder = user_builder_class(name, splits, source)(data_dir=data_dir, file_format=FILE_FORMAT)
         try:
             builder.download_and_prepare(file_format=FILE_FORMAT)
