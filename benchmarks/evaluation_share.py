@@ -18,7 +18,8 @@ evaluation stage's seconds and their ratio (issue 58: evaluation at most 30% of 
 the default protocol), the shift evaluators' seconds and the report's confidence intervals
 of the common corruptions' mean accuracy. Compare the ratios of one run of this script (the
 machine is shared, seconds drift between sessions). Also the derived sets' bytes the runs
-report. Writes ``benchmarks/results/evaluation-share-image-folder-cpu-2core.json``.
+report, and the default OOD sets' AUROC and confidently-wrong fraction (uniform noise and
+shuffled patches). Writes ``benchmarks/results/evaluation-share-image-folder-cpu-2core.json``.
 """
 
 from __future__ import annotations
@@ -84,6 +85,15 @@ def _run(folder: Path, out: Path, tfds: Path, extra: list[str]) -> dict[str, Any
             if isinstance(v.get("metrics", {}).get("derived_sets"), dict)
         },
         "ensemble_test_accuracy": report["ensemble"]["accuracy"],
+        # the default OOD sets of a user's data: uniform noise and shuffled patches
+        "ood": {
+            name: {
+                "auroc": ev["metrics"]["ensemble"]["auroc"],
+                "confident_ood_fraction": ev["metrics"].get("confident_ood_fraction"),
+            }
+            for name, ev in evaluations.items()
+            if isinstance(ev.get("metrics", {}).get("ensemble"), dict) and "auroc" in ev["metrics"]["ensemble"]
+        },
         "load_average_before": load,
         "load_average_after": os.getloadavg(),
     }
