@@ -14,7 +14,7 @@ import tensorflow_datasets as tfds
 
 from ensemble_core import data, runs, shifts
 from ensemble_core.config import PipelineConfig, load_config
-from ensemble_core.errors import DataError
+from ensemble_core.errors import DataError, EnsembleError
 from ensemble_core.evaluators import EvalContext, corruptions, fashion_mnist, letters, ood_base, translation
 from tests._cifar_mock import NUM_TEST, NUM_TRAIN, cifar10_tfds  # noqa: F401  (a fixture)
 
@@ -299,10 +299,15 @@ def test_cnn_ensemble_with_augmentation_trains_and_evaluates_on_cifar10(cifar10_
             "ensemble.size=2",
             "train.epochs=1",
             "train.batch_size=16",
-            "eval.evaluators=[test,rotation,corruptions]",
+            "eval.evaluators=[test,rotation]",
             "promotion.enabled=false",
         ],
     )
+    # MNIST-C named by the user on RGB images: refused in the preflight, nothing trained.
+    named = cfg.model_copy(update={"eval": load_config(None, ["eval.evaluators=[test,rotation,corruptions]"]).eval})
+    with pytest.raises(EnsembleError, match=r"corruptions.*cannot run on dataset 'cifar10'.*28x28x1"):
+        runs.preflight(named, tmp_path / "refused", "r")
+    assert not (tmp_path / "refused" / "r").exists()
     result = runs.run(cfg, tmp_path / "out", "r")
     report = json.loads(result.run_dir.report_json.read_text())
     # Test figures for 10 classes, recomputed from predictions.npz.
@@ -314,14 +319,8 @@ def test_cnn_ensemble_with_augmentation_trains_and_evaluates_on_cifar10(cifar10_
     assert report["ensemble"]["accuracy"] == pytest.approx(np.mean(ens.argmax(-1) == labels))
     assert report["ensemble"]["nll"] == pytest.approx(-np.mean(np.log(ens[np.arange(NUM_TEST), labels])), rel=1e-4)
     assert len(report["members"]) == 2
-    # Rotation ran on the RGB test split; the corruptions were skipped, and said why.
+    # Rotation ran on the RGB test split.
     rotation = report["evaluations"]["rotation"]["metrics"]
     assert [r["level"] for r in rotation["levels"]] == [float(d) for d in shifts.ROTATION_DEGREES]
     examples = np.load(result.run_dir.eval_dir / "rotation.npz")["examples"]
     assert examples.shape[2:] == (32, 32, 3)
-    reason = report["evaluations"]["corruptions"]["metrics"]["skipped"]
-    assert reason == "MNIST-C corruptions are defined for 28x28x1 images, not (32, 32, 3)"
-    assert f"**corruptions**: skipped ({reason})." in result.run_dir.report_md.read_text()
-    assert not (result.run_dir.eval_dir / "corruptions.npz").exists()
-    warned = [r.message for r in caplog.records if r.levelname == "WARNING" and "skipped" in r.message]
-    assert warned == [f"evaluator corruptions skipped: {reason}"]

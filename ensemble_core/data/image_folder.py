@@ -100,7 +100,7 @@ def walk_files(directory: Path, ancestors: tuple[str, ...] = (), *, refuse_speci
         elif refuse_special and path.exists():  # a FIFO, device or socket, or a link to one
             kind = special_kind(path) or "not a regular file"
             raise DataError(f"{path} is {kind}, not an image file", fix="move it out of the folder")
-        elif entry.is_symlink():
+        elif entry.is_symlink() and not path.exists():  # a link to a FIFO or device is one: passed over
             raise DataError(f"{path} is a broken symlink", fix="remove it or point it at an image")
     return out
 

@@ -4,6 +4,7 @@ each with ``image`` uint8 ``[N, H, W, C]`` (or ``[N, H, W]``) and ``label`` inte
 
 from __future__ import annotations
 
+import math
 import os
 import zipfile
 from pathlib import Path
@@ -40,33 +41,116 @@ def array_files(root: str | os.PathLike) -> dict[str, Path]:
     return {split: root / name for split, name in ARRAY_FILES.items() if (root / name).is_file()}
 
 
-def image_array_shape(path: Path) -> tuple[int, ...]:
-    """The shape of ``path``'s ``image`` array, read from its ``.npy`` header only (no
-    decompression of the data), so that memory can be checked before loading.
+#: Deflate shrinks data by at most about 1032:1 (its longest match, 258 bytes, coded in two
+#: bits or so): an archive member whose header claims more than this many times its compressed
+#: bytes cannot hold the data it claims.
+MAX_DEFLATE_RATIO = 1100
+
+#: The arrays of a ``.npz`` the pipeline reads (every other member is never loaded).
+MEMBERS = ("image", "label")
+
+
+def _unreadable(path: Path, err: BaseException) -> DataError:
+    return DataError(
+        f"{path} cannot be read as a .npz of arrays ({one_line(err)})",
+        fix="write it again with numpy.savez from plain (non-object) arrays",
+    )
+
+
+def npy_header(f, where: str, stored_bytes: int) -> tuple[tuple[int, ...], np.dtype]:
+    """The ``(shape, dtype)`` of the ``.npy`` stream ``f`` (a ``.npy`` file or a ``.npz``
+    member, positioned at its start), read from its header alone, after checking that the
+    data it claims can be there: ``stored_bytes`` (the bytes the stream holds, or can
+    decompress to) must cover the header and ``prod(shape) * itemsize`` bytes of data.
 
     Raises:
-      DataError: the file is not a ``.npz`` holding ``image``.
+      DataError: a header that does not parse, or one that claims more data than is
+        stored (naming the shape, the bytes claimed and the bytes there are).
+      ValueError, EOFError, OSError: the stream is not a ``.npy``, or holds Python objects
+        (a pickle), for the caller to name.
+    """
+    major, _ = np.lib.format.read_magic(f)
+    read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read(f)
+    if dtype.hasobject:  # its data is a pickle, never loaded
+        raise ValueError(f"{where} holds Python objects, a pickle (never loaded)")
+    shape = tuple(int(d) for d in shape)
+    need = f.tell() + math.prod(shape) * dtype.itemsize
+    if need > stored_bytes:
+        raise DataError(
+            f"{where}: its header claims {dtype} of shape {shape} ({need:,} bytes with the header) but only "
+            f"{stored_bytes:,} bytes are stored",
+            fix="write the file again with numpy.save/numpy.savez (it is damaged or was not written by numpy)",
+        )
+    return shape, dtype
+
+
+def array_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """The ``(shape, dtype)`` of ``path``'s ``image`` and ``label`` arrays, from their
+    ``.npy`` headers only (nothing decompressed or allocated), each bounded by the bytes
+    its archive member holds (:func:`npy_header`; a deflated member by
+    :data:`MAX_DEFLATE_RATIO` times its compressed bytes, which must lie in the file),
+    so that every array's size can be checked before loading.
+
+    Raises:
+      DataError: the file is not a ``.npz``, lacks ``image`` or ``label``, or a header
+        claims more data than the member holds.
     """
     try:
-        with zipfile.ZipFile(path) as archive, archive.open("image.npy") as f:
-            major, _ = np.lib.format.read_magic(f)
-            header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-            shape, _, _ = header(f)
-    except KeyError:
-        raise DataError(
-            f"{path} has no 'image' array", fix="save it with numpy.savez(path, image=..., label=...)"
-        ) from None
+        with zipfile.ZipFile(path) as archive:
+            infos = {i.filename.removesuffix(".npy"): i for i in archive.infolist()}
+            missing = [k for k in MEMBERS if k not in infos]
+            if missing:
+                raise DataError(
+                    f"{path} has arrays {sorted(infos)}, no {' or '.join(missing)}",
+                    fix="save it with numpy.savez(path, image=..., label=...)",
+                )
+            size = path.stat().st_size
+            out = {}
+            for name in MEMBERS:
+                info = infos[name]
+                ratio = 1 if info.compress_type == zipfile.ZIP_STORED else MAX_DEFLATE_RATIO
+                stored = min(info.file_size, ratio * min(info.compress_size, size))
+                with archive.open(info) as f:
+                    out[name] = npy_header(f, f"{path}: '{name}'", stored)
+    except DataError:
+        raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise _unreadable(path, err) from None
+    image, label = out["image"], out["label"]
+    check_headers(path, image, label)
+    return out
+
+
+def check_headers(path: Path, image: tuple, label: tuple) -> None:
+    """Refuse, from the headers alone, images that are not uint8 ``[N, H, W(, C)]`` and
+    labels that are not integers of shape ``(N,)``.
+
+    Raises:
+      DataError: one line naming the array, its dtype and shape, and the fix.
+    """
+    (shape, dtype), (label_shape, label_dtype) = image, label
+    if dtype != np.uint8 or len(shape) not in (3, 4):
         raise DataError(
-            f"{path} cannot be read as a .npz of arrays ({one_line(err)})",
-            fix="write it again with numpy.savez from plain (non-object) arrays",
-        ) from None
-    return tuple(int(d) for d in shape)
+            f"{path}: 'image' is {dtype} of shape {shape}, not uint8 [N, H, W] or [N, H, W, C]",
+            fix="convert to uint8 pixels in 0..255 (e.g. (x * 255).round().astype(np.uint8)) before saving",
+        )
+    if not np.issubdtype(label_dtype, np.integer) or label_shape != (shape[0],):
+        raise DataError(
+            f"{path}: 'label' is {label_dtype} of shape {label_shape}, not integers of shape ({shape[0]},)",
+            fix="save one integer label per image",
+        )
+
+
+def image_array_shape(path: Path) -> tuple[int, ...]:
+    """The shape of ``path``'s ``image`` array, from its header (:func:`array_headers`)."""
+    return array_headers(path)["image"][0]
 
 
 def read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """``(image uint8 [N, H, W, C], label int64 [N])`` of one ``.npz`` file (a
-    ``[N, H, W]`` image array gets ``C = 1``).
+    ``[N, H, W]`` image array gets ``C = 1``), loaded after :func:`array_headers` bounded
+    both arrays by their headers (the caller checks their size against memory first).
 
     Raises:
       DataError: one line naming the file and the fix: not a readable ``.npz`` (also a
@@ -74,23 +158,12 @@ def read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
         images not uint8 of 3 or 4 dimensions, labels not integers of one per image, or no
         examples.
     """
+    array_headers(path)  # every refusal the headers allow, before anything is allocated
     try:
         with np.load(path, allow_pickle=False) as npz:
-            keys = set(npz.files)
-            missing = [k for k in ("image", "label") if k not in keys]
-            if missing:
-                raise DataError(
-                    f"{path} has arrays {sorted(keys)}, no {' or '.join(missing)}",
-                    fix="save it with numpy.savez(path, image=..., label=...)",
-                )
             images, labels = npz["image"], npz["label"]
-    except DataError:
-        raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        raise DataError(
-            f"{path} cannot be read as a .npz of arrays ({one_line(err)})",
-            fix="write it again with numpy.savez from plain (non-object) arrays",
-        ) from None
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
+        raise _unreadable(path, err) from None
     if images.dtype != np.uint8 or images.ndim not in (3, 4):
         raise DataError(
             f"{path}: 'image' is {images.dtype} of shape {images.shape}, not uint8 [N, H, W] or [N, H, W, C]",

@@ -21,7 +21,7 @@ import pydantic
 from PIL import Image
 
 from ensemble_core.data import image_folder as folder
-from ensemble_core.data.npz_arrays import array_files, image_array_shape, read_arrays
+from ensemble_core.data.npz_arrays import array_files, array_headers, read_arrays
 from ensemble_core.errors import DataError
 from ensemble_core.image_decoding import PILLOW_ERRORS, convert_images
 
@@ -204,32 +204,82 @@ def _convert(images: np.ndarray, source: UserSource, where: Path) -> np.ndarray:
         raise DataError(f"{where}: {err}", fix="set data.channels: 1 or 3 to convert them") from None
 
 
+def check_array_bytes(nbytes: int, what: str) -> None:
+    """Refuse, before loading, an array of ``nbytes`` (from its header) that cannot fit in
+    :data:`MEMORY_SHARE` of the host's available memory.
+
+    Raises:
+      DataError: naming the array, its size, the memory there is and the fix.
+    """
+    from ensemble_core.memory import host_available_bytes  # see check_memory
+
+    have, where = host_available_bytes()
+    if have and nbytes > MEMORY_SHARE * have:
+        raise DataError(
+            f"{what} takes {_bytes(nbytes)}, more than half the {_bytes(have)} of {where}",
+            fix="export fewer or smaller images, or prepare on a machine with more memory",
+        )
+
+
+def check_labels(labels: dict[Path, np.ndarray], class_names: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The class names of an arrays source, after refusing a label that cannot be a class
+    index, before anything is allocated per class: a negative label, and one not below the
+    number of classes: ``len(data.class_names)`` where given, else the number of examples
+    (every class has at least one, so there are no more classes than examples).
+
+    Args:
+      labels: each file's int64 labels; class_names: ``data.class_names``.
+
+    Raises:
+      DataError: one line naming the label, how many examples carry it, the bound and the fix.
+    """
+    total = sum(len(v) for v in labels.values())
+    bound = len(class_names) if class_names else total
+    for path, values in labels.items():
+        bad = (values < 0) | (values >= bound)
+        if not bad.any():
+            continue
+        first = int(np.flatnonzero(bad)[0])
+        label = int(values[first])
+        carried = int(np.count_nonzero(values == label))
+        if class_names:
+            raise DataError(
+                f"{int(bad.sum())} label(s) in {path} are outside [0, {bound}) (first: {label} at index {first}); "
+                f"label {label} is on {carried} example(s) and data.class_names lists {bound} classes",
+                fix="fix the labels, or list every class in data.class_names",
+            )
+        why = "negative" if label < 0 else f"not below the {total:,} examples of the source (a class index must be)"
+        raise DataError(
+            f"label {label:,} in {path} (on {carried:,} example(s), first at index {first}) is {why}",
+            fix="number the classes 0..K-1 (e.g. numpy.unique(labels, return_inverse=True)[1]) "
+            "and list their names in data.class_names",
+        )
+    largest = max(int(v.max()) for v in labels.values())
+    return class_names or tuple(str(c) for c in range(largest + 1))
+
+
 def _read_arrays(source: UserSource) -> UserSplits:
     files = array_files(source.path)
-    splits = {}
+    raw = {}
     for split, path in files.items():
-        shape = image_array_shape(path)
-        if len(shape) in (3, 4):  # otherwise read_arrays names the problem
-            height, width = source.image_size or (shape[1], shape[2])
-            check_memory(shape[0], (height, width, source.channels or (shape[3] if len(shape) == 4 else 1)), str(path))
-        images, labels = read_arrays(path)
-        splits[split] = (_convert(images, source, path), labels, [str(i) for i in range(len(labels))])
+        headers = array_headers(path)  # every header bounded by the bytes stored, nothing loaded
+        for name, (shape, dtype) in headers.items():
+            check_array_bytes(math.prod(shape) * dtype.itemsize, f"{path}: '{name}' of shape {shape}")
+        shape = headers["image"][0]
+        height, width = source.image_size or (shape[1], shape[2])
+        check_memory(shape[0], (height, width, source.channels or (shape[3] if len(shape) == 4 else 1)), str(path))
+        raw[split] = read_arrays(path)
+    names = check_labels({files[split]: labels for split, (_, labels) in raw.items()}, source.class_names)
+    splits = {
+        split: (_convert(images, source, files[split]), labels, [str(i) for i in range(len(labels))])
+        for split, (images, labels) in raw.items()
+    }
     shapes = {split: images.shape[1:] for split, (images, _, _) in splits.items()}
     if len(set(shapes.values())) > 1:
         raise DataError(
             f"{files['test']} holds images of {shapes['test']}, {files['train']} of {shapes['train']}",
             fix="set data.image_size and data.channels to bring both to one geometry",
         )
-    largest = max(int(labels.max()) for _, labels, _ in splits.values())
-    names = source.class_names or tuple(str(c) for c in range(largest + 1))
-    for split, (_, labels, _) in splits.items():
-        bad = (labels < 0) | (labels >= len(names))
-        if bad.any():
-            raise DataError(
-                f"{int(bad.sum())} label(s) in {files[split]} are outside [0, {len(names)}) "
-                f"(first: {int(labels[bad][0])} at index {int(np.flatnonzero(bad)[0])})",
-                fix="fix the labels, or list every class in data.class_names",
-            )
     present = np.unique(splits["train"][1])
     if len(present) < 2:
         raise DataError(
@@ -259,6 +309,8 @@ def read_user_source(source: UserSource) -> UserSplits:
     Raises:
       DataError: every refusal of :mod:`.image_folder` and :mod:`.npz_arrays`; decoded
         images that would not fit in memory (:func:`check_memory`, before decoding);
-        a class left without images; arrays with a label outside the classes or one class.
+        a class left without images; an array whose header claims more than is stored or
+        than memory holds (before loading it); a label that cannot be a class index
+        (:func:`check_labels`, before any per-class allocation); arrays of one class.
     """
     return _read_folder(source) if source.kind == "image_folder" else _read_arrays(source)

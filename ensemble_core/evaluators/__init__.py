@@ -8,6 +8,11 @@ module ``ensemble_core/evaluators/<type>.py`` defines:
 - ``Options`` (optional): a frozen pydantic model of its options with their defaults
   (without one, the evaluator takes none); checked by :func:`options` before any compute;
 
+- ``requirements(config, dataset, options) -> str | None`` (optional): what it needs of
+  the data (a minimum image size, channels, classes) that the dataset lacks, or None;
+  checked by :func:`check_data` before training (a default evaluator is then skipped with
+  one logged line, one the user named is refused) and by its own ``evaluate``, which
+  returns :func:`skipped` with that reason;
 - ``check(config, dataset, name, options) -> None`` (optional): refuses, before any
   compute, what would fail at evaluation on this dataset (an OOD dataset whose images
   cannot be converted, held-out classes with no class held out); called by :func:`check_data`;
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -44,7 +50,9 @@ from ensemble_core.accuracy_estimation import Reference
 from ensemble_core.config import EVALUATOR_NAMES, EvaluatorSpec, PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.decisions import DecisionFit
-from ensemble_core.errors import ConfigError
+from ensemble_core.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "EVALUATOR_NAMES",
@@ -52,8 +60,10 @@ __all__ = [
     "EvaluatorOutput",
     "NoOptions",
     "check_data",
+    "default_names",
     "get",
     "options",
+    "requirements",
     "skipped",
 ]
 
@@ -193,15 +203,64 @@ def options(name: str, spec: EvaluatorSpec) -> pydantic.BaseModel:
         ) from None
 
 
-def check_data(config: PipelineConfig, dataset: DatasetInfo) -> None:
-    """Run every configured evaluator's ``check`` (where its module defines one) against the
-    run's dataset, before any compute (the preflight calls it).
+def default_names(config: PipelineConfig) -> frozenset[str]:
+    """The evaluators of ``config`` the user did not list: all of them when
+    ``eval.evaluators`` is the dataset's default set
+    (:func:`ensemble_core.config.eval_section.default_evaluators`), none otherwise (a list
+    of one's own names every evaluator in it)."""
+    from ensemble_core.config.eval_section import EvalConfig, default_evaluators
+
+    data = config.data
+    specs = default_evaluators(data.name, data.source, data.classes is not None)
+    defaults = EvalConfig(evaluators=specs).evaluators
+    return frozenset(config.eval.evaluators) if dict(config.eval.evaluators) == dict(defaults) else frozenset()
+
+
+def requirements(config: PipelineConfig, dataset: DatasetInfo, name: str, spec: EvaluatorSpec) -> str | None:
+    """What evaluator ``name`` needs of the data (geometry such as a minimum size,
+    channels, classes) that ``dataset`` lacks, from its module's
+    ``requirements(config, dataset, options) -> str | None``, or None (also for a module
+    without one). The module's ``evaluate`` returns :func:`skipped` with the same reason.
+
+    Raises:
+      ConfigError: its options are invalid (:func:`options`).
+    """
+    unmet = getattr(get(spec.type), "requirements", None)
+    return None if unmet is None else unmet(config, dataset, options(name, spec))
+
+
+def check_data(config: PipelineConfig, dataset: DatasetInfo) -> tuple[str, ...]:
+    """Check every configured evaluator against the run's dataset before any compute (the
+    preflight calls it): its :func:`requirements` on the data, then its module's ``check``.
+
+    An evaluator whose requirements the data does not meet is skipped with one logged
+    line when it is a default (:func:`default_names`: the user did not list it; its
+    ``evaluate`` returns :func:`skipped`), and refused when the user named it in
+    ``eval.evaluators``.
+
+    Returns:
+      The names of the default evaluators skipped on this dataset.
 
     Raises:
       ConfigError: an evaluator's options are invalid (:func:`options`).
-      DataError: an evaluator's data cannot be made for this dataset (its one line).
+      DataError: a named evaluator cannot run on this data, in one line naming it, what it
+        needs and the fix; or an evaluator's data cannot be made for this dataset (its
+        ``check``'s line).
     """
+    defaults = default_names(config)
+    skipped_here = []
     for name, spec in config.eval.evaluators.items():
+        unmet = requirements(config, dataset, name, spec)
+        if unmet is not None and name in defaults:
+            log.warning("evaluator %s (a default) is skipped on dataset '%s': %s", name, dataset.name, unmet)
+            skipped_here.append(name)
+            continue
+        if unmet is not None:
+            raise DataError(
+                f"eval.evaluators.{name} ({spec.type}) cannot run on dataset '{dataset.name}': {unmet}",
+                fix=f"remove {name} from eval.evaluators, or give it data (or options) that meet this",
+            )
         module = get(spec.type)
         if hasattr(module, "check"):
             module.check(config, dataset, name, options(name, spec))
+    return tuple(skipped_here)

@@ -41,10 +41,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ensemble_core import confidence_intervals as intervals
 from ensemble_core import metrics as metrics_lib
 from ensemble_core.config import PipelineConfig
+from ensemble_core.data import DatasetInfo
 from ensemble_core.decisions import decision_lines, mean_scores
-from ensemble_core.evaluators import EvalContext, EvaluatorOutput, shift_base
+from ensemble_core.evaluators import EvalContext, EvaluatorOutput, shift_base, skipped
 from ensemble_core.plotting import image_grid, save, subplots
-from ensemble_core.shifts.common_corruptions import NAMES, SEVERITIES, corrupt
+from ensemble_core.shifts.common_corruptions import MIN_SIDE, NAMES, SEVERITIES, corrupt
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,19 @@ def cache_key(opts: Options, num_examples: int) -> str:
     return f"common_corruptions-v{CACHE_VERSION}-n{num_examples}-seed{opts.seed}-{digest}"
 
 
+def requirements(config: PipelineConfig, dataset: DatasetInfo, opts: Options | None = None) -> str | None:
+    """What the corruptions need of the data that ``dataset`` lacks (images of at least
+    :data:`~ensemble_core.shifts.common_corruptions.MIN_SIDE` pixels a side, 1 or 3
+    channels), or None; checked in the preflight (:func:`ensemble_core.evaluators.check_data`)
+    and again by :func:`evaluate`."""
+    height, width, channels = (int(d) for d in dataset.image_shape)
+    if min(height, width) < MIN_SIDE:
+        return f"the common corruptions need images of at least {MIN_SIDE}x{MIN_SIDE} pixels, not {height}x{width}"
+    if channels not in (1, 3):
+        return f"the common corruptions need 1 or 3 channels, not {channels}"
+    return None
+
+
 def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     """Every member on each corrupted copy of the test split; see the module docstring.
 
@@ -121,6 +135,8 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
       (``generate``, 0 when cached) and of predicting and scoring (``evaluate``).
     """
     opts: Options = ctx.options or Options()
+    if (unmet := requirements(ctx.config, ctx.dataset, opts)) is not None:
+        return skipped(unmet)
     images, _ = ctx.load("test")
     grid = cells(opts)
     n = shift_base.level_examples(ctx, opts, len(grid))

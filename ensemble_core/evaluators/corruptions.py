@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ensemble_core import shifts
 from ensemble_core.config import PipelineConfig
+from ensemble_core.data import DatasetInfo
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput, shift_base, skipped
 
 NAMES = tuple(shifts.CORRUPTIONS)
@@ -48,10 +49,17 @@ class Options(BaseModel):
         return shift_base.distinct_levels("corruptions", names, NAMES)
 
 
+def requirements(config: PipelineConfig, dataset: DatasetInfo, opts=None) -> str | None:
+    """What this evaluator needs of the data that ``dataset`` lacks (28x28x1 images), or
+    None; checked in the preflight (:func:`ensemble_core.evaluators.check_data`) and again here."""
+    shape = tuple(int(d) for d in dataset.image_shape)
+    return None if shape == (28, 28, 1) else f"MNIST-C corruptions are defined for 28x28x1 images, not {shape}"
+
+
 def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     """Every member on each corrupted copy of the test split; see the module docstring."""
-    if tuple(ctx.dataset.image_shape) != (28, 28, 1):
-        return skipped(f"MNIST-C corruptions are defined for 28x28x1 images, not {tuple(ctx.dataset.image_shape)}")
+    if (unmet := requirements(ctx.config, ctx.dataset, ctx.options)) is not None:
+        return skipped(unmet)
     opts = ctx.options or Options()
     names = opts.corruptions
     # The cached arrays depend on which corruptions (the levels are their indices): a

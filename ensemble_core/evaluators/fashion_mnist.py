@@ -15,17 +15,25 @@ from pathlib import Path
 
 from ensemble_core import data as data_lib
 from ensemble_core.config import PipelineConfig
+from ensemble_core.data import DatasetInfo
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput, ood_base, skipped
 
 NAME = "fashion_mnist"
+
+
+def requirements(config: PipelineConfig, dataset: DatasetInfo, opts=None) -> str | None:
+    """What this evaluator needs of the data that ``dataset`` lacks (28x28x1 images), or
+    None; checked in the preflight (:func:`ensemble_core.evaluators.check_data`) and again here."""
+    shape = tuple(int(d) for d in dataset.image_shape)
+    return None if shape == (28, 28, 1) else f"Fashion-MNIST images are 28x28x1, the model takes {shape}"
 
 
 def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     """The test split vs Fashion-MNIST's test split; see :mod:`ensemble_core.evaluators.ood_base`."""
     if ctx.config.data.name == NAME:
         return skipped("the ensemble is trained on Fashion-MNIST: it is not out-of-distribution here")
-    if tuple(ctx.dataset.image_shape) != (28, 28, 1):
-        return skipped(f"Fashion-MNIST images are 28x28x1, the model takes {tuple(ctx.dataset.image_shape)}")
+    if (unmet := requirements(ctx.config, ctx.dataset, ctx.options)) is not None:
+        return skipped(unmet)
     if data_lib.idx_files_available(NAME) is None:
         where, fix = data_lib.IDX_SOURCES[NAME]
         return skipped(f"the Fashion-MNIST files are not in {where}; fix: {fix}")

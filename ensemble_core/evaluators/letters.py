@@ -13,16 +13,24 @@ from pathlib import Path
 
 from ensemble_core import shifts
 from ensemble_core.config import PipelineConfig
+from ensemble_core.data import DatasetInfo
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput, ood_base, skipped
 
 SEED = 0
 CACHE_VERSION = 1
 
 
+def requirements(config: PipelineConfig, dataset: DatasetInfo, opts=None) -> str | None:
+    """What this evaluator needs of the data that ``dataset`` lacks (28x28x1 images), or
+    None; checked in the preflight (:func:`ensemble_core.evaluators.check_data`) and again here."""
+    shape = tuple(int(d) for d in dataset.image_shape)
+    return None if shape == (28, 28, 1) else f"the letters are rendered at 28x28x1, not {shape}"
+
+
 def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     """The test split vs rendered letters; see :mod:`ensemble_core.evaluators.ood_base`."""
-    if tuple(ctx.dataset.image_shape) != (28, 28, 1):
-        return skipped(f"the letters are rendered at 28x28x1, not {tuple(ctx.dataset.image_shape)}")
+    if (unmet := requirements(ctx.config, ctx.dataset, ctx.options)) is not None:
+        return skipped(unmet)
     n = len(ctx.load("test")[0])
     per_letter = -(-n // 10)
     key = f"letters-v{CACHE_VERSION}-{per_letter}-seed{SEED}"

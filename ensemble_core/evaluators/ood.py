@@ -43,6 +43,7 @@ seeded random sample of it when fewer). Figures: :mod:`ensemble_core.evaluators.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -53,9 +54,9 @@ from ensemble_core import data as data_lib
 from ensemble_core import image_decoding, shifts
 from ensemble_core.config import PipelineConfig
 from ensemble_core.config.data_section import snake_case
-from ensemble_core.data import DatasetInfo
+from ensemble_core.data import DatasetInfo, image_folder
 from ensemble_core.errors import ConfigError, DataError
-from ensemble_core.evaluators import EvalContext, EvaluatorOutput, ood_base, shift_base
+from ensemble_core.evaluators import EvalContext, EvaluatorOutput, ood_base, shift_base, skipped
 
 SYNTHETIC = ("uniform_noise", "gaussian_noise", "constant")
 #: The test images with their patches shuffled (:func:`ensemble_core.shifts.shuffle_patches`).
@@ -152,6 +153,8 @@ def dataset_images(opts: Options, shape: tuple[int, int, int], n: int, default_d
         cannot be converted to ``shape``.
     """
     data_dir = opts.data_dir or default_data_dir
+    if opts.source == "image_folder" and not _classifier_layout(Path(str(opts.path))):
+        return folder_images(Path(str(opts.path)), opts.split, shape, n)
     if opts.source == "tfds":
         name = str(opts.name)
         info = data_lib.prepare(name, data_dir, opts.manual_dir)
@@ -168,6 +171,41 @@ def dataset_images(opts: Options, shape: tuple[int, int, int], n: int, default_d
             f"the OOD images of {name} ({opts.split}, {images.shape[1:]}) cannot be converted to {shape}: {err}",
             fix="choose another OOD source, or convert its images to grey or RGB first",
         ) from None
+
+
+def _classifier_layout(root: Path) -> bool:
+    """Whether ``root`` is a training dataset's image folder: ``train/`` with two or more
+    class folders (prepared as a data snapshot like the training data)."""
+    try:
+        with os.scandir(root / "train") as it:
+            return sum(1 for e in it if not e.name.startswith(".") and e.is_dir()) >= 2
+    except OSError:
+        return False
+
+
+def folder_images(root: Path, split: str, shape: tuple[int, int, int], n: int) -> np.ndarray:
+    """The OOD images of a folder that is not a classifier's (:func:`_classifier_layout`):
+    every image file under ``root/<split>`` (or ``root`` itself when it has no such
+    folder), in one class folder, several, or loose; an OOD set needs no classes. At most
+    ``n``, spread over the files in name order, decoded to ``shape`` with Pillow.
+
+    Raises:
+      DataError: ``root`` missing or not a folder, no image file under it, a special file
+        among them, or a file that cannot be decoded; one line naming the path.
+    """
+    if not root.is_dir():
+        what = "does not exist" if not root.exists() else "is not a directory"
+        raise DataError(f"OOD folder {root} {what}", fix="set path to the folder of the OOD images")
+    base = root / split if (root / split).is_dir() else root
+    files = image_folder.walk_files(base, refuse_special=True)
+    if not files:
+        raise DataError(
+            f"OOD folder {base} holds no image file",
+            fix=f"put the OOD images in {base} (loose, or in one or more subfolders)",
+        )
+    picked = [files[i] for i in shift_base.sample_indices(len(files), min(n, len(files)))]
+    images, _ = image_folder.decode_images(picked, shape[:2], shape[2], shape, workers=1)
+    return images
 
 
 def check_held_out_classes(config: PipelineConfig, dataset: DatasetInfo, name: str = "ood") -> DatasetInfo:
@@ -229,7 +267,9 @@ def check(config: PipelineConfig, dataset: DatasetInfo, name: str, opts: Options
     (it is prepared now, as evaluation would, and one image converted; the snapshot is
     reused by the evaluation).
 
-    A ``shuffled_patches`` grid larger than the images is refused too.
+    A ``shuffled_patches`` grid larger than the images is refused too (:func:`requirements`;
+    :func:`ensemble_core.evaluators.check_data` skips a default evaluator it concerns before
+    calling this).
 
     Raises:
       DataError, ConfigError: the one-line refusal.
@@ -252,9 +292,24 @@ def check(config: PipelineConfig, dataset: DatasetInfo, name: str, opts: Options
             raise DataError(f"eval.evaluators.{name}: {err.problem}", fix=err.fix) from None
 
 
+def requirements(config: PipelineConfig, dataset: DatasetInfo, opts: Options) -> str | None:
+    """What ``opts`` need of the data that ``dataset`` lacks (``shuffled_patches``: a
+    ``patches x patches`` grid of tiles of one pixel or more), or None; checked in the
+    preflight (:func:`ensemble_core.evaluators.check_data`) and again by :func:`evaluate`."""
+    height, width = (int(d) for d in dataset.image_shape[:2])
+    if opts.source == SHUFFLED_PATCHES and opts.patches > min(height, width):
+        return (
+            f"{opts.patches} x {opts.patches} patches do not fit the {height}x{width} images "
+            f"(patches between 2 and {min(height, width)} do)"
+        )
+    return None
+
+
 def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     """The test split vs the OOD set of ``ctx.options``; see :mod:`ensemble_core.evaluators.ood_base`."""
     opts: Options = ctx.options
+    if (unmet := requirements(ctx.config, ctx.dataset, opts)) is not None:
+        return skipped(unmet)
     if opts.source == HELD_OUT_CLASSES:
         images, what = held_out_images(ctx, opts.num_examples)
         return ood_base.evaluate_ood(ctx, images, what)

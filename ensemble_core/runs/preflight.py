@@ -11,7 +11,7 @@ from ensemble_core import memory as memory_lib
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.ensemble_setup import plan, resolve_strategy
-from ensemble_core.errors import ConfigError
+from ensemble_core.errors import ConfigError, DataError
 from ensemble_core.models import check_model, import_model_function, is_import_path, model_options
 from ensemble_core.networks import build_network, members_per_network
 from ensemble_core.runs.champion.retraining import check_folder_class_map
@@ -37,19 +37,26 @@ def check_against_dataset(cfg: PipelineConfig, dataset: DatasetInfo) -> None:
     """Config checks that need the dataset's size and shape.
 
     Raises:
+      DataError: images with an empty dimension (H, W or C of 0).
       ConfigError: the batch is larger than the training split (validation split held
         out), the validation split would be empty, ``data.augment.flip`` on a dataset of
         digits or characters (:data:`SYMBOL_DATASETS`), or ``data.augment.crop_padding``
         not smaller than the images.
     """
-    augment, (height, width, _) = cfg.data.augment, tuple(dataset.image_shape)
+    augment, (height, width, channels) = cfg.data.augment, tuple(dataset.image_shape)
+    if min(height, width, channels) == 0:
+        raise DataError(
+            f"the images of '{dataset.name}' have an empty dimension (shape {height}x{width}x{channels}): there is "
+            "nothing to train on",
+            fix="give images of at least 1x1 pixels and 1 channel ([N, H, W, C] with H, W, C >= 1)",
+        )
     if augment.flip and dataset.name in SYMBOL_DATASETS:
         raise ConfigError(
             f"data.augment.flip=true on '{dataset.name}', a dataset of digits or characters, where a mirrored image "
             "is another symbol or none",
             fix="set data.augment.flip=false (crop_padding may stay)",
         )
-    if augment.crop_padding >= min(height, width):
+    if augment.crop_padding and augment.crop_padding >= min(height, width):  # 0: no crop, nothing to check
         raise ConfigError(
             f"data.augment.crop_padding={augment.crop_padding} is not smaller than the {height}x{width} images; "
             f"fix: use a padding below {min(height, width)} (4 is the usual for 32x32)"
@@ -135,7 +142,9 @@ def preflight(cfg: PipelineConfig, output_dir: str | Path, run_name: str) -> Dat
     dataset = prepare(cfg.data)
     warn_classes_without_test_images(dataset)
     check_against_dataset(cfg, dataset)
-    evaluators.check_data(cfg, dataset)  # OOD sets that can be made for this dataset
+    # every evaluator's requirements on the data (a default one that cannot run skipped with one
+    # logged line, a named one refused) and the OOD sets that can be made for this dataset
+    evaluators.check_data(cfg, dataset)
     check_promotion_figure(cfg, dataset)
     check_memory(cfg, dataset)
     checked = [(run, mesh_plan.padded_members, cfg)] + [(d, group_plan.padded_members, cfg) for d in group_dirs]
