@@ -23,7 +23,7 @@ from ensemble_core.atomic import atomic_write_json, atomic_write_text
 from ensemble_core.errors import DataError
 from ensemble_core.runs.monitoring import drop, history
 from ensemble_core.runs.prediction import files as prediction
-from ensemble_core.runs.prediction.inputs import output_stem
+from ensemble_core.runs.prediction.inputs import input_list, output_stem
 from ensemble_core.runs.storage.champion_record import read_champion
 
 
@@ -41,12 +41,6 @@ class MonitorPlan:
     table: Path
     record: Path
     report: Path
-
-
-def _as_list(images: str | Sequence[str] | None) -> list[str]:
-    if images is None:
-        return []
-    return [images] if isinstance(images, str) else [str(x) for x in images]
 
 
 def preflight(
@@ -71,7 +65,7 @@ def preflight(
       ConfigError, DataError, CheckpointError: the first problem, in one line with its fix.
     """
     drop.check_settings(alpha, estimator)
-    raws = _as_list(images)
+    raws = input_list(images)
     if not raws:
         raise DataError(
             "no input to monitor", fix="pass the drop's images (a folder, files, globs or one .npy/.npz of images)"
@@ -120,7 +114,7 @@ def monitor_drop(
       DataError: inputs refused, or nothing decoded; CheckpointError: the run cannot be read;
       DiskFullError, OutputError: the monitoring directory cannot be written.
     """
-    raws = _as_list(images)
+    raws = input_list(images)
     result, rows = prediction.predict_inputs(plan.run_dir, raws, plan.npz, plan.table)
     drift_reference, accuracy_reference = drop.references(plan.run_dir)
     summary = drop.summarize(result, drift_reference, accuracy_reference, alpha, estimator)

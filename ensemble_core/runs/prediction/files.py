@@ -178,12 +178,6 @@ def output_paths(
     return npz, Path(table) if table else npz.with_suffix(".csv")
 
 
-def _as_list(images: str | Sequence[str] | None) -> list[str]:
-    if images is None:
-        return []
-    return [images] if isinstance(images, str) else [str(x) for x in images]
-
-
 def preflight(
     images: str | Sequence[str] | None,
     tfds_name: str | None,
@@ -213,7 +207,7 @@ def preflight(
     run, _ = resolve_run(run_dir, output_dir)
     meta = run_meta(run)
     check_model_builds(meta)
-    raws = _as_list(images)
+    raws = inputs_lib.input_list(images)
     if raws:
         found = inputs_lib.expand_inputs(raws)
         if found.array is not None:
@@ -268,7 +262,7 @@ def predict_inputs(
       CheckpointError: the run has no readable checkpoint.
       DiskFullError, OutputError: an output cannot be written (full disk, read-only).
     """
-    found = inputs_lib.expand_inputs(_as_list(images))
+    found = inputs_lib.expand_inputs(inputs_lib.input_list(images))
     extra: dict[str, np.ndarray] = {}
     if found.array is not None:
         array = read_images(found.array)

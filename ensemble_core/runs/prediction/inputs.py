@@ -192,6 +192,13 @@ def expand_inputs(raw: str | Sequence[str]) -> Inputs:
     return Inputs(files=tuple(p for _, p in items))
 
 
+def input_list(images: str | Sequence[str] | None) -> list[str]:
+    """The user's inputs as a list of paths: one path, a list of them, or None (``[]``)."""
+    if images is None:
+        return []
+    return [images] if isinstance(images, str) else [str(x) for x in images]
+
+
 def output_stem(raw: str | Sequence[str] | None, tfds_name: str | None = None, tfds_split: str = "test") -> str:
     """The name the outputs are written under (``predictions-<stem>.npz``): one input's file
     or folder name without its suffix, ``<tfds_name>-<tfds_split>`` for a TFDS split, else
