@@ -16,4 +16,22 @@ if sys.argv[:1] == ["-m"]:  # `python -m flows.<command>`: runpy imports this pa
     for _sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_sig, _stopped_while_starting)
 
+    def _end_without_teardown() -> None:
+        """The last exit hook (registered first): once the command has ended through
+        ``flows._cli.end`` and every other hook has run, exit without the interpreter's
+        teardown of the modules (seconds after a run, nothing written)."""
+        cli = sys.modules.get("flows._cli")
+        code = cli.ending_code() if cli is not None else None
+        if code is None:  # an uncaught exception or another way out: the usual teardown
+            return
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                stream.flush()
+        os._exit(code)
+
+    import atexit
+    import contextlib
+
+    atexit.register(_end_without_teardown)
+
 from flows import _env  # noqa: F401  (sets XLA_FLAGS before anything imports JAX)

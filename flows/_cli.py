@@ -7,12 +7,55 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
+from typing import NoReturn
 
 from ensemble_core.errors import EnsembleError, PreemptedError
+from ensemble_core.timing import process_seconds
 
 EXIT_BAD_INPUT = 2  # bad input or a failed stage: one line on stderr
 EXIT_PREEMPTED = 75  # stopped by SIGTERM/SIGINT (after a checkpoint when training); rerun to resume (EX_TEMPFAIL)
+
+
+_ending_with: int | None = None  # end()'s code, for the exit hook flows/__init__.py installs
+_started_at: float | None = None  # time.perf_counter() when main() began (command_started)
+
+
+def command_started() -> None:
+    """Mark the start of a command line's ``main()`` (its first statement): the start of
+    the command where ``main`` is called from Python (a test, a notebook) rather than as
+    ``python -m flows.<command>``."""
+    global _started_at
+    _started_at = time.perf_counter()
+
+
+def command_seconds() -> float:
+    """Wall seconds since the command started: since the process started when it is
+    ``python -m flows.<command>`` (:func:`ensemble_core.timing.process_seconds`: the
+    interpreter and every import counted), else since :func:`command_started`."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if (getattr(spec, "name", None) or "").startswith("flows.") or _started_at is None:
+        return process_seconds()
+    return time.perf_counter() - _started_at
+
+
+def end(code: int) -> NoReturn:
+    """End a command line with exit code ``code`` (``sys.exit``): every exit hook runs as
+    usual (Prefect's services drained, the logs flushed, JAX's backends cleared), then,
+    where ``flows/__init__.py`` installed its hook (``python -m flows.<command>``), the
+    process ends without the interpreter's teardown of its modules (``os._exit``), which
+    took 1.2-1.9 s after a tiny run and writes nothing (docs/benchmarks.md, "The fixed
+    cost of a run")."""
+    global _ending_with
+    _ending_with = code
+    sys.exit(code)
+
+
+def ending_code() -> int | None:
+    """The code :func:`end` is ending the process with; None before (or without) it."""
+    return _ending_with
 
 
 # ensemble_core names the parameters a run takes (a deployment's users see those); the

@@ -33,7 +33,7 @@ from prefect.states import Cancelled, Crashed, Failed, State
 
 from ensemble_core.errors import EnsembleError, PreemptedError
 from flows import _ephemeral
-from flows._cli import EXIT_BAD_INPUT, EXIT_PREEMPTED, in_flags
+from flows._cli import EXIT_BAD_INPUT, EXIT_PREEMPTED, command_seconds, in_flags
 
 __all__ = [
     "PREEMPTED_PREFIX",
@@ -118,16 +118,34 @@ def finish_cli(state: State, closing: Callable[[str], list[str]] | None = None) 
     return 0
 
 
-def run_cli(flow_fn, closing: Callable[[str], list[str]] | None = None, **parameters) -> int:
+#: ``timed(result, start_seconds, flow_seconds, end_seconds)``: what a command line does with
+#: its own timing once the flow has returned and the temporary server has stopped (the
+#: training command records it in the run's report).
+CommandTimed = Callable[[str, float, float, float], object]
+
+
+def run_cli(
+    flow_fn, closing: Callable[[str], list[str]] | None = None, timed: CommandTimed | None = None, **parameters
+) -> int:
     """Run ``flow_fn(**parameters)`` for a command line and return :func:`finish_cli`'s
     exit code (``closing``: its closing lines). The flow runs against the configured Prefect
-    server, or a temporary one that dies with this process even on SIGKILL (:mod:`flows._ephemeral`)."""
+    server, or a temporary one that dies with this process even on SIGKILL (:mod:`flows._ephemeral`).
+
+    ``timed``, when the flow completed: called with its result and the command's wall seconds
+    (:func:`flows._cli.command_seconds`) from the command's start to the flow's
+    call, in the flow, and from the flow's return to the end (the last logs and events sent
+    and the temporary server stopped), before the closing lines."""
     try:
         with _ephemeral.temporary_server():
-            return finish_cli(flow_fn(**parameters, return_state=True), closing)
+            called = command_seconds()
+            state = flow_fn(**parameters, return_state=True)
+            returned = command_seconds()
     except _ephemeral.ServerStartError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if timed is not None and state.is_completed():
+        timed(str(state.result()), called, returned - called, command_seconds() - returned)
+    return finish_cli(state, closing)
 
 
 def refused(err: EnsembleError) -> State:

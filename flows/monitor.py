@@ -130,4 +130,4 @@ def _monitor(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _cli.end(main())

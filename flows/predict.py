@@ -141,4 +141,4 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _cli.end(main())

@@ -35,6 +35,7 @@ from ensemble_core import runs
 from ensemble_core.config import PipelineConfig, load_config, validate
 from ensemble_core.errors import ConfigError, EnsembleError, PreemptedError
 from ensemble_core.runs.report.timing import timing_lines
+from ensemble_core.runs.report.write import record_command_timing
 from flows import _outcome
 from flows import _server
 from flows import _services
@@ -208,6 +209,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point: 0 done, 2 bad input or a failed stage, 75 stopped by SIGTERM or
     SIGINT (after a checkpoint when training; rerun with the same run name to resume)."""
+    _cli.command_started()
     args = parse_args(argv)
     run_name = args.run_name or default_run_name()
     try:
@@ -235,9 +237,21 @@ def _main(args: argparse.Namespace, run_name: str) -> int:
         except EnsembleError as err:
             return report_error(err)
         closing = functools.partial(stage_times, run_name)
-        return _outcome.run_cli(train_ensemble, closing, config=config, output_dir=args.output_dir, run_name=run_name)
+        timed = functools.partial(command_times, run_name)
+        return _outcome.run_cli(
+            train_ensemble, closing, timed, config=config, output_dir=args.output_dir, run_name=run_name
+        )
     finally:
         _services.discard_held_logs()  # sent to the flow run by now, or it never started
+
+
+def command_times(run_name: str, run_dir: str, start: float, flow: float, end: float) -> None:
+    """Record the command line's own seconds (before, in and after the flow) in run
+    ``run_name``'s report (:func:`ensemble_core.runs.report.write.record_command_timing`), so
+    that ``timing.stages`` covers the whole command; nothing for another run's directory
+    (a skipped run names the champion's)."""
+    if Path(run_dir).name == run_name:
+        record_command_timing(run_dir, start, flow, end)
 
 
 def stage_times(run_name: str, run_dir: str) -> list[str]:
@@ -255,4 +269,4 @@ def stage_times(run_name: str, run_dir: str) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _cli.end(main())

@@ -30,6 +30,10 @@ class TrainingTiming(_Result):
     train_member_images_per_s: float | None = None  # steps * batch * E / train_seconds
     validation_seconds: float = 0.0  # the validation split's forward passes after each epoch
     checkpoint_seconds: float = 0.0  # writing checkpoints (the loop's share, and waiting for the last)
+    setup_seconds: float = 0.0  # building the network, mesh, optimizer and step (before any array)
+    data_seconds: float = 0.0  # reading the train and validation splits and placing them on the devices
+    initialisation_seconds: float = 0.0  # the members' initial parameters, or restoring a checkpoint
+    call_seconds: float = 0.0  # the whole training call (0: not measured, e.g. member groups joined)
 
 
 class TrainingSummary(_Result):

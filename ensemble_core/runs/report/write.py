@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,7 @@ from ensemble_core.runs.report.data import drift_lines, snapshot_lines
 from ensemble_core.runs.report.decisions import decision_report_lines
 from ensemble_core.runs.report.numbers import fixed
 from ensemble_core.runs.report.stratify import stratification_lines, stratification_report
-from ensemble_core.runs.report.timing import timing_lines, timing_section
+from ensemble_core.runs.report.timing import command_timing, timing_lines, timing_section
 from ensemble_core.runs.results import (
     DriftReport,
     Evaluation,
@@ -501,3 +502,28 @@ def write_report(
     atomic_write_json(run.report_json, rep)
     atomic_write_text(run.report_md, markdown)
     return rep
+
+
+def record_command_timing(run_dir: str | Path, start_seconds: float, flow_seconds: float, end_seconds: float) -> bool:
+    """Make ``report.json -> timing`` (and ``report.md``'s lines) the whole command line's:
+    :func:`ensemble_core.runs.report.timing.command_timing` with the command's seconds
+    before, during and after the flow. Written atomically; the artifact the report stage
+    published keeps the run's own timing.
+
+    Returns False, writing nothing, when the run has no report with stage timings (a run
+    that was refused, stopped or skipped). Raises nothing for a damaged report (False);
+    OSError when the rewrite itself fails.
+    """
+    run = RunDir(Path(run_dir))
+    try:
+        rep = json.loads(run.report_json.read_text())
+    except (OSError, ValueError):
+        return False
+    timing = rep.get("timing") if isinstance(rep, dict) else None
+    if not isinstance(timing, dict) or "stages" not in timing or "wall_seconds" not in timing:
+        return False
+    rep["timing"] = command_timing(timing, start_seconds, flow_seconds, end_seconds)
+    markdown = render_markdown(rep)
+    atomic_write_json(run.report_json, rep)
+    atomic_write_text(run.report_md, markdown)
+    return True

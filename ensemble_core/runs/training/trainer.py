@@ -262,9 +262,11 @@ def execute_training(training: TrainingRun, hooks: Hooks = Hooks()) -> TrainingS
     """:func:`train` on a built :class:`TrainingRun`: load, resume, the epoch loop with the
     checkpoint callbacks, the summary. Arguments, results and errors as :func:`train`."""
     cfg, setup = training.cfg, training.setup
+    t0 = time.perf_counter()
     member_key = _member_keys(training)
     images, labels = load(cfg, training.dataset, "train")
     validate = setup.validation(*load(cfg, training.dataset, "validation")) if cfg.has_validation else None
+    data_seconds = time.perf_counter() - t0
     validation_seconds = 0.0
 
     def validated(epoch: int, state):  # the validation hook, timed (fit's end_of_epoch)
@@ -275,6 +277,7 @@ def execute_training(training: TrainingRun, hooks: Hooks = Hooks()) -> TrainingS
         finally:
             validation_seconds += time.perf_counter() - t0
 
+    t0 = time.perf_counter()
     state = setup.init_state(member_key["init"], training.dataset.image_shape)
     with (
         run_lock(training.run.path, _lock_wait(training)) if training.own_run_dir else contextlib.nullcontext(),
@@ -283,12 +286,15 @@ def execute_training(training: TrainingRun, hooks: Hooks = Hooks()) -> TrainingS
         stopping.outside_stage(),  # validation batches must not stop training before its checkpoint
     ):
         state, record = _resume(ckpt, state, training)
+        initialisation_seconds = time.perf_counter() - t0  # the checkpointer opened, and any restore
         checkpoints = _Checkpoints(ckpt, training, record, hooks.on_epoch)
+        t0 = time.perf_counter()
+        on_devices = (jax.device_put(images, replicated(setup.mesh)), jax.device_put(labels, replicated(setup.mesh)))
+        data_seconds += time.perf_counter() - t0
         state, timing = fit(
             state,
             setup.train_step(),
-            jax.device_put(images, replicated(setup.mesh)),
-            jax.device_put(labels, replicated(setup.mesh)),
+            *on_devices,
             member_key["data"],
             setup.mesh,
             stochastic_keys=member_key["stochastic"],
@@ -304,7 +310,11 @@ def execute_training(training: TrainingRun, hooks: Hooks = Hooks()) -> TrainingS
             should_stop=lambda: stopping.requested() is not None or bool(hooks.should_stop and hooks.should_stop()),
         )
         timing["validation_seconds"] = validation_seconds
+        timing["data_seconds"] = data_seconds
+        timing["initialisation_seconds"] = initialisation_seconds
         step = checkpoints.finish(state, timing)
+        t0 = time.perf_counter()
+    timing["checkpoint_seconds"] += time.perf_counter() - t0  # closing the checkpointer: its last writes
     return _summary(training, state, timing, record, step)
 
 
@@ -385,7 +395,13 @@ def train(
     if sig is not None:  # e.g. a member group queued behind one that stopped
         what = "training" if group is None else f"member group {group}"
         raise PreemptedError(f"stopped by {sig.name} before {what} started", fix=resume_fix(run_name))
+    t0 = time.perf_counter()
     training = prepare_training(
         cfg, dataset, run_dir, group=group, strategy=strategy, worker=worker, own_run_dir=own_run_dir
     )
-    return execute_training(training, Hooks(on_step=on_step, on_epoch=on_epoch, should_stop=should_stop))
+    setup_seconds = time.perf_counter() - t0
+    summary = execute_training(training, Hooks(on_step=on_step, on_epoch=on_epoch, should_stop=should_stop))
+    timing = summary.timing.model_copy(
+        update={"setup_seconds": setup_seconds, "call_seconds": time.perf_counter() - t0}
+    )
+    return summary.model_copy(update={"timing": timing})
