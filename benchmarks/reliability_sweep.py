@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ensemble-sweep-") as tmp:
         rows_file = Path(tmp) / "rows.jsonl"
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "sweep"]
-        cmd += ["-n", str(args.jobs), "--dist", "loadgroup"] if args.jobs > 1 else ["-p", "no:xdist"]
+        # always under xdist, one worker or more: the cases use its worker_id fixture and xdist_group mark
+        cmd += ["-n", str(args.jobs), "--dist", "loadgroup"]
         cmd += ["--basetemp", args.keep] if args.keep else []
         cmd += [TEST] if len(cases) == len(CASES) else [f"{TEST}::test_case[{case_id(c)}]" for c in cases]
         env = {**os.environ, "ENSEMBLE_SWEEP_ROWS": str(rows_file)}

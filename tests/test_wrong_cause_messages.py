@@ -103,3 +103,19 @@ def test_a_symlink_to_a_device_is_not_called_broken(tmp_path):
     (folder / "gone.png").symlink_to(tmp_path / "nothing.png")
     with pytest.raises(DataError, match="is a broken symlink"):
         walk_files(folder)
+
+
+def test_a_damaged_champion_pointer_is_named_as_such_not_as_no_champion(tmp_path):
+    """A garbage champion.json beside a trained run: prediction without --run-dir says the
+    pointer is damaged and names the run to pass, not 'no champion yet; fix: train one'."""
+    from ensemble_core.runs.prediction.files import resolve_run
+
+    (tmp_path / "base" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "champion.json").write_bytes(b"\x00\xffnot json at all\x13")
+    with pytest.raises(DataError) as err:
+        resolve_run(None, tmp_path)
+    line = str(err.value)
+    assert "damaged" in line.split("fix:")[0] and "no champion" not in line
+    assert "--run-dir" in line and "base" in line.split("fix:")[1]
+    assert not (tmp_path / "champion.json").exists()  # set aside, not deleted
+    assert len(list((tmp_path / "corrupt-state").glob("champion.json.*"))) == 1

@@ -48,6 +48,7 @@ class Case:
     expect: int
     fn: Callable
     stream: str = "err"  # where the one `error:` line must be ("out" for prefect deployment run)
+    cause: str | None = None  # regular expression (case-insensitive) the error line's cause must match
 
 
 class CaseProcess(subprocess.Popen):
@@ -160,13 +161,26 @@ class Ctx:
 
 def case_table() -> tuple[list[Case], Callable[..., Callable]]:
     """A case module's table and the decorator that fills it: ``CASES, case = case_table()``;
-    ``@case(entry, name, expect, what[, stream])`` on ``fn(ctx) -> (Proc, ok, note)``
-    appends it as a :class:`Case` (the test parametrises over the modules' tables)."""
+    ``@case(entry, name, expect, what[, stream], cause=REGEX)`` on ``fn(ctx) -> (Proc, ok,
+    note)`` appends it as a :class:`Case` (the test parametrises over the modules' tables).
+    A case that must fail (``expect`` not 0) names the cause its one line must give:
+    ``cause`` is searched (case-insensitive) in the part of the line before ``fix:``.
+
+    Raises:
+      ValueError: a failing case without ``cause``, or a passing case with one.
+    """
     cases: list[Case] = []
 
-    def case(entry: str, name: str, expect: int, what: str, stream: str = "err") -> Callable:
+    def case(entry: str, name: str, expect: int, what: str, stream: str = "err", cause: str | None = None) -> Callable:
+        if (expect != 0) != (cause is not None):
+            raise ValueError(
+                f"sweep case {entry}/{name}: a case expecting exit {expect} needs cause= exactly when it fails"
+            )
+        if cause is not None:
+            re.compile(cause)
+
         def register(fn: Callable) -> Callable:
-            cases.append(Case(entry, name, what, expect, fn, stream))
+            cases.append(Case(entry, name, what, expect, fn, stream, cause))
             return fn
 
         return register
@@ -222,6 +236,8 @@ def verdict(c: Case, ctx: Ctx, proc: Proc, ok: bool) -> str:
         return "error-line"
     if c.expect != 0 and ((len(lines) != 1 and c.stream == "err") or not lines or "fix:" not in lines[0]):
         return "no-one-line" if not lines or "fix:" not in lines[0] else "many-lines"
+    if c.expect != 0 and c.cause and not re.search(c.cause, lines[0].split("fix:")[0], re.IGNORECASE):
+        return "wrong-cause"
     if not ok:
         return "left-behind"
     return "clean"
@@ -239,6 +255,7 @@ def row(c: Case, ctx: Ctx, proc: Proc, ok: bool, note: str, seconds: float) -> d
         "got": proc.rc,
         "verdict": verdict(c, ctx, proc, ok),
         "line": lines[0][:240] if lines else "",
+        "cause": c.cause,
         "error_lines": len(lines),
         "check": bool(ok),
         "note": "; ".join([*ctx.notes, note] if note else ctx.notes),

@@ -143,14 +143,18 @@ def stop_and_resume(ctx: Ctx, sig: int, when: str, *args: str, run: str = "r", e
     return first, ok and reached, note + ("" if reached else f"; never reached {when}")
 
 
-def _stop(name: str, sig: int, when: str, *args: str, entry: str = T) -> None:
-    @case(entry, name, 75, f"{signal.Signals(sig).name} during {when}, then rerun the run name")
+STOPPED = r"stopped|by SIGTERM|received SIGTERM|signal"  # a stop by SIGTERM (kill PID)
+INTERRUPTED = r"stopped|by SIGINT|received SIGINT|interrupted|Ctrl-C|signal"  # a stop by SIGINT (Ctrl-C)
+
+
+def _stop(name: str, sig: int, when: str, *args: str, entry: str = T, cause: str = STOPPED) -> None:
+    @case(entry, name, 75, f"{signal.Signals(sig).name} during {when}, then rerun the run name", cause=cause)
     def run(ctx: Ctx):
         return stop_and_resume(ctx, sig, when, *args)
 
 
 _stop("sigterm-startup", signal.SIGTERM, "startup")
-_stop("sigint-training", signal.SIGINT, "training", *LONG)
+_stop("sigint-training", signal.SIGINT, "training", *LONG, cause=INTERRUPTED)
 _stop("sigterm-evaluation", signal.SIGTERM, "evaluation", "--set", "eval.evaluators=[test,rotation,translation]")
 
 
@@ -173,19 +177,44 @@ def sigkill(ctx: Ctx):
 
 # MARK: member groups and JAX processes
 
-for _name, _sets, _what in (
-    ("groups-not-dividing", ("distributed.member_groups=3",), "3 member groups of 4 members"),
-    ("dask-address-closed", ("distributed.task_runner=dask", "distributed.address=tcp://127.0.0.1:PORT"), ""),
-    ("dask-tls-missing-files", ("distributed.task_runner=dask", "distributed.address=tls://127.0.0.1:PORT"), ""),
-    ("processes-too-many", ("distributed.num_processes=16",), "16 JAX processes for 8 devices"),
-    ("processes-with-groups", ("distributed.num_processes=2", "distributed.member_groups=2"), "both at once"),
+for _name, _sets, _what, _cause in (
+    (
+        "groups-not-dividing",
+        ("distributed.member_groups=3",),
+        "3 member groups of 4 members",
+        r"does not divide|not divisible|evenly",
+    ),
+    (
+        "dask-address-closed",
+        ("distributed.task_runner=dask", "distributed.address=tcp://127.0.0.1:PORT"),
+        "",
+        r"(scheduler|dask|address).*(does not answer|connection refused|unreachable|cannot connect)",
+    ),
+    (
+        "dask-tls-missing-files",  # tls_ca_file names no file; tls_cert and tls_key are not set
+        ("distributed.task_runner=dask", "distributed.address=tls://127.0.0.1:PORT"),
+        "",
+        r"tls.*(not (all )?set|(is|are) missing|does not exist|no such file|not found)",
+    ),
+    (
+        "processes-too-many",
+        ("distributed.num_processes=16",),
+        "16 JAX processes for 8 devices",
+        r"num_processes.*(less than or equal|at most|more than|exceed|only 8)",
+    ),
+    (
+        "processes-with-groups",
+        ("distributed.num_processes=2", "distributed.member_groups=2"),
+        "both at once",
+        r"does not combine|cannot combine|not both|one of the two|mutually exclusive",
+    ),
 ):
 
-    def _make(name=_name, sets=_sets, what=_what):
+    def _make(name=_name, sets=_sets, what=_what, cause=_cause):
         entry = J if name.startswith("processes") else G
         tls = ("distributed.tls_ca_file=/nonexistent/ca.pem",) if "tls" in name else ()
 
-        @case(entry, name, 2, what or " ".join(sets + tls))
+        @case(entry, name, 2, what or " ".join(sets + tls), cause=cause)
         def run(ctx: Ctx):
             port = str(free_port())
             args = [a.replace("PORT", port) for s in sets + tls for a in ("--set", s)]
@@ -196,7 +225,13 @@ for _name, _sets, _what in (
     _make()
 
 
-@case(G, "groups-changed-on-resume", 2, "rerun a finished run with distributed.member_groups=2")
+@case(
+    G,
+    "groups-changed-on-resume",
+    2,
+    "rerun a finished run with distributed.member_groups=2",
+    cause=r"(another|different|changed) config.*member_groups|member_groups.*(->|changed|differs)",
+)
 def groups_changed(ctx: Ctx):
     return rerun_base(ctx, "distributed.member_groups=2")
 
@@ -227,7 +262,13 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-@case(J, "processes-child-sigkill", 75, "SIGKILL of JAX process 1 of 2 during training, then rerun")
+@case(
+    J,
+    "processes-child-sigkill",
+    75,
+    "SIGKILL of JAX process 1 of 2 during training, then rerun",
+    cause=r"process 1.*(SIGKILL|killed|died|lost)",
+)
 def child_killed(ctx: Ctx):
     out, args = ctx.dir / "runs", (*LONG, *PROCS)
     p = ctx.start(ctx.train_args(*args, out=out))
@@ -241,14 +282,27 @@ def child_killed(ctx: Ctx):
 
 
 PROC_CASES = {
-    "no-coordinator": ([], "no --coordinator and no cluster environment to detect one from"),
-    "spec-missing": (["--spec", "/nonexistent/spec.json", "--num-processes", "1", "--process-id", "0"], ""),
-    "bad-set": (["--set", "train.lr=1", "--num-processes", "1", "--process-id", "0"], "an unknown key, one process"),
+    # name: (the arguments, what is wrong, the cause its line must name)
+    "no-coordinator": (
+        [],
+        "no --coordinator and no cluster environment to detect one from",
+        r"coordinator_address|no (--)?coordinator|without (a |--)?coordinator|coordinator .*(not (set|given)|missing)",
+    ),
+    "spec-missing": (
+        ["--spec", "/nonexistent/spec.json", "--num-processes", "1", "--process-id", "0"],
+        "",
+        r"spec.*(not a file|does not exist|no such file|not found)",
+    ),
+    "bad-set": (
+        ["--set", "train.lr=1", "--num-processes", "1", "--process-id", "0"],
+        "an unknown key, one process",
+        r"unknown config key 'train\.lr'",
+    ),
 }
 
 
-def _proc_case(name: str, args: list[str], what: str) -> None:
-    @case(P, name, 2, what or " ".join(args))
+def _proc_case(name: str, args: list[str], what: str, cause: str) -> None:
+    @case(P, name, 2, what or " ".join(args), cause=cause)
     def run(ctx: Ctx):
         argv = [
             "-m",
@@ -263,5 +317,5 @@ def _proc_case(name: str, args: list[str], what: str) -> None:
         return proc, nothing_under(ctx.dir / "run"), ""
 
 
-for _name, (_args, _what) in PROC_CASES.items():
-    _proc_case(_name, _args, _what)
+for _name, (_args, _what, _cause) in PROC_CASES.items():
+    _proc_case(_name, _args, _what, _cause)

@@ -223,7 +223,13 @@ def _stop_in_stratification(ctx: Ctx, out: Path) -> tuple[Proc, bool]:
     return ctx.finish(p, 180), reached
 
 
-@case(T, "stratify-sigterm-names-the-run", 75, "SIGTERM while a hyper-deep run stratifies; the fix names 'h'; rerun")
+@case(
+    T,
+    "stratify-sigterm-names-the-run",
+    75,
+    "SIGTERM while a hyper-deep run stratifies; the fix names 'h'; rerun",
+    cause=r"stopped|by SIGTERM|received SIGTERM|signal",
+)
 def stratify_stop(ctx: Ctx):
     out = ctx.dir / "runs"
     first, reached = _stop_in_stratification(ctx, out)
@@ -258,7 +264,17 @@ def _names_home(proc: Proc, home: Path) -> tuple[bool, str]:
     return ok, "" if ok else "the line's cause does not name the read-only home directory"
 
 
-@case(T, "home-read-only", 2, "HOME on a read-only tmpfs, no PREFECT_HOME: one line naming the home directory")
+# the home directory is read-only (_names_home checks that the line names the home itself)
+READ_ONLY = r"is read-only|read-only file system|not writable|permission denied"
+
+
+@case(
+    T,
+    "home-read-only",
+    2,
+    "HOME on a read-only tmpfs, no PREFECT_HOME: one line naming the home directory",
+    cause=READ_ONLY,
+)
 def home_ro(ctx: Ctx):
     out = ctx.dir / "runs"
     proc, home = _home_read_only(ctx, ctx.train_args(out=out))
@@ -266,7 +282,7 @@ def home_ro(ctx: Ctx):
     return proc, named and nothing_under(out), note
 
 
-@case(PR, "home-read-only", 2, "flows.predict with HOME on a read-only tmpfs, no PREFECT_HOME")
+@case(PR, "home-read-only", 2, "flows.predict with HOME on a read-only tmpfs, no PREFECT_HOME", cause=READ_ONLY)
 def home_ro_predict(ctx: Ctx):
     out = ctx.dir / "pred.npz"
     args = ["-m", "flows.predict", "--images", str(good_images(ctx)), "--run-dir", str(ctx.base / "base")]
@@ -367,12 +383,24 @@ _override(
 )
 
 
-@case(T, "set-mapping-unknown-key", 2, "--set 'train={epochs: 1, lr: 0.5}': a mapping with an unknown key")
+@case(
+    T,
+    "set-mapping-unknown-key",
+    2,
+    "--set 'train={epochs: 1, lr: 0.5}': a mapping with an unknown key",
+    cause=r"unknown config key 'train\.lr'",
+)
 def mapping_unknown(ctx: Ctx):
     return refused(ctx, "--set", "train={epochs: 1, lr: 0.5}")
 
 
-@case(T, "first-selection-changed-after-stop", 2, "rerun a stopped hyper-deep run with first_selection.bags=5")
+@case(
+    T,
+    "first-selection-changed-after-stop",
+    2,
+    "rerun a stopped hyper-deep run with first_selection.bags=5",
+    cause=r"(changes|changed|->|differs).*first_selection\.bags|first_selection\.bags.*(changes|changed|->|differs)",
+)
 def first_selection_changed(ctx: Ctx):
     out = ctx.dir / "runs"
     first, reached = _stop_in_stratification(ctx, out)
@@ -407,6 +435,12 @@ _processes(
 )
 
 
-@case(J, "processes-3-not-dividing", 2, "3 JAX processes for 8 devices: no placement serves it")
+@case(
+    J,
+    "processes-3-not-dividing",
+    2,
+    "3 JAX processes for 8 devices: no placement serves it",
+    cause=r"does not divide|not divisible|evenly|no placement",
+)
 def processes_three(ctx: Ctx):
     return refused(ctx, "--set", "distributed.num_processes=3")

@@ -47,9 +47,23 @@ def _still(path: Path, kind: str) -> bool:
 
 # MARK: class 2: special files
 
+# the cause a line must name for each kind of special file where a regular one is expected
+SPECIAL_CAUSES = {
+    "fifo": r"a FIFO|named pipe|not a regular file",
+    "link-to-fifo": r"a FIFO|named pipe|not a regular file",
+    "socket": r"a socket|not a regular file",
+    "dev-zero": r"character device|device file|not a regular file",
+}
 
-def _config_special(kind: str) -> None:
-    @case(T, f"config-{kind}", 2, f"--config naming a special file: {kind.replace('-', ' ')} (a FIFO used to hang)")
+
+def _config_special(kind: str, cause: str) -> None:
+    @case(
+        T,
+        f"config-{kind}",
+        2,
+        f"--config naming a special file: {kind.replace('-', ' ')} (a FIFO used to hang)",
+        cause=cause,
+    )
     def run(ctx: Ctx):
         path = _special(ctx.dir / "cfg.yaml", kind)
         out = ctx.dir / "runs"
@@ -58,11 +72,11 @@ def _config_special(kind: str) -> None:
 
 
 for _kind in ("fifo", "dev-zero", "socket", "link-to-fifo"):
-    _config_special(_kind)
+    _config_special(_kind, SPECIAL_CAUSES[_kind])
 
 
-def _images_special(kind: str) -> None:
-    @case(PR, f"images-{kind}", 2, f"--images naming {kind.replace('-', ' ')}")
+def _images_special(kind: str, cause: str) -> None:
+    @case(PR, f"images-{kind}", 2, f"--images naming {kind.replace('-', ' ')}", cause=cause)
     def run(ctx: Ctx):
         path, out = _special(ctx.dir / "x.npy", kind), ctx.dir / "pred.npz"
         proc = ctx.predict(
@@ -72,10 +86,10 @@ def _images_special(kind: str) -> None:
 
 
 for _kind in ("fifo", "dev-zero"):
-    _images_special(_kind)
+    _images_special(_kind, SPECIAL_CAUSES[_kind])
 
 
-@case(T, "data-dir-fifo", 2, "data.data_dir naming a FIFO")
+@case(T, "data-dir-fifo", 2, "data.data_dir naming a FIFO", cause=r"a FIFO|named pipe|not a directory")
 def data_dir_fifo(ctx: Ctx):
     fifo = _special(ctx.dir / "data", "fifo")
     proc, ok, note = refused(ctx, "--set", f"data.data_dir={fifo}", timeout=QUICK)
@@ -88,14 +102,23 @@ def _train_npz(path: Path, n: int = 200) -> None:
 
 
 ARRAYS = {
-    "arrays-train-fifo": ("train.npz", "an arrays source whose train.npz is a FIFO"),
-    "arrays-test-fifo": ("test.npz", "an arrays source whose test.npz is a FIFO (train.npz good)"),
-    "arrays-path-fifo": ("", "data.path of an arrays source naming a FIFO"),
+    # name: (the file that is a FIFO ("": data.path itself), what, the cause its line must name)
+    "arrays-train-fifo": (
+        "train.npz",
+        "an arrays source whose train.npz is a FIFO",
+        r"train\.npz.*(a FIFO|named pipe|not a regular file)",
+    ),
+    "arrays-test-fifo": (
+        "test.npz",
+        "an arrays source whose test.npz is a FIFO (train.npz good)",
+        r"test\.npz.*(a FIFO|named pipe|not a regular file)",
+    ),
+    "arrays-path-fifo": ("", "data.path of an arrays source naming a FIFO", r"a FIFO|named pipe|not a directory"),
 }
 
 
-def _arrays_special(name: str, file: str, what: str) -> None:
-    @case(T, name, 2, what)
+def _arrays_special(name: str, file: str, what: str, cause: str) -> None:
+    @case(T, name, 2, what, cause=cause)
     def run(ctx: Ctx):
         root = ctx.dir / "parts"
         if file:
@@ -115,8 +138,8 @@ def _arrays_special(name: str, file: str, what: str) -> None:
         return proc, ok and _still(fifo, "fifo"), note
 
 
-for _name, (_file, _what) in ARRAYS.items():
-    _arrays_special(_name, _file, _what)
+for _name, (_file, _what, _cause) in ARRAYS.items():
+    _arrays_special(_name, _file, _what, _cause)
 
 
 @case(T, "image-folder-with-fifo", 0, "an image folder with a FIFO among a class's images: left out like a dot file")
@@ -151,26 +174,39 @@ def _indented(lines: list[str], spaces: int) -> str:
 
 
 MAPPING = "{k0: 1, k1: 1, k2: 1, k3: 1, k4: 1, k5: 1, k6: 1, k7: 1, k8: 1, k9: 1}"
+# the causes a line must name: values an alias bomb expands to, nesting, a number's digits
+BOMB, DEEP, DIGITS = (
+    r"aliases|alias bomb|expands to",
+    r"too deep|recursion|depth",
+    r"digits|number.*too (large|long|big)",
+)
 YAML_FILES = {
     "alias-bomb-model-options": (
         "model:\n  options:\n" + _indented(_bomb_lines(), 4),
         "a YAML alias bomb (10**9 values) inside model.options, a free-form mapping",
+        BOMB,
     ),
-    "alias-bomb-top-level": ("\n".join(_bomb_lines()) + "\n", "a YAML alias bomb at the top level (unknown keys)"),
+    "alias-bomb-top-level": (
+        "\n".join(_bomb_lines()) + "\n",
+        "a YAML alias bomb at the top level (unknown keys)",
+        BOMB,
+    ),
     "alias-bomb-of-mappings": (
         "eval:\n  evaluators:\n" + _indented(_bomb_lines(leaf=MAPPING), 4),
         "an alias bomb of mappings inside eval.evaluators",
+        BOMB,
     ),
     "yaml-deep-nesting": (
         "model:\n  options:\n    deep: " + "[" * 100_000 + "]" * 100_000 + "\n",
         "100,000 nested lists",
+        DEEP,
     ),
-    "yaml-huge-integer": ("seed: " + "9" * 100_000 + "\n", "a seed of 100,000 digits"),
+    "yaml-huge-integer": ("seed: " + "9" * 100_000 + "\n", "a seed of 100,000 digits", DIGITS),
 }
 
 
-def _yaml_file(name: str, text: str, what: str) -> None:
-    @case(T, name, 2, what)
+def _yaml_file(name: str, text: str, what: str, cause: str) -> None:
+    @case(T, name, 2, what, cause=cause)
     def run(ctx: Ctx):
         path = ctx.dir / "cfg.yaml"
         path.write_text(text)  # on its own: the config's other values are the defaults
@@ -178,30 +214,32 @@ def _yaml_file(name: str, text: str, what: str) -> None:
         return ctx.cli(ctx.train_args(out=out, config=str(path)), timeout=QUICK), nothing_under(out), ""
 
 
-for _name, (_text, _what) in YAML_FILES.items():
-    _yaml_file(_name, _text, _what)
+for _name, (_text, _what, _cause) in YAML_FILES.items():
+    _yaml_file(_name, _text, _what, _cause)
 
 SETS = {
     "alias-bomb-in-set": (
         "model.options={" + ", ".join(_bomb_lines()) + "}",
         "--set model.options={...}: an alias bomb in an override's value",
+        BOMB,
     ),
     "set-deep-nesting": (
         "model.options={a: " + "[" * 60_000 + "]" * 60_000 + "}",
         "--set value of 60,000 nested lists",
+        DEEP,
     ),
-    "set-huge-integer": ("seed=" + "9" * 100_000, "--set seed= a number of 100,000 digits"),
+    "set-huge-integer": ("seed=" + "9" * 100_000, "--set seed= a number of 100,000 digits", DIGITS),
 }
 
 
-def _bad_value(name: str, assignment: str, what: str) -> None:
-    @case(T, name, 2, what)
+def _bad_value(name: str, assignment: str, what: str, cause: str) -> None:
+    @case(T, name, 2, what, cause=cause)
     def run(ctx: Ctx):
         return refused(ctx, "--set", assignment, timeout=QUICK)
 
 
-for _name, (_assignment, _what) in SETS.items():
-    _bad_value(_name, _assignment, _what)
+for _name, (_assignment, _what, _cause) in SETS.items():
+    _bad_value(_name, _assignment, _what, _cause)
 
 
 # MARK: class 3: a user's module that ends the process
@@ -216,42 +254,75 @@ class Net(nn.Module):
     def __call__(self, x, train: bool = False):
         return nn.Dense(self.num_classes)(x.reshape((x.shape[0], -1)))
 """
+
+
+def _exits(code: int) -> str:
+    """The cause of a user's code that ends the process with ``code``."""
+    return rf"sys\.exit\({code}\)|SystemExit\({code}\)|exit(ed|s)? with (code |status )?{code}\b"
+
+
+INTERRUPT = r"KeyboardInterrupt|Ctrl-C"  # the code raised it: no signal was sent, so not "stopped by SIGINT"
 MODULES = {
-    # name: (what model.name / data.builder names, the module's text, what)
+    # name: (what model.name / data.builder names, the module's text, what, the cause its line must name)
     "model-module-exit-0": (
         "model",
         NET + "import sys\nsys.exit(0)\n",
         "a network module calling sys.exit(0) at import",
+        _exits(0),
     ),
-    "model-module-exit-3": ("model", NET + "raise SystemExit(3)\n", "a network module calling sys.exit(3) at import"),
-    "model-module-interrupt": ("model", NET + "raise KeyboardInterrupt\n", "a network module raising Ctrl-C at import"),
-    "builder-module-exit-0": ("builder", "import sys\nsys.exit(0)\n", "a data.builder module calling sys.exit(0)"),
-    "builder-module-interrupt": ("builder", "raise KeyboardInterrupt\n", "a data.builder module raising Ctrl-C"),
+    "model-module-exit-3": (
+        "model",
+        NET + "raise SystemExit(3)\n",
+        "a network module calling sys.exit(3) at import",
+        _exits(3),
+    ),
+    "model-module-interrupt": (
+        "model",
+        NET + "raise KeyboardInterrupt\n",
+        "a network module raising Ctrl-C at import",
+        INTERRUPT,
+    ),
+    "builder-module-exit-0": (
+        "builder",
+        "import sys\nsys.exit(0)\n",
+        "a data.builder module calling sys.exit(0)",
+        _exits(0),
+    ),
+    "builder-module-interrupt": (
+        "builder",
+        "raise KeyboardInterrupt\n",
+        "a data.builder module raising Ctrl-C",
+        INTERRUPT,
+    ),
     "model-forward-exit-0": (
         "model",
         NET.replace("        return nn.Dense", "        import sys\n\n        sys.exit(0)\n        return nn.Dense"),
         "a network whose forward pass (traced by the preflight) calls sys.exit(0)",
+        _exits(0),
     ),
     "model-function-exit-0": (
         "function",
         "def build(cfg, num_classes):\n    import sys\n    sys.exit(0)\n",
         "a network function (not the import) calling sys.exit(0)",
+        _exits(0),
     ),
     "model-function-exit-3": (
         "function",
         "def build(cfg, num_classes):\n    raise SystemExit(3)\n",
         "a network function calling sys.exit(3)",
+        _exits(3),
     ),
     "model-function-interrupt": (
         "function",
         "def build(cfg, num_classes):\n    raise KeyboardInterrupt\n",
         "a network function raising KeyboardInterrupt (no signal was sent)",
+        INTERRUPT,
     ),
 }
 
 
-def _user_module(name: str, kind: str, text: str, what: str) -> None:
-    @case(T, name, 2, what)
+def _user_module(name: str, kind: str, text: str, what: str, cause: str) -> None:
+    @case(T, name, 2, what, cause=cause)
     def run(ctx: Ctx):
         module = name.replace("-", "_")
         (ctx.dir / f"{module}.py").write_text(text)
@@ -267,8 +338,8 @@ def _user_module(name: str, kind: str, text: str, what: str) -> None:
         return proc, nothing_under(out) and named, "" if named else "the line does not name the module"
 
 
-for _name, (_kind, _text, _what) in MODULES.items():
-    _user_module(_name, _kind, _text, _what)
+for _name, (_kind, _text, _what, _cause) in MODULES.items():
+    _user_module(_name, _kind, _text, _what, _cause)
 
 
 @case(T, "model-module-prints-5000-lines", 0, "a network module printing 5,000 lines at import; the run completes")
@@ -296,8 +367,8 @@ def _tiny_with(ctx: Ctx, extra: str, options: str = "") -> Path:
     return path
 
 
-def _sized(name: str, expect: int, what: str, make, *sets: str) -> None:
-    @case(T, name, expect, what)
+def _sized(name: str, expect: int, what: str, make, *sets: str, cause: str | None = None) -> None:
+    @case(T, name, expect, what, cause=cause)
     def run(ctx: Ctx):
         out = ctx.dir / "runs"
         proc = ctx.cli(ctx.train_args(*sets, out=out, config=str(make(ctx))), timeout=300 if expect == 0 else 120)
@@ -306,9 +377,23 @@ def _sized(name: str, expect: int, what: str, make, *sets: str) -> None:
 
 
 COMMENT = "# " + "c" * 98 + "\n"
-_sized("config-590kb-options", 2, "a valid 590 KB config (model.options)", lambda c: _tiny_with(c, "", "x" * 590_000))
+# the config (as a run's parameters) is larger than a flow run's parameters may be
+TOO_BIG = r"bytes.*(more|larger) than|too (large|big)|exceeds.*(limit|bytes)"
+_sized(
+    "config-590kb-options",
+    2,
+    "a valid 590 KB config (model.options)",
+    lambda c: _tiny_with(c, "", "x" * 590_000),
+    cause=TOO_BIG,
+)
 _sized("config-590kb-comments", 0, "a 590 KB config that is mostly comments", lambda c: _tiny_with(c, COMMENT * 5_900))
-_sized("config-over-1mib", 2, "a config file just over 1 MiB", lambda c: _tiny_with(c, COMMENT * 10_500))
+_sized(
+    "config-over-1mib",
+    2,
+    "a config file just over 1 MiB",
+    lambda c: _tiny_with(c, COMMENT * 10_500),
+    cause=r"(larger|more|bigger) than [0-9,.]+ ?(bytes|MiB)|too (large|big)|exceeds [0-9,.]+ ?(bytes|MiB)",
+)
 _sized(
     "set-pushes-config-over-limit",
     2,
@@ -316,14 +401,15 @@ _sized(
     lambda c: _tiny_with(c, "", "x" * 450_000),
     "--set",
     "model.options.more=" + "y" * 120_000,
+    cause=TOO_BIG,
 )
 
 
 # MARK: class 5: names of the output directory's own
 
 
-def _reserved(name: str, run: str, what: str) -> None:
-    @case(T, name, 2, what)
+def _reserved(name: str, run: str, what: str, cause: str) -> None:
+    @case(T, name, 2, what, cause=cause)
     def run_(ctx: Ctx):
         out = ctx.copy_base()
         (out / "notes.txt").write_text("the user's own file\n")
@@ -334,27 +420,44 @@ def _reserved(name: str, run: str, what: str) -> None:
         return proc, not changed, f"changed {changed[:3]}" if changed else "the output dir as it was"
 
 
+# the causes a line must name: a name the output directory keeps for its own files (the
+# run name itself is in every line, so it cannot be the cause), or a name outside the rule
+OWN = r"reserved|uses (it )?for itself|(output directory's|its) own"
+ONE_NAME = r"not a single directory name"
 RESERVED = {
-    "run-name-champion-json": ("champion.json", "--run-name champion.json (the output dir's champion file)"),
-    "run-name-history-jsonl": ("history.jsonl", "--run-name history.jsonl"),
-    "run-name-corrupt-state": ("corrupt-state", "--run-name corrupt-state (the quarantine directory)"),
-    "run-name-champion-upper": ("CHAMPION.JSON", "--run-name CHAMPION.JSON (case-insensitive file systems)"),
-    "run-name-dot": (".", "--run-name ."),
-    "run-name-newline": ("a\nb", "a run name with a newline"),
-    "run-name-non-ascii": ("caf\u00e9", "a run name with a non-ASCII letter"),
-    "run-name-existing-file": ("notes.txt", "--run-name of a file the user keeps in the output dir"),
+    "run-name-champion-json": ("champion.json", "--run-name champion.json (the output dir's champion file)", OWN),
+    "run-name-history-jsonl": ("history.jsonl", "--run-name history.jsonl", OWN),
+    "run-name-corrupt-state": ("corrupt-state", "--run-name corrupt-state (the quarantine directory)", OWN),
+    "run-name-champion-upper": ("CHAMPION.JSON", "--run-name CHAMPION.JSON (case-insensitive file systems)", OWN),
+    "run-name-dot": (".", "--run-name .", ONE_NAME + r"|current directory"),
+    "run-name-newline": ("a\nb", "a run name with a newline", ONE_NAME + r"|a newline|control character"),
+    "run-name-non-ascii": (
+        "caf\u00e9",
+        "a run name with a non-ASCII letter",
+        ONE_NAME + r"|non-ASCII (letter|character)|not ASCII|only ASCII",
+    ),
+    "run-name-existing-file": (
+        "notes.txt",
+        "--run-name of a file the user keeps in the output dir",
+        r"is a file|is taken|already exists",
+    ),
 }
-for _name, (_run, _what) in RESERVED.items():
-    _reserved(_name, _run, _what)
+for _name, (_run, _what, _cause) in RESERVED.items():
+    _reserved(_name, _run, _what, _cause)
 
 
-def _bad_output_dir(name: str, part: str, what: str) -> None:
-    @case(T, name, 2, what)
+def _bad_output_dir(name: str, part: str, what: str, cause: str) -> None:
+    @case(T, name, 2, what, cause=cause)
     def run(ctx: Ctx):
         proc = ctx.cli(ctx.train_args(out=ctx.dir / part), timeout=120)
         made = sorted(p.name for p in ctx.dir.iterdir() if not p.name.startswith("cmd"))
         return proc, not made, f"created {made}" if made else "nothing created"
 
 
-_bad_output_dir("output-dir-newline", "runs\nfake", "an output dir whose path has a newline")
-_bad_output_dir("output-dir-tab", "a\tb", "an output dir whose path has a tab")
+_bad_output_dir(
+    "output-dir-newline",
+    "runs\nfake",
+    "an output dir whose path has a newline",
+    r"control character|a newline|line break",
+)
+_bad_output_dir("output-dir-tab", "a\tb", "an output dir whose path has a tab", r"control character|a tab\b")

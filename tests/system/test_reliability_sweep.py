@@ -13,7 +13,9 @@ a champion or a data dir beside the process writing it, messages that name the r
 cause and run, overrides, members placed across JAX processes). A case
 is clean only if its exit code is the expected one (0 done, 2 refused or failed, 75
 stopped; 1 for ``prefect deployment run`` of a failed flow run), a failure printed exactly
-one line starting ``error: `` that holds ``fix:``, no command printed ``Traceback`` or
+one line starting ``error: `` that holds ``fix:`` and names the case's cause (its
+``cause`` pattern matches the line before ``fix:``: a refusal for the wrong reason is
+``wrong-cause``), no command printed ``Traceback`` or
 ``Exception ignored``, and the case's own check of what was lost or left behind holds.
 Every command has a timeout: a hung one is ``hang``.
 
@@ -37,6 +39,8 @@ from tests.system import (
     sweep_predict_cases,
     sweep_round4_cases,
     sweep_round4_inputs,
+    sweep_round5_inputs,
+    sweep_round5_user_code,
     sweep_train_cases,
 )
 from tests.system.sweep import Case, Ctx, assert_clean, base_env, prepare_base, row
@@ -53,6 +57,8 @@ CASES: list[Case] = [
     *sweep_predict_cases.CASES,
     *sweep_round4_inputs.CASES,
     *sweep_round4_cases.CASES,
+    *sweep_round5_inputs.CASES,
+    *sweep_round5_user_code.CASES,
 ]
 
 

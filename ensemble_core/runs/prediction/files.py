@@ -26,6 +26,7 @@ from ensemble_core.runs.prediction import inputs as inputs_lib
 from ensemble_core.runs.prediction import table as table_lib
 from ensemble_core.runs.prediction.predict import predict_images
 from ensemble_core.runs.storage.champion_record import read_champion
+from ensemble_core.runs.storage.layout import OutputDir
 from ensemble_core.special_files import special_kind
 
 
@@ -34,11 +35,21 @@ def resolve_run(run_dir: str | None, output_dir: str | Path) -> tuple[str, str |
     under ``output_dir``.
 
     Raises:
-      DataError: no run given and no champion yet.
+      DataError: no run given and no champion yet, or a damaged champion pointer (set
+        aside by :func:`read_champion`; the message names the runs that could be passed).
     """
     if run_dir:
         return run_dir, None
+    pointer = OutputDir(Path(output_dir)).champion
+    existed = pointer.exists()
     champion = read_champion(output_dir)
+    if champion is None and existed:
+        runs = sorted(p.name for p in Path(output_dir).iterdir() if (p / "checkpoints").is_dir())
+        named = f" (runs there: {', '.join(runs[:5])}{', ...' if len(runs) > 5 else ''})" if runs else ""
+        raise DataError(
+            f"the champion pointer {pointer.name} in '{output_dir}' is damaged and was set aside in corrupt-state/",
+            fix=f"pass --run-dir of a trained run{named}, or train one (python -m flows.train_ensemble)",
+        )
     if champion is None:
         raise DataError(
             f"no champion in '{output_dir}' yet", fix="train one (python -m flows.train_ensemble) or pass a run dir"
