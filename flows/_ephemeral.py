@@ -11,6 +11,7 @@ when the command that started it dies (Linux ``prctl(PR_SET_PDEATHSIG)``), howev
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -45,6 +46,84 @@ def create_app():
     return prefect_create_app()
 
 
+#: The commands that run a flow (and so need a server); :func:`start_early` starts one for them.
+FLOW_COMMANDS = ("flows.train_ensemble", "flows.predict", "flows.monitor")
+_early: tuple[subprocess.Popen, int] | None = None  # (server, port) started by start_early
+
+
+def _server_command(port: int) -> list[str]:
+    """Prefect's SubprocessASGIServer command line, with this module's app factory."""
+    root = str(Path(__file__).resolve().parents[1])
+    cmd = [sys.executable, "-m", "uvicorn", "--app-dir", root, "--factory", "flows._ephemeral:create_app"]
+    return [*cmd, "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
+
+
+def _spawn(port: int, settings_env: dict[str, str]) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        **settings_env,
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+        PARENT_ENV: str(os.getpid()),
+    }
+    # Its own session: Ctrl-C in a terminal signals the whole foreground process group, and
+    # a server that died of it left the command waiting on it after training had stopped
+    # cleanly. It still dies with this process (die_with_parent).
+    return subprocess.Popen(
+        _server_command(port), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+
+
+def start_early(argv: list[str]) -> bool:
+    """Start the temporary server at the very start of ``python -m flows.<command>``
+    (``argv``: ``sys.orig_argv``), so that it starts while the command imports its modules
+    and checks its input (3-5 s each on 2 cores) instead of after; :func:`temporary_server`
+    then waits for it. Only for :data:`FLOW_COMMANDS`, not for ``--help``, and not when
+    ``PREFECT_API_URL`` is set in the environment (a configured server; one configured only
+    in a Prefect profile is found later, and this server is then stopped unused). A command
+    that is refused before its flow stops it at exit (and it dies with the command however
+    the command ends: :func:`create_app`).
+
+    Returns whether it started one. Raises nothing (a server that cannot start is reported
+    by :func:`temporary_server`, as before)."""
+    global _early
+    if _early is not None or os.environ.get("PREFECT_API_URL"):
+        return False
+    try:
+        module = argv[argv.index("-m") + 1]
+    except (ValueError, IndexError):
+        return False
+    rest = argv[argv.index("-m") + 2 :]
+    if module not in FLOW_COMMANDS or "-h" in rest or "--help" in rest:
+        return False
+    try:
+        port = free_port()
+        _early = (_spawn(port, {}), port)
+    except OSError:
+        return False
+    atexit.register(_stop_early)
+    return True
+
+
+def _stop_early() -> None:
+    global _early
+    if _early is None:
+        return
+    server, _ = _early
+    _early = None
+    _stop(server)
+
+
+def _stop(server: subprocess.Popen) -> None:
+    server.terminate()
+    try:
+        server.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
 def _configured_api_url() -> str | None:
     from prefect.settings import get_current_settings
 
@@ -63,7 +142,9 @@ def temporary_server() -> Iterator[str | None]:
       ServerStartError: the server exited, or did not answer within
         ``max(MIN_STARTUP_TIMEOUT_S, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)``.
     """
+    global _early
     if _configured_api_url():
+        _stop_early()  # started for nothing: the profile names a server
         yield None
         return
     from prefect.settings import (
@@ -74,24 +155,12 @@ def temporary_server() -> Iterator[str | None]:
     )
 
     timeout = max(MIN_STARTUP_TIMEOUT_S, float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()))
-
-    port = free_port()
-    env = {
-        **os.environ,
-        **get_current_settings().to_environment_variables(exclude_unset=True),
-        "PREFECT_UI_ENABLED": "0",
-        "PREFECT__SERVER_EPHEMERAL": "1",
-        "PREFECT__SERVER_FINAL": "1",
-        PARENT_ENV: str(os.getpid()),
-    }
-    root = str(Path(__file__).resolve().parents[1])
-    # Same command line as Prefect's SubprocessASGIServer, with this module's factory.
-    cmd = [sys.executable, "-m", "uvicorn", "--app-dir", root, "--factory", "flows._ephemeral:create_app"]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
-    # Its own session: Ctrl-C in a terminal signals the whole foreground process group, and
-    # a server that died of it left the command waiting on it after training had stopped
-    # cleanly. It still dies with this process (die_with_parent).
-    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    if _early is not None:  # started by start_early, with the same environment Prefect's settings come from
+        server, port = _early
+        _early = None
+    else:
+        port = free_port()
+        server = _spawn(port, get_current_settings().to_environment_variables(exclude_unset=True))
     url = f"http://127.0.0.1:{port}/api"
     try:
         deadline = time.monotonic() + timeout
@@ -125,9 +194,4 @@ def temporary_server() -> Iterator[str | None]:
         from flows._services import DRAIN_TIMEOUT_S, drain_services
 
         drain_services(DRAIN_TIMEOUT_S)  # what the run still has to send goes to this server first
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        _stop(server)

@@ -193,3 +193,34 @@ def test_cli_interrupted_while_starting_is_one_line(tmp_path, tfds_dir):
     lines = err.strip().splitlines()
     assert lines[-1].startswith("error: stopped by SIGINT") and "fix:" in lines[-1] and "Traceback" not in err
     assert not out.exists()
+
+
+def test_a_refused_command_stops_the_server_it_started_early(tmp_path):
+    """The temporary server starts with the command (flows._ephemeral.start_early), before
+    the input is checked: a command refused in its preflight stops it at exit."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    cmd = [sys.executable, "-m", "flows.train_ensemble", "--set", "train.lr=0.1", "--output-dir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    started = []
+    while proc.poll() is None:  # the server exists while the command imports and checks
+        started = started or _ephemeral_servers(proc.pid)
+    err = proc.stderr.read() if proc.stderr else ""
+    assert proc.returncode == 2 and "unknown config key 'train.lr'" in err, err[-2000:]
+    assert len(started) == 1, "no temporary server was started early"
+    assert not [
+        p for p in started if Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"
+    ]
+
+
+def test_start_early_only_for_flow_commands_without_a_configured_server(monkeypatch):
+    from flows import _ephemeral
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    assert not _ephemeral.start_early(["python", "-m", "flows.train_ensemble", "--help"])
+    assert not _ephemeral.start_early(["python", "-m", "flows.automations"])
+    assert not _ephemeral.start_early(["python", "script.py"])
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
+    assert not _ephemeral.start_early(["python", "-m", "flows.predict", "--images", "x"])

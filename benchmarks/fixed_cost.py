@@ -1,0 +1,91 @@
+"""The fixed cost of a command line: the tiny config's ``python -m flows.train_ensemble``,
+start to exit, for two checkouts side by side.
+
+    git worktree add /tmp/before <commit>
+    python -m benchmarks.fixed_cost --checkout before=/tmp/before --checkout after=. [--runs 5]
+
+Runs the training command line on ``configs/tiny.yaml`` (the embedded digits, its
+temporary Prefect server, every default evaluator) from each checkout in turn, A B A B ...
+after one warm-up run of each (the dataset, the derived sets and JAX's persistent
+compilation cache are then warm, as a user's second run finds them), each in a fresh
+output directory, with no ``PREFECT_API_URL`` (the temporary server is part of the cost).
+Timed from outside the process (``time.monotonic`` around ``subprocess.run``). Records each
+run's wall seconds, the median per checkout and the per-pair ratio (second checkout over
+the first: the machine's drift cancels within a pair), and, where the checkout writes it,
+the run's ``report.json -> timing`` (``command start``, ``flow engine``, ``command end`` and
+the run's stages). The 1-minute load average before each run is kept: other jobs on the
+cores slow it.
+
+Writes ``benchmarks/results/fixed-cost-<cpus>core.json`` (or ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks._provenance import stamp
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def one_run(checkout: Path, out: Path, home: Path) -> dict:
+    """The tiny config's command line from ``checkout``: its wall seconds (outside) and timing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "XLA_FLAGS"}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(checkout))
+    cmd = [sys.executable, "-m", "flows.train_ensemble", "--config", "configs/tiny.yaml"]
+    cmd += ["--output-dir", str(out), "--run-name", "r"]
+    load = os.getloadavg()[0]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"error: {' '.join(cmd)} in {checkout} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    report = json.loads((out / "r" / "report.json").read_text())
+    return {"wall_seconds": wall, "load_average_1min_before": load, "timing": report.get("timing")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fixed_cost", description=__doc__.split("\n")[0])
+    parser.add_argument("--checkout", action="append", required=True, metavar="LABEL=DIR", help="two, in order")
+    parser.add_argument("--runs", type=int, default=5, help="counted runs of each (default 5, after one warm-up)")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"fixed-cost-{os.cpu_count()}core.json"))
+    args = parser.parse_args(argv)
+    checkouts = [(c.split("=", 1)[0], Path(c.split("=", 1)[1]).resolve()) for c in args.checkout]
+    if len(checkouts) != 2 or any("=" not in c for c in args.checkout):
+        print("error: give two --checkout LABEL=DIR; fix: e.g. --checkout before=/tmp/before --checkout after=.")
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="fixed-cost-"))
+    runs: dict[str, list[dict]] = {label: [] for label, _ in checkouts}
+    for i in range(args.runs + 1):  # the first round warms both up and is not counted
+        for label, checkout in checkouts:
+            r = one_run(checkout, tmp / f"{label}-{i}", tmp / f"prefect-{label}")
+            print(f"{label} run {i}: {r['wall_seconds']:.1f} s", file=sys.stderr)
+            if i:
+                runs[label].append(r)
+    (a, _), (b, _) = checkouts
+    ratios = [rb["wall_seconds"] / ra["wall_seconds"] for ra, rb in zip(runs[a], runs[b], strict=True)]
+    result = {
+        "command": "python -m benchmarks.fixed_cost " + " ".join(f"--checkout {c}" for c in args.checkout),
+        **stamp(),
+        "what": "python -m flows.train_ensemble --config configs/tiny.yaml, start to exit, warm caches",
+        "checkouts": {label: str(path) for label, path in checkouts},
+        "median_wall_seconds": {label: statistics.median(r["wall_seconds"] for r in rs) for label, rs in runs.items()},
+        "ratio_median": statistics.median(ratios),
+        "ratios": ratios,
+        "runs": runs,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: result[k] for k in ("median_wall_seconds", "ratio_median")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
