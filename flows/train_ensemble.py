@@ -41,6 +41,7 @@ from flows import _server
 from flows import _services
 from flows import _cli
 from flows._cli import EXIT_BAD_INPUT, report_error
+from tasks import without_introspection
 from tasks._cluster import preflight as cluster_preflight
 from tasks._cluster import preflight_before_flow
 from tasks.champion import compare_with_champion
@@ -58,17 +59,22 @@ DEFAULT_OUTPUT_DIR = "runs"
 
 # The sequence of ensemble_core.runs.run, each stage a Prefect task.
 STAGES = runs.Stages(
-    preflight=cluster_preflight,
-    prepare=prepare_stage,
-    check_unchanged=check_unchanged,
-    detect_drift=detect_drift,
-    train=train_stage,
-    stratify=stratify_stage,
-    select=select_members,
-    evaluate=evaluate_members,
-    promote=compare_with_champion,
-    report=publish_report,
-    retain=apply_retention,
+    **{
+        name: without_introspection(stage)
+        for name, stage in {
+            "preflight": cluster_preflight,
+            "prepare": prepare_stage,
+            "check_unchanged": check_unchanged,
+            "detect_drift": detect_drift,
+            "train": train_stage,
+            "stratify": stratify_stage,
+            "select": select_members,
+            "evaluate": evaluate_members,
+            "promote": compare_with_champion,
+            "report": publish_report,
+            "retain": apply_retention,
+        }.items()
+    }
 )
 
 

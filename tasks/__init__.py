@@ -10,6 +10,8 @@ run, never the name of the flow (``train-ensemble``, ``predict``) it is part of.
 from __future__ import annotations
 
 import errno
+import functools
+from collections.abc import Callable
 from typing import Any
 
 # OSErrors that say something about the input, not about a passing condition: the same
@@ -49,3 +51,24 @@ def is_transient(task: Any, task_run: Any, state: Any) -> bool:
 
 # Keyword arguments of every stage's @task: two retries, 10 s apart, for transient errors.
 TRANSIENT_RETRIES: dict[str, Any] = {"retries": 2, "retry_delay_seconds": 10, "retry_condition_fn": is_transient}
+
+
+def without_introspection(stage: Callable) -> Callable:
+    """``stage`` (a Prefect task) called with each argument wrapped in Prefect's ``quote``
+    (``prefect.utilities.annotations``): Prefect then passes the argument as it is instead of
+    walking every element of it for upstream futures and states (it visited 53,000 objects
+    in a tiny run's nine stages: the config, the dataset's record, the training summary's
+    history, the evaluation's metrics; about 0.5 s). The stages are called one after another
+    with plain values, so there is no dependency to track. A ``stage`` that is not a task (a
+    function calling tasks) is returned as it is."""
+    from prefect import Task
+    from prefect.utilities.annotations import quote
+
+    if not isinstance(stage, Task):
+        return stage
+
+    @functools.wraps(stage)
+    def call(*args: Any) -> Any:
+        return stage(*(quote(a) for a in args))
+
+    return call

@@ -14,7 +14,7 @@ from ensemble_core import runs, stopping
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import PreemptedError, resume_fix
-from tasks import TRANSIENT_RETRIES
+from tasks import TRANSIENT_RETRIES, without_introspection
 from tasks._progress import train_with_progress
 from tasks._runners import place_group, scheduler_lost, submit_each, task_runner
 
@@ -121,7 +121,7 @@ def train_on_runner(config: PipelineConfig, dataset: DatasetInfo, run_dir: str) 
     subflow on the configured task runner (the training stage's, and a stratified pool's
     with several member groups)."""
     if config.distributed.member_groups == 1:
-        return train_members(config, dataset, run_dir)
+        return without_introspection(train_members)(config, dataset, run_dir)
     from prefect.exceptions import TerminationSignal
 
     try:

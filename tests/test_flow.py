@@ -652,7 +652,10 @@ def _predict_inputs(tmp_path: Path, run_dir: Path) -> dict:
         "missing-file": ([*run, "--images", str(images / "nope.npy")], "does not exist"),
         "run-without-checkpoints": (["--run-dir", str(empty_run), "--images", ok], "has no checkpoint"),
         "output-not-writable": ([*run, "--images", ok, "--output", str(ROOT / "README.md" / "p.npz")], "--output"),
-        "damaged-champion": (["--output-dir", str(tmp_path / "damaged"), "--images", ok], "no champion"),
+        "damaged-champion": (
+            ["--output-dir", str(tmp_path / "damaged"), "--images", ok],
+            "champion pointer champion.json in",
+        ),
     }
 
 
