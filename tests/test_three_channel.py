@@ -244,16 +244,52 @@ def test_mnist_only_evaluators_are_skipped_with_one_line(rgb):
     assert out.arrays == {}
 
 
-def test_translation_evaluator_and_its_plots_on_rgb(rgb, tmp_path):
+def test_translation_evaluator_and_its_plots_on_rgb(rgb, tmp_path, monkeypatch):
+    from PIL import Image
+
+    from ensemble_core.evaluators import shift_base
+
     ctx = _context(rgb, options=translation.Options(pixels=(0, 8, 16)), name="translation")
     out = translation.evaluate(ctx)
     assert out.skipped is None
     assert [r["level"] for r in out.metrics["levels"]] == [0.0, 8.0, 16.0]
     assert out.arrays["member_probs"].shape == (2, 36, 10)
     assert out.arrays["examples"].shape == (3, 8, 32, 32, 3)
-    np.testing.assert_array_equal(out.arrays["examples"][1], shifts.translate(ctx.load("test")[0][:8], 8))
+    test_images = ctx.load("test")[0][:8]
+    np.testing.assert_array_equal(out.arrays["examples"][1], shifts.translate(test_images, 8))
+    # What the plots draw, recorded as each is saved.
+    drawn = {}
+    real_save = shift_base.save
+
+    def recording(fig, path):
+        drawn[path.name] = fig.axes
+        return real_save(fig, path)
+
+    monkeypatch.setattr(shift_base, "save", recording)
     paths = translation.plot(out.metrics, out.arrays, tmp_path, ctx.config)
-    assert all(p.exists() and p.stat().st_size > 0 for p in paths.values())
+    assert set(drawn) == {p.name for p in paths.values()} == {"translation.png", "translation_examples.png"}
+    rows = out.metrics["levels"]
+    for ax, figure in zip(drawn["translation.png"], ("accuracy", "nll", "brier", "ece"), strict=True):
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        for who in ("ensemble", "member_mean", "best_member"):
+            line = lines[who.replace("_", " ")]
+            np.testing.assert_array_equal(line.get_xdata(), [0.0, 8.0, 16.0])
+            np.testing.assert_allclose(line.get_ydata(), [r[who][figure] for r in rows], rtol=1e-12)
+    # The examples grid: a row per shift, each tile the translated RGB image, in colour.
+    tiled = np.asarray(drawn["translation_examples.png"][0].images[0].get_array())
+    assert tiled.shape == (3 * 34 - 2, 8 * 34 - 2, 3)
+    for level, k in enumerate((0, 8, 16)):
+        for j in (0, 5):
+            tile = tiled[34 * level : 34 * level + 32, 34 * j : 34 * j + 32]
+            np.testing.assert_array_equal(tile, shifts.translate(test_images[j : j + 1], k)[0])
+    # The PNGs: 16 x 3.6 inches at 100 dpi with the ensemble's red curves; the examples in colour.
+    with Image.open(paths["translation"]) as image:
+        curves = np.asarray(image.convert("RGB"))
+    assert curves.shape == (360, 1600, 3) and (curves == (214, 39, 40)).all(-1).sum() > 50
+    with Image.open(paths["translation_examples"]) as image:
+        grid = np.asarray(image.convert("RGB")).astype(int)
+    colourful = (np.abs(grid[..., 0] - grid[..., 1]) > 30) | (np.abs(grid[..., 1] - grid[..., 2]) > 30)
+    assert colourful.mean() > 0.05  # RGB drawn as RGB, not grey
 
 
 def test_rgb_examples_are_drawn_in_colour(rgb):
@@ -285,24 +321,54 @@ def test_rgb_examples_are_drawn_in_colour(rgb):
 
 
 @pytest.mark.slow
-def test_cnn_ensemble_with_augmentation_trains_and_evaluates_on_cifar10(cifar10_tfds, tmp_path, caplog):  # noqa: F811
+def test_cnn_ensemble_with_augmentation_trains_and_evaluates_on_cifar10(
+    cifar10_tfds,  # noqa: F811
+    tmp_path,
+    caplog,
+    monkeypatch,
+):
     """With crop-and-flip augmentation on the RGB dataset (BatchNorm/Dropout networks on
-    RGB images: tests/test_models_zoo.py; through the step: tests/test_stateful_members.py)."""
-    cfg = load_config(
-        None,
-        [
-            "data.name=cifar10",
-            f"data.data_dir={cifar10_tfds}",
-            "data.validation_fraction=0",
-            "model.name=cnn",
-            "data.augment={crop_padding: 4, flip: true}",
-            "ensemble.size=2",
-            "train.epochs=1",
-            "train.batch_size=16",
-            "eval.evaluators=[test,rotation]",
-            "promotion.enabled=false",
-        ],
-    )
+    RGB images: tests/test_models_zoo.py; through the step: tests/test_stateful_members.py).
+    The augmentation ran: the train step called it with the configured padding and flip,
+    the batches it returned differ from those it was given (crops and flips of them), and
+    the members differ from those of the same run without augmentation (same seed, same
+    dropout keys: only the batches differ)."""
+    import jax
+    import jax.numpy as jnp
+
+    from ensemble_core.train import augment as augment_lib
+    from ensemble_core.train import step as train_step
+
+    seen = []  # (crop_padding, flip) per traced call of the step's augment
+    changed = []  # per train step and member: the fraction of its batch the augmentation changed
+
+    def spy(key, images, **kw):
+        out = augment_lib.augment(key, images, **kw)
+        seen.append((kw["crop_padding"], kw["flip"]))
+        fraction = jnp.mean(jnp.any(out != images, axis=(-3, -2, -1)))
+        jax.debug.callback(lambda f: changed.append(float(np.mean(f))), fraction)
+        return out
+
+    monkeypatch.setattr(train_step, "augment", spy)
+
+    def config(augment: str, evaluators: str):
+        return load_config(
+            None,
+            [
+                "data.name=cifar10",
+                f"data.data_dir={cifar10_tfds}",
+                "data.validation_fraction=0",
+                "model.name=cnn",
+                f"data.augment={augment}",
+                "ensemble.size=2",
+                "train.epochs=1",
+                "train.batch_size=16",
+                f"eval.evaluators={evaluators}",
+                "promotion.enabled=false",
+            ],
+        )
+
+    cfg = config("{crop_padding: 4, flip: true}", "[test,rotation]")
     # MNIST-C named by the user on RGB images: refused in the preflight, nothing trained.
     named = cfg.model_copy(update={"eval": load_config(None, ["eval.evaluators=[test,rotation,corruptions]"]).eval})
     with pytest.raises(EnsembleError, match=r"corruptions.*cannot run on dataset 'cifar10'.*28x28x1"):
@@ -324,3 +390,17 @@ def test_cnn_ensemble_with_augmentation_trains_and_evaluates_on_cifar10(cifar10_
     assert [r["level"] for r in rotation["levels"]] == [float(d) for d in shifts.ROTATION_DEGREES]
     examples = np.load(result.run_dir.eval_dir / "rotation.npz")["examples"]
     assert examples.shape[2:] == (32, 32, 3)
+    # The augmentation reached the step as configured and changed the batches: a random
+    # crop of 9 x 9 offsets and a coin flip leave an image as it was 1 time in 162.
+    assert seen and all(call == (4, True) for call in seen), seen
+    assert len(changed) >= NUM_TRAIN // 16 and np.mean(changed) > 0.9, changed
+    # The same run without augmentation: other members (the only difference is the batches).
+    seen.clear()
+    changed.clear()
+    plain = runs.run(config("{}", "[test]"), tmp_path / "plain", "r")
+    assert seen and all(call == (0, False) for call in seen) and max(changed) == 0, (seen, changed)
+    with np.load(plain.run_dir.path / "predictions.npz") as f:
+        plain_probs = f["member_probs"]
+    assert plain_probs.shape == probs.shape
+    differ = np.abs(plain_probs - probs).max(axis=(1, 2))
+    assert (differ > 1e-4).all(), differ
