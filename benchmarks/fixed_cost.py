@@ -16,6 +16,11 @@ the run's ``report.json -> timing`` (``command start``, ``flow engine``, ``comma
 the run's stages). The 1-minute load average before each run is kept: other jobs on the
 cores slow it.
 
+Also ``plot``: one evaluator-like figure (three panels of nine curves, 15x4 inches, 100
+dpi) laid out and saved as PNG at zlib level 6 (Pillow's default) and at level 1
+(``ensemble_core.plotting.save``'s), the median of ``--plot-repeats`` saves each, and
+the files' bytes.
+
 Writes ``benchmarks/results/fixed-cost-<cpus>core.json`` (or ``--out``).
 """
 
@@ -52,10 +57,41 @@ def one_run(checkout: Path, out: Path, home: Path) -> dict:
     return {"wall_seconds": wall, "load_average_1min_before": load, "timing": report.get("timing")}
 
 
+def plot_save(repeats: int) -> dict:
+    """Seconds (median) and bytes of saving one figure at zlib levels 6 and 1."""
+    import io
+
+    import numpy as np
+
+    from ensemble_core.plotting import subplots
+
+    out = {}
+    rng = np.random.default_rng(0)
+    for level in (6, 1):
+        seconds, size = [], 0
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fig, axes = subplots(1, 3, figsize=(15, 4))
+            for ax in axes:
+                for k in range(9):
+                    ax.plot(np.arange(13) * 15, rng.random(13), label=f"member {k}")
+                ax.legend()
+                ax.set_title("accuracy against angle")
+            fig.tight_layout()
+            png = io.BytesIO()
+            fig.savefig(png, dpi=100, format="png", pil_kwargs={"compress_level": level})
+            fig.clf()
+            seconds.append(time.perf_counter() - t0)
+            size = len(png.getvalue())
+        out[f"zlib_level_{level}"] = {"seconds": statistics.median(seconds), "bytes": size}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fixed_cost", description=__doc__.split("\n")[0])
     parser.add_argument("--checkout", action="append", required=True, metavar="LABEL=DIR", help="two, in order")
     parser.add_argument("--runs", type=int, default=5, help="counted runs of each (default 5, after one warm-up)")
+    parser.add_argument("--plot-repeats", type=int, default=9, help="saves of the figure per zlib level (default 9)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"fixed-cost-{os.cpu_count()}core.json"))
     args = parser.parse_args(argv)
     checkouts = [(c.split("=", 1)[0], Path(c.split("=", 1)[1]).resolve()) for c in args.checkout]
@@ -81,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_median": statistics.median(ratios),
         "ratios": ratios,
         "runs": runs,
+        "plot": plot_save(args.plot_repeats),
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: result[k] for k in ("median_wall_seconds", "ratio_median")}))
+    print(json.dumps({k: result[k] for k in ("median_wall_seconds", "ratio_median", "plot")}))
     return 0
 
 

@@ -37,7 +37,7 @@ def subplots(*args, **kwargs):
 
 
 def save(fig, path: Path) -> Path:
-    """Lay out ``fig``, write it as a 100-dpi PNG at ``path`` (creating the directory;
+    """Lay out ``fig``, write it as a 100-dpi PNG at ``path`` (fast zlib level 1; creating the directory;
     atomically, so a full disk leaves the previous plot or none, never half a PNG), close it.
 
     Raises:
@@ -47,7 +47,9 @@ def save(fig, path: Path) -> Path:
     try:
         fig.tight_layout()
         png = io.BytesIO()
-        fig.savefig(png, dpi=100, format="png")
+        # zlib level 1, not Pillow's 6: faster saves for files about a tenth larger (measured:
+        # benchmarks/results/fixed-cost-2core.json, "plot"; python -m benchmarks.fixed_cost)
+        fig.savefig(png, dpi=100, format="png", pil_kwargs={"compress_level": 1})
     finally:
         _pyplot().close(fig)
     atomic_write_bytes(path, png.getvalue())
