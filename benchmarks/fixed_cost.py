@@ -57,6 +57,12 @@ def one_run(checkout: Path, out: Path, home: Path) -> dict:
     return {"wall_seconds": wall, "load_average_1min_before": load, "timing": report.get("timing")}
 
 
+def _commit(checkout: Path) -> str:
+    """The commit checked out in ``checkout`` (short hash), or its directory's name."""
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True)
+    return proc.stdout.strip() or checkout.name
+
+
 def plot_save(repeats: int) -> dict:
     """Seconds (median) and bytes of saving one figure at zlib levels 6 and 1."""
     import io
@@ -109,10 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     (a, _), (b, _) = checkouts
     ratios = [rb["wall_seconds"] / ra["wall_seconds"] for ra, rb in zip(runs[a], runs[b], strict=True)]
     result = {
-        "command": "python -m benchmarks.fixed_cost " + " ".join(f"--checkout {c}" for c in args.checkout),
+        "command": "python -m benchmarks.fixed_cost "
+        + " ".join(f"--checkout {label}=<checkout of {_commit(path)}>" for label, path in checkouts),
         **stamp(),
         "what": "python -m flows.train_ensemble --config configs/tiny.yaml, start to exit, warm caches",
-        "checkouts": {label: str(path) for label, path in checkouts},
+        "checkouts": {label: _commit(path) for label, path in checkouts},
         "median_wall_seconds": {label: statistics.median(r["wall_seconds"] for r in rs) for label, rs in runs.items()},
         "ratio_median": statistics.median(ratios),
         "ratios": ratios,
