@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -15,7 +16,8 @@ from ensemble_core import stopping
 from ensemble_core.data import to_float
 from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS, host_value
 from ensemble_core.train import map_members
-from ensemble_core.train.forward import Network, apply_inference, check_precision
+from ensemble_core.train.forward import Network, apply_inference, check_precision, network_name, user_network
+from ensemble_core.user_import import captured_output
 
 
 def make_predict(
@@ -75,7 +77,7 @@ def make_predict(
         return map_members(member_pass, strategy)(*variables_keys)
 
     if stochastic:
-        return jax.jit(
+        fn = jax.jit(
             jax.shard_map(
                 one_pass,
                 mesh=mesh,
@@ -83,14 +85,17 @@ def make_predict(
                 out_specs=out_specs,
             )
         )
-    return jax.jit(
-        jax.shard_map(
-            local,
-            mesh=mesh,
-            in_specs=(P(ENSEMBLE_AXIS), P(DATA_AXIS)),
-            out_specs=out_specs,
+    else:
+        fn = jax.jit(
+            jax.shard_map(
+                local,
+                mesh=mesh,
+                in_specs=(P(ENSEMBLE_AXIS), P(DATA_AXIS)),
+                out_specs=out_specs,
+            )
         )
-    )
+    fn.network = model  # member_probs captures what a user's network prints while it runs
+    return fn
 
 
 def member_probs(
@@ -131,6 +136,18 @@ def member_probs(
             for j in range(per_device)
         ]
         return np.stack(groups, axis=1).reshape(e, *groups[0].shape[1:])
+    network = getattr(predict, "network", None)
+    with (
+        captured_output(
+            f"network {network_name(network)} printed while it predicted (jax.debug.print, callbacks)", fds=False
+        )
+        if network is not None and user_network(network)
+        else contextlib.nullcontext()
+    ):
+        return _chunks(predict, variables, images, mesh, batch_size, per_device, indexed)
+
+
+def _chunks(predict, variables, images, mesh, batch_size, per_device, indexed) -> np.ndarray:
     n = len(images)
     data = mesh.shape[DATA_AXIS]
     chunk = max(1, min(batch_size // per_device, n))

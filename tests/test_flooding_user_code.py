@@ -88,12 +88,18 @@ def test_a_flooding_network_builds_at_once_and_the_run_obeys_sigterm(tmp_path, t
     ]
     cmd = [sys.executable, "-m", "flows.train_ensemble", "--config", str(ROOT / "configs" / "tiny.yaml")]
     cmd += [a for s in sets for a in ("--set", s)] + ["--output-dir", str(tmp_path / "runs"), "--run-name", "flood"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # output to files, read once the process has ended: a pipe nobody reads fills up and
+    # stalls a flooding process, and waiting on it in an assertion hung the test on old code
+    out_file, err_file = tmp_path / "stdout", tmp_path / "stderr"
+    with out_file.open("w") as out, err_file.open("w") as errors:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=errors, text=True)
+    err = ""
     try:
         deadline = time.monotonic() + 240
         # the first build is the command line's own check (outside the flow); the second is the flow's
         while not (mark.exists() and mark.read_text().count("build start") >= 2):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the flow never built the network twice: {err_file.read_text()[-3000:]}")
             time.sleep(0.05)
         started = time.monotonic()
         while mark.read_text().count("build end") < 2 and time.monotonic() - started < 10:
@@ -103,7 +109,8 @@ def test_a_flooding_network_builds_at_once_and_the_run_obeys_sigterm(tmp_path, t
         proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()
         try:
-            _, err = proc.communicate(timeout=45)
+            proc.wait(timeout=45)
+            err = err_file.read_text(errors="replace")
         except subprocess.TimeoutExpired:
             pytest.fail(f"SIGTERM not obeyed within 45 s (the flow's build took {build_s:.1f} s of its 10 s allowance)")
         stop_s = time.monotonic() - sent

@@ -3,6 +3,7 @@ dataset prepared, the subset of its classes ``data.classes`` applied, a split lo
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 
 import numpy as np
@@ -12,6 +13,7 @@ from ensemble_core import diskspace
 from ensemble_core.config import DataConfig, PipelineConfig
 from ensemble_core.data import DatasetInfo, UserSource
 from ensemble_core.errors import DataError
+from ensemble_core.user_import import captured_output
 
 
 def _data_dir(data_cfg: DataConfig) -> str:
@@ -65,7 +67,10 @@ def prepare(data_cfg: DataConfig) -> DatasetInfo:
     """
     if data_cfg.builder is not None:
         data_lib.import_builder(data_cfg.builder, data_cfg.name)
-    info = data_lib.prepare(data_cfg.name, data_cfg.data_dir, data_cfg.manual_dir, user_source(data_cfg))
+    # what a user's builder prints while it generates examples: one log line, bounded
+    printed = f"data.builder {data_cfg.builder} printed while the dataset was prepared"
+    with captured_output(printed) if data_cfg.builder is not None else contextlib.nullcontext():
+        info = data_lib.prepare(data_cfg.name, data_cfg.data_dir, data_cfg.manual_dir, user_source(data_cfg))
     view = subset_view(data_cfg, info)
     if view.class_indices is not None:
         check_training_examples(data_cfg, view)

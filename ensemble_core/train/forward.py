@@ -61,6 +61,7 @@ from ensemble_core.errors import ConfigError
 from ensemble_core.mesh import DATA_AXIS
 from ensemble_core.train import nnx_member, whole_batch
 from ensemble_core.train.nnx_member import PARAMS, NnxNetwork
+from ensemble_core.user_import import captured_output
 
 #: A member network: a Linen module, or an NNX network.
 Network = nn.Module | NnxNetwork
@@ -131,6 +132,32 @@ def _float32(logits: Any) -> Any:
 
 
 # MARK: the forward pass
+
+
+def user_network(model: Network) -> bool:
+    """Whether ``model`` is a user's network (its class is not defined in ``ensemble_core``)."""
+    cls = model.module_type if isinstance(model, NnxNetwork) else type(model)
+    return not (cls.__module__ or "").startswith("ensemble_core.")
+
+
+@contextlib.contextmanager
+def user_output(model: Network, what: str) -> Iterator[None]:
+    """Run the body, a call into ``model``'s code (Python runs when it is traced, or
+    eagerly), with what a user's network prints captured and logged once, bounded
+    (:func:`ensemble_core.user_import.captured_output`): a network printing as it is
+    traced made each trace of training, evaluation and prediction minutes long under a
+    flow's ``log_prints``. The project's own networks run as they are."""
+    if not user_network(model):
+        yield
+        return
+    with captured_output(f"network {network_name(model)} printed while {what}"):
+        yield
+
+
+def network_name(model: Network) -> str:
+    """``module.Class`` of ``model``'s class (an NNX network's module class), for messages."""
+    cls = model.module_type if isinstance(model, NnxNetwork) else type(model)
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def split_variables(variables: Any) -> tuple[Any, dict[str, Any]]:
@@ -249,9 +276,10 @@ def init_variables(model: Network, key: Key[Array, ""], image_shape: tuple[int, 
     (as Flax's examples do) on a float32 ``[1, *image_shape]`` dummy batch (``key`` is
     its ``params`` stream); an NNX network constructed from ``nnx.Rngs(key)``
     (:func:`~ensemble_core.train.nnx_member.init_variables`)."""
-    if isinstance(model, NnxNetwork):
-        return nnx_member.init_variables(model, key)
-    return dict(model.init(key, jnp.zeros((1, *image_shape), jnp.float32), **mode(model, False)))
+    with user_output(model, "initialised"):
+        if isinstance(model, NnxNetwork):
+            return nnx_member.init_variables(model, key)
+        return dict(model.init(key, jnp.zeros((1, *image_shape), jnp.float32), **mode(model, False)))
 
 
 def apply_inference(
@@ -276,7 +304,7 @@ def apply_inference(
         variables = {**variables, PARAMS: cast_floats(variables[PARAMS], dtype)}
         images = cast_floats(images, dtype)
     logits: Any
-    with matmul_precision(precision):
+    with matmul_precision(precision), user_output(model, "run in inference mode"):
         if isinstance(model, NnxNetwork):
             logits = nnx_member.apply_inference(model, variables, images, mode(model, False), dtype)
         else:
@@ -315,7 +343,7 @@ def apply_train(
     """
     dtype = compute_dtype(precision)
     params, images = cast_floats(params, dtype), cast_floats(images, dtype)
-    with matmul_precision(precision):
+    with matmul_precision(precision), user_output(model, "run in training mode"):
         if isinstance(model, NnxNetwork):
             logits, updated = nnx_member.apply_train(
                 model, params, model_state, images, key, data_shards, mode(model, True), dtype
@@ -378,9 +406,10 @@ def activation_elements(model: Network, variables: Any, images: Any) -> int:
             )
         return inter.get("intermediates", {})
 
-    outputs = jax.eval_shape(
-        lambda v, x: jax.vmap(one, in_axes=(None, None), axis_size=1, axis_name=DATA_AXIS)(v, x), variables, images
-    )
+    with user_output(model, "run in training mode (its layers' outputs counted)"):
+        outputs = jax.eval_shape(
+            lambda v, x: jax.vmap(one, in_axes=(None, None), axis_size=1, axis_name=DATA_AXIS)(v, x), variables, images
+        )
     floats = (leaf for leaf in jax.tree.leaves(outputs) if jnp.issubdtype(leaf.dtype, jnp.floating))
     return sum(math.prod(leaf.shape[1:]) for leaf in floats)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import TypedDict
@@ -14,7 +15,9 @@ from jaxtyping import Array, Int, Key, UInt8
 
 from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS, host_value
 from ensemble_core.rngs import epoch_order
+from ensemble_core.train.forward import network_name, user_network
 from ensemble_core.train.state import EnsembleState
+from ensemble_core.user_import import captured_output, output_released
 
 
 class DataPosition(TypedDict):
@@ -87,19 +90,69 @@ def fit(
     Returns:
       The state and a dict: ``compile_seconds`` (lowering+compiling the step, 0 if no
       step ran), ``train_seconds`` (steady-state wall time of all steps, checkpoint
-      callbacks excluded), ``steps`` (run in this call), and ``stopped_at`` (None, or
+      callbacks excluded), ``order_seconds`` (each epoch's data order and learning rates,
+      and its first batch staged), ``steps`` (run in this call), and ``stopped_at`` (None, or
       the :class:`DataPosition` where it stopped).
+
+    What a user's network prints while its steps run (``jax.debug.print``, a host callback
+    that prints or logs) is captured from the first step to the last and logged once,
+    bounded (:func:`ensemble_core.user_import.captured_output`), the validation passes of
+    ``end_of_epoch`` included; the other callbacks' own output (checkpoints, progress)
+    goes out as it would.
     """
+    with contextlib.ExitStack() as running:
+        return _fit(
+            running,
+            state,
+            train_step,
+            images,
+            labels,
+            data_keys,
+            mesh,
+            stochastic_keys=stochastic_keys,
+            epochs=epochs,
+            batch_size=batch_size,
+            start=start,
+            learning_rates=learning_rates,
+            end_of_epoch=end_of_epoch,
+            on_step=on_step,
+            on_epoch_end=on_epoch_end,
+            should_stop=should_stop,
+        )
+
+
+def _fit(
+    running: contextlib.ExitStack,
+    state: EnsembleState,
+    train_step: Callable,
+    images,
+    labels,
+    data_keys,
+    mesh: Mesh,
+    *,
+    stochastic_keys,
+    epochs: int,
+    batch_size: int,
+    start: DataPosition | None,
+    learning_rates: Callable[[int], np.ndarray] | None,
+    end_of_epoch: Callable[[int, EnsembleState], tuple[EnsembleState, dict]] | None,
+    on_step: Callable[[int, int, int], None] | None,
+    on_epoch_end: Callable[[int, EnsembleState, dict], None] | None,
+    should_stop: Callable[[], bool] | None,
+) -> tuple[EnsembleState, dict]:
+    network = getattr(train_step, "network", None)
     idx_sharding = NamedSharding(mesh, P(ENSEMBLE_AXIS, DATA_AXIS))
     lr_sharding = NamedSharding(mesh, P(ENSEMBLE_AXIS))
     n = int(images.shape[0])
     compiled = None
     timing: dict = {"compile_seconds": 0.0, "train_seconds": 0.0, "steps": 0, "stopped_at": None}
+    timing["order_seconds"] = 0.0
     # raw key data from the host: in a run across JAX processes each places its own rows
     stochastic_keys = jax.device_put(np.asarray(jax.random.key_data(stochastic_keys)), lr_sharding)
     start = start or data_position(0)
     start_epoch, start_step = start["epoch"], start["step_in_epoch"]
     for epoch in range(start_epoch, epochs):
+        t0 = time.perf_counter()
         order = epoch_order(data_keys, epoch, n, batch_size)  # [S, E, B]
         steps = order.shape[0]
         first_step = start_step if epoch == start_epoch else 0
@@ -113,11 +166,15 @@ def fit(
             return jax.device_put(order[s], idx_sharding), jax.device_put(rates[s], lr_sharding)
 
         first = staged(first_step)
+        timing["order_seconds"] += time.perf_counter() - t0
         if compiled is None:
             t0 = time.perf_counter()
             lower = train_step.lower  # type: ignore[attr-defined]  # a jax.jit-wrapped function
             compiled = lower(state, images, labels, stochastic_keys, *first).compile()
             timing["compile_seconds"] = time.perf_counter() - t0
+            if network is not None and user_network(network):
+                what = f"network {network_name(network)} printed while it trained (jax.debug.print, callbacks)"
+                running.enter_context(captured_output(what, fds=False))
         t0 = time.perf_counter()
         resumed = start if epoch == start_epoch and first_step else None
         loss_sum = np.asarray(resumed["loss_sum"]) if resumed else 0.0
@@ -132,8 +189,9 @@ def fit(
             acc_sum = acc_sum + metrics["accuracy"]
             timing["steps"] += 1
             if on_step is not None:
-                on_step(epoch, s, steps)
-            if should_stop is not None and s + 1 < steps and should_stop():
+                with output_released():
+                    on_step(epoch, s, steps)
+            if should_stop is not None and s + 1 < steps and _released(should_stop):
                 timing["train_seconds"] += time.perf_counter() - t0
                 timing["stopped_at"] = data_position(epoch, s + 1, loss_sum, acc_sum)
                 return state, timing
@@ -143,12 +201,18 @@ def fit(
             "train_accuracy": (host_value(acc_sum) / steps).tolist(),
         }
         timing["train_seconds"] += time.perf_counter() - t0
-        if end_of_epoch is not None:
+        if end_of_epoch is not None:  # validation runs the user's network: its output is captured too
             state, extra = end_of_epoch(epoch, state)
             record.update(extra)
         if on_epoch_end is not None:
-            on_epoch_end(epoch, state, record)
-        if should_stop is not None and epoch + 1 < epochs and should_stop():
+            with output_released():
+                on_epoch_end(epoch, state, record)
+        if should_stop is not None and epoch + 1 < epochs and _released(should_stop):
             timing["stopped_at"] = data_position(epoch + 1)
             return state, timing
     return state, timing
+
+
+def _released(should_stop: Callable[[], bool]) -> bool:
+    with output_released():
+        return should_stop()

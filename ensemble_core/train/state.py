@@ -14,7 +14,7 @@ from jaxtyping import Array, Bool, Float, Int, Key
 
 from ensemble_core.errors import ConfigError
 from ensemble_core.mesh import member_sharding, replicated
-from ensemble_core.train.forward import Network, init_variables, split_variables
+from ensemble_core.train.forward import Network, init_variables, split_variables, user_output
 from ensemble_core.train.nnx_member import PARAMS
 from ensemble_core.train.optimizer import set_hyperparameters
 
@@ -158,8 +158,12 @@ def init_ensemble(
         )
 
     per_member = {name: column(name) for name in ("learning_rate", "weight_decay", "label_smoothing")}
-    abstract = jax.eval_shape(init_all, init_keys, per_member)
-    return jax.jit(init_all, out_shardings=state_shardings(abstract, mesh))(init_keys, per_member)
+    # one capture of what a user's network prints, traced and run (jax.debug.print) alike
+    with user_output(model, "initialised"):
+        abstract = jax.eval_shape(init_all, init_keys, per_member)
+        return jax.block_until_ready(
+            jax.jit(init_all, out_shardings=state_shardings(abstract, mesh))(init_keys, per_member)
+        )
 
 
 def state_shardings(state: EnsembleState, mesh: Mesh) -> EnsembleState:

@@ -24,7 +24,7 @@ from jaxtyping import Array, Float, Int, Key, UInt8, UInt32
 from ensemble_core.data import to_float
 from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS
 from ensemble_core.train.augment import augment
-from ensemble_core.train.forward import Network, apply_train, check_precision
+from ensemble_core.train.forward import Network, apply_train, check_precision, user_output
 from ensemble_core.train.members import map_members
 from ensemble_core.train.optimizer import set_hyperparameters
 from ensemble_core.train.state import EnsembleState
@@ -224,7 +224,10 @@ def make_train_step(
         def one(p, ms, o, h, a, s, r, k, idx):
             return member_update(p, ms, o, h, a, s, r, k, step, images[idx], labels[idx])
 
-        return map_members(one, strategy)(params, model_state, opt_state, healthy, active, smoothing, lr, keys, indices)
+        with user_output(model, "traced for the train step"):  # one capture for every member's call
+            return map_members(one, strategy)(
+                params, model_state, opt_state, healthy, active, smoothing, lr, keys, indices
+            )
 
     members = P(ENSEMBLE_AXIS)
     sharded = jax.shard_map(
@@ -274,16 +277,19 @@ def make_train_step(
                 compiler_options=train_compiler_options(platform, batch_norm=stateful),
             )
             for stateful in (False, True)
-        }
+        },
+        model,
     )
 
 
 class _ByCollections:
     """The jitted step, compiled with :func:`train_compiler_options` for members with or
-    without mutable collections, chosen by the state it is called (or lowered) with."""
+    without mutable collections, chosen by the state it is called (or lowered) with;
+    ``network`` is the member network it trains."""
 
-    def __init__(self, steps: dict[bool, Callable]):
+    def __init__(self, steps: dict[bool, Callable], network: Network | None = None):
         self._steps = steps
+        self.network = network
 
     def _pick(self, state: EnsembleState) -> Any:
         return self._steps[bool(jax.tree.leaves(state.model_state))]
