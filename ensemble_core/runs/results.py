@@ -32,6 +32,7 @@ class TrainingTiming(_Result):
     checkpoint_seconds: float = 0.0  # writing checkpoints (the loop's share, and waiting for the last)
     setup_seconds: float = 0.0  # building the network, mesh, optimizer and step (before any array)
     data_seconds: float = 0.0  # reading the train and validation splits and placing them on the devices
+    order_seconds: float = 0.0  # each epoch's data order and learning rates, its first batch staged
     initialisation_seconds: float = 0.0  # the members' initial parameters, or restoring a checkpoint
     call_seconds: float = 0.0  # the whole training call (0: not measured, e.g. member groups joined)
 

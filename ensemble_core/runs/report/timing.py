@@ -44,15 +44,17 @@ def with_other(seconds: float, parts: dict[str, Any]) -> dict[str, Any]:
 def training_parts(training: TrainingSummary) -> dict[str, float]:
     """The training stage's parts (seconds): ``setup`` (building the network, mesh and
     step), ``data`` (reading the splits, placing them on the devices), ``initialisation``
-    (initial parameters, or a checkpoint restored), ``compile`` (lowering and compiling the
-    step), ``steps`` (every optimizer step, steady state), ``validation`` (the validation
-    split after each epoch), ``checkpoint writes``. Member groups trained side by side: each
+    (initial parameters, or a checkpoint restored), ``data order`` (each epoch's order and
+    learning rates), ``compile`` (lowering and compiling the step), ``steps`` (every
+    optimizer step, steady state), ``validation`` (the validation split after each epoch),
+    ``checkpoint writes``. Member groups trained side by side: each
     the longest group's. Parts that were not measured (0 s) are left out."""
     t = training.timing
     parts = {
         "setup": t.setup_seconds,
         "data": t.data_seconds,
         "initialisation": t.initialisation_seconds,
+        "data order": t.order_seconds,
         "compile": t.compile_seconds,
         "steps": t.train_seconds,
         "validation": t.validation_seconds,
