@@ -36,21 +36,25 @@ PILLOW_CONVERTED_MODES = frozenset({"1", "L", "P", "PA", "LA", "RGB", "RGBA", "R
 #: Every mode :func:`to_8bit` converts; any other is refused with :data:`UNCONVERTED_FIX`.
 CONVERTED_MODES = PILLOW_CONVERTED_MODES | SIXTEEN_BIT_MODES | {INT_MODE, FLOAT_MODE}
 UNCONVERTED_FIX = "save it as 8-bit grey or RGB (e.g. a PNG)"
-FLOAT_FIX = "scale it to [0, 1] or save it as 8- or 16-bit"
+#: The fix of a :data:`RANGE` refusal, whichever of ``I`` and ``F`` it concerns.
+RANGE_FIX = "scale its values into that range (a float image to [0, 1]) or save it as 8- or 16-bit"
 #: EXIF orientations that swap width and height (transposed or turned a quarter).
 SWAPPING_ORIENTATIONS = frozenset({5, 6, 7, 8})
 
-#: The kinds of :class:`ImageDecodeError`.
-UNREADABLE, MISSING, MODE, CHANNELS, SIZE = "unreadable", "missing", "mode", "channels", "size"
+#: The kinds of :class:`ImageDecodeError`. :data:`RANGE` is a file that decodes but whose
+#: values lie outside the range its mode maps to 0-255: no unreadable file that
+#: ``data.on_bad_image: skip`` leaves out, but a convention of the export to fix.
+UNREADABLE, MISSING, MODE, CHANNELS, SIZE, RANGE = "unreadable", "missing", "mode", "channels", "size", "range"
 #: Exceptions that mean Pillow cannot decode a file (truncated, damaged, not an image).
 PILLOW_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 
 class ImageDecodeError(Exception):
     """One file that did not decode to the expected geometry: ``kind`` (:data:`UNREADABLE`,
-    :data:`MISSING`, :data:`MODE` (a mode that needs ``data.channels``), :data:`CHANNELS`
-    or :data:`SIZE` (other than the first image's)) and ``detail`` (Pillow's error as
-    ``Type: message``, the mode, or ``HxW``)."""
+    :data:`MISSING`, :data:`MODE` (a mode that needs ``data.channels``), :data:`CHANNELS`,
+    :data:`SIZE` (other than the first image's) or :data:`RANGE` (values outside the range
+    its mode maps to 0-255)) and ``detail`` (Pillow's error as ``Type: message``, the mode,
+    ``HxW``, or the mode with the values found and the range, one line)."""
 
     def __init__(self, kind: str, detail: str):
         super().__init__(kind, detail)
@@ -70,15 +74,14 @@ def upright_size(image: Image.Image) -> tuple[int, int]:
     return (width, height) if orientation(image) in SWAPPING_ORIENTATIONS else (height, width)
 
 
-def _range_error(
-    mode: str, kind: str, found: tuple[float, float], allowed: tuple[float, float], fix: str
-) -> ImageDecodeError:
-    """The one-line refusal of an ``I`` or ``F`` image with values ``found`` outside ``allowed``."""
+def _range_error(mode: str, kind: str, found: tuple[float, float], allowed: tuple[float, float]) -> ImageDecodeError:
+    """The one-line :data:`RANGE` refusal of an ``I`` or ``F`` image with values ``found``
+    outside ``allowed`` (``fix``: :data:`RANGE_FIX`, given by the caller's message)."""
     low, high = found
     return ImageDecodeError(
-        UNREADABLE,
-        f"Pillow mode '{mode}' ({kind}) with values {low:g}..{high:g}, outside [{allowed[0]:g}, {allowed[1]:g}], "
-        f"the range mapped to 0-255; {fix}",
+        RANGE,
+        f"Pillow mode '{mode}' ({kind}) image with values {low:g}..{high:g}, outside [{allowed[0]:g}, {allowed[1]:g}], "
+        "the range mapped to 0-255",
     )
 
 
@@ -91,8 +94,10 @@ def to_8bit(image: Image.Image, target: str) -> Image.Image:
     - :data:`PILLOW_CONVERTED_MODES`: ``Image.convert``, alpha dropped.
 
     Raises:
-      ImageDecodeError: (:data:`UNREADABLE`) an ``I`` or ``F`` image with values outside
-        its range, or a mode none of these is: one line naming the mode and the fix.
+      ImageDecodeError: (:data:`RANGE`) an ``I`` or ``F`` image with values outside its
+        range (NaN included), one line naming the mode, the values found and the range
+        (the fix: :data:`RANGE_FIX`); (:data:`UNREADABLE`) a mode none of these is, naming
+        the mode and the fix.
     """
     mode = image.mode
     if mode in SIXTEEN_BIT_MODES:
@@ -101,19 +106,19 @@ def to_8bit(image: Image.Image, target: str) -> Image.Image:
         values = np.asarray(image)
         found = (int(values.min()), int(values.max())) if values.size else INT_RANGE
         if found[0] < INT_RANGE[0] or found[1] > INT_RANGE[1]:
-            raise _range_error(mode, "32-bit integer, taken as 16-bit", found, INT_RANGE, "save it as 8- or 16-bit")
+            raise _range_error(mode, "32-bit integer, taken as 16-bit", found, INT_RANGE)
         image = Image.fromarray((values.astype(np.uint16) >> 8).astype(np.uint8))
     elif mode == FLOAT_MODE:
         values = np.asarray(image, dtype=np.float32)
         if values.size and not np.isfinite(values).all():
             raise ImageDecodeError(
-                UNREADABLE,
-                f"Pillow mode 'F' (32-bit float) holding NaN or infinite values, outside [0, 1], "
-                f"the range mapped to 0-255; {FLOAT_FIX}",
+                RANGE,
+                "Pillow mode 'F' (32-bit float) image holding NaN or infinite values, outside [0, 1], "
+                "the range mapped to 0-255",
             )
         span = (float(values.min()), float(values.max())) if values.size else FLOAT_RANGE
         if span[0] < FLOAT_RANGE[0] or span[1] > FLOAT_RANGE[1]:
-            raise _range_error(mode, "32-bit float", span, FLOAT_RANGE, FLOAT_FIX)
+            raise _range_error(mode, "32-bit float", span, FLOAT_RANGE)
         image = Image.fromarray(np.rint(values * 255).astype(np.uint8))
     elif mode == "LAB" and target == "L":
         image = image.convert("RGB")  # Pillow converts LAB to RGB only (littleCMS, sRGB)

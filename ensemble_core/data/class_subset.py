@@ -16,6 +16,7 @@ same way: the first ``limit`` test examples of the other classes.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 
 import numpy as np
@@ -38,24 +39,35 @@ def resolve_classes(
     classes: Sequence[int | str], class_names: Sequence[str], num_classes: int, dataset: str = "the dataset"
 ) -> tuple[int, ...]:
     """The dataset's class indices that ``classes`` (``data.classes``: indices and/or names
-    of ``class_names``) lists, ascending.
+    of ``class_names``) lists, ascending. Names are compared in Unicode NFC, as class
+    folders' names are stored: ``'été'`` typed in NFD names the class ``'été'``.
 
     Raises:
-      ConfigError: an index outside ``0..num_classes-1``, a name that is not one of
-        ``class_names`` (naming the known ones), a class listed twice (also as its index
-        and its name), or fewer than two classes.
+      ConfigError: one line (names escaped with ``repr``): a name with a control character
+        (category Cc: newline, tab, ...; no class name holds one), an index outside
+        ``0..num_classes-1``, a name that is not one of ``class_names`` (naming the known
+        ones), a class listed twice (also as its index and its name, or as its name in
+        NFC and in NFD), or fewer than two classes.
     """
-    names = list(class_names) or [str(i) for i in range(num_classes)]
+    names = [unicodedata.normalize("NFC", n) for n in class_names] or [str(i) for i in range(num_classes)]
     seen: dict[int, int | str] = {}
     for entry in classes:
         if isinstance(entry, str):
-            if entry not in names:
+            bad = [ch for ch in entry if unicodedata.category(ch) in ("Cc", "Zl", "Zp")]
+            if bad:
+                raise ConfigError(
+                    f"data.classes: {entry!r} has the control character {bad[0]!r}, which no class name holds "
+                    "(a class name is one line of the class map)",
+                    fix=f"name classes of {dataset} (its classes: {known_classes(names, num_classes)})",
+                )
+            name = unicodedata.normalize("NFC", entry)  # a name typed in NFD (as macOS does) is the NFC class
+            if name not in names:
                 raise ConfigError(
                     f"data.classes: {dataset} has no class named {entry!r} (its classes: "
                     f"{known_classes(names, num_classes)})",
                     fix="name classes of the dataset, or give their indices",
                 )
-            index = names.index(entry)
+            index = names.index(name)
         else:
             index = int(entry)
             if not 0 <= index < num_classes:
@@ -65,8 +77,11 @@ def resolve_classes(
                     fix=f"give indices in 0..{num_classes - 1} or class names",
                 )
         if index in seen:
+            first = seen[index]
+            twins = isinstance(first, str) and isinstance(entry, str) and first != entry
+            shown = f"{first!a} and {entry!a}, one name in Unicode NFC" if twins else f"{first!r} and {entry!r}"
             raise ConfigError(
-                f"data.classes lists class {index} ({names[index]!r}) twice, as {seen[index]!r} and {entry!r}",
+                f"data.classes lists class {index} ({names[index]!r}) twice, as {shown}",
                 fix="list each class once",
             )
         seen[index] = entry

@@ -111,11 +111,15 @@ def class_folder_name(name: str, split_dir: Path) -> str:
     one spelled in NFC.
 
     Raises:
-      DataError: one line, the name escaped with ``repr``: a control character (Unicode
-        category Cc: newline, tab, ...) or a line or paragraph separator in the name (the
-        class map is stored one name per line, and messages would break), or a name that
-        begins or ends with white space (TFDS reads its label names back stripped).
+      DataError: one line, the name escaped with ``repr``: a name that is not UTF-8 (the
+        class map is stored as UTF-8 text; such bytes reach Python as lone surrogates), a
+        control character (Unicode category Cc: newline, tab, ...) or a line or paragraph
+        separator in the name (the class map is stored one name per line, and messages
+        would break), or a name that begins or ends with white space (TFDS reads its label
+        names back stripped).
     """
+    if any(unicodedata.category(ch) == "Cs" for ch in name):  # bytes that are not UTF-8, escaped by os.fsdecode
+        raise _not_utf8(os.fsencode(name), split_dir)
     nfc = unicodedata.normalize("NFC", name)
     bad = [ch for ch in nfc if unicodedata.category(ch) in ("Cc", "Zl", "Zp")]
     if bad:
@@ -131,6 +135,21 @@ def class_folder_name(name: str, split_dir: Path) -> str:
             fix=f"rename the folder to {nfc.strip()!r}" if nfc.strip() else "give the folder a name",
         )
     return nfc
+
+
+def _not_utf8(raw: bytes, split_dir: Path) -> DataError:
+    """The one-line refusal of the class folder named by the bytes ``raw``, which are not
+    UTF-8: the name as bytes (``repr``) and the first byte that is not UTF-8."""
+    try:
+        raw.decode("utf-8")
+        bad = ""
+    except UnicodeDecodeError as err:
+        bad = f" (byte 0x{raw[err.start]:02x} at {err.start})"
+    return DataError(
+        f"class folder {raw!r} in {str(split_dir)!r} is not valid UTF-8{bad}: a class name is stored as UTF-8 text "
+        "in the class map",
+        fix="rename the folder so that its name is UTF-8 (e.g. with convmv -f latin1 -t utf8)",
+    )
 
 
 def scan_image_folder(root: str | os.PathLike) -> FolderScan:
@@ -307,9 +326,10 @@ def decode_images(
 
     Raises:
       DataError: a file that cannot be decoded (``on_bad_image="fail"``), a file that
-        disappeared while the folder was read, a mode that needs ``data.channels``, or a
-        size or channel count other than the first image's (naming the file: the first in
-        ``paths`` order among the blocks decoded).
+        disappeared while the folder was read, a mode that needs ``data.channels``, a
+        size or channel count other than the first image's, or values outside the range
+        the file's mode maps to 0-255 (whatever ``on_bad_image`` says), naming the file:
+        the first in ``paths`` order among the blocks decoded.
     """
     total = len(paths)
     workers = workers or os.cpu_count() or 1
@@ -377,4 +397,13 @@ def _decode_error(path: Path, kind: str, detail: str, shape: tuple[int, int, int
             f"{path} is {detail} pixels, the images before it {shape[0]}x{shape[1]}",
             fix="set data.image_size: [H, W] to resize every image",
         )
+    if kind == image_decoding.RANGE:
+        return range_error(path, detail)
     return bad_image(path, detail)
+
+
+def range_error(path: Path, detail: str) -> DataError:
+    """The one-line error for an image whose values lie outside the range its Pillow mode
+    maps to 0-255 (``detail``: the mode, the values found and the range): a convention of
+    the export, refused whatever ``data.on_bad_image`` says (no file to leave out)."""
+    return DataError(f"{path} is a {detail}", fix=image_decoding.RANGE_FIX)

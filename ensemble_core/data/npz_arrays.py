@@ -64,8 +64,8 @@ def npy_header(f, where: str, stored_bytes: int) -> tuple[tuple[int, ...], np.dt
     decompress to) must cover the header and ``prod(shape) * itemsize`` bytes of data.
 
     Raises:
-      DataError: a header that does not parse, or one that claims more data than is
-        stored (naming the shape, the bytes claimed and the bytes there are).
+      DataError: a header that claims a negative dimension, or more data than is stored
+        (naming the shape, the bytes claimed and the bytes there are).
       ValueError, EOFError, OSError: the stream is not a ``.npy``, or holds Python objects
         (a pickle), for the caller to name.
     """
@@ -75,6 +75,11 @@ def npy_header(f, where: str, stored_bytes: int) -> tuple[tuple[int, ...], np.dt
     if dtype.hasobject:  # its data is a pickle, never loaded
         raise ValueError(f"{where} holds Python objects, a pickle (never loaded)")
     shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):  # numpy parses it; the product would pass the bound below
+        raise DataError(
+            f"{where}: its header claims {dtype} of shape {shape}, a negative dimension",
+            fix="write the file again with numpy.save/numpy.savez (it is damaged or was not written by numpy)",
+        )
     need = f.tell() + math.prod(shape) * dtype.itemsize
     if need > stored_bytes:
         raise DataError(
@@ -105,14 +110,7 @@ def array_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
                     f"{path} has arrays {sorted(infos)}, no {' or '.join(missing)}",
                     fix="save it with numpy.savez(path, image=..., label=...)",
                 )
-            size = path.stat().st_size
-            out = {}
-            for name in MEMBERS:
-                info = infos[name]
-                ratio = 1 if info.compress_type == zipfile.ZIP_STORED else MAX_DEFLATE_RATIO
-                stored = min(info.file_size, ratio * min(info.compress_size, size))
-                with archive.open(info) as f:
-                    out[name] = npy_header(f, f"{path}: '{name}'", stored)
+            out = {name: _member_header(archive, infos[name], path) for name in MEMBERS}
     except DataError:
         raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
@@ -120,6 +118,53 @@ def array_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     image, label = out["image"], out["label"]
     check_headers(path, image, label)
     return out
+
+
+def _member_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path) -> tuple[tuple[int, ...], np.dtype]:
+    """The bounded header (:func:`npy_header`) of the member ``info`` of ``archive``, the
+    ``.npz`` at ``path``: a stored member by its size, a deflated one by
+    :data:`MAX_DEFLATE_RATIO` times its compressed bytes, which must lie in the file."""
+    ratio = 1 if info.compress_type == zipfile.ZIP_STORED else MAX_DEFLATE_RATIO
+    stored = min(info.file_size, ratio * min(info.compress_size, path.stat().st_size))
+    with archive.open(info) as f:
+        return npy_header(f, f"{path}: '{info.filename.removesuffix('.npy')}'", stored)
+
+
+def check_npy_file(path: Path) -> tuple[tuple[int, ...], np.dtype]:
+    """The ``(shape, dtype)`` of the ``.npy`` file ``path`` from its header, bounded by the
+    file's size (:func:`npy_header`), before anything is loaded: what ``numpy.load``
+    would allocate is then at most what the file holds.
+
+    Raises:
+      DataError: a negative dimension, or more data claimed than the file holds.
+      ValueError, EOFError, OSError: not a ``.npy``, a truncated header, or an object array.
+    """
+    with open(path, "rb") as f:
+        return npy_header(f, repr(str(path)), os.fstat(f.fileno()).st_size)
+
+
+def check_npz_member(path: Path, member: str) -> tuple[tuple[int, ...], np.dtype]:
+    """The ``(shape, dtype)`` of the array ``member`` of the ``.npz`` ``path`` from its
+    header, bounded by the bytes its archive member holds (as :func:`array_headers`),
+    before anything is loaded.
+
+    Raises:
+      DataError: a negative dimension, or more data claimed than the member holds.
+      KeyError: no such member. ValueError, EOFError, OSError, zipfile.BadZipFile: the
+        member is not a ``.npy``, its header is truncated, or it holds objects.
+    """
+    with zipfile.ZipFile(path) as archive:
+        return _member_header(archive, archive.getinfo(f"{member}.npy"), path)
+
+
+def uint8_fix(dtype: np.dtype) -> str:
+    """How to bring images of ``dtype`` to uint8 0..255 by their range: 16-bit by their
+    bit depth (the high byte), floats from [0, 1], others rescaled."""
+    if dtype.kind == "u" and dtype.itemsize == 2:
+        return "convert 16-bit pixels by their bit depth, (x >> 8).astype(np.uint8), before saving"
+    if dtype.kind == "f":
+        return "convert float pixels in [0, 1] to uint8, (x * 255).round().astype(np.uint8), before saving"
+    return "rescale the pixels to 0..255 and save them as np.uint8"
 
 
 def check_headers(path: Path, image: tuple, label: tuple) -> None:
@@ -133,7 +178,7 @@ def check_headers(path: Path, image: tuple, label: tuple) -> None:
     if dtype != np.uint8 or len(shape) not in (3, 4):
         raise DataError(
             f"{path}: 'image' is {dtype} of shape {shape}, not uint8 [N, H, W] or [N, H, W, C]",
-            fix="convert to uint8 pixels in 0..255 (e.g. (x * 255).round().astype(np.uint8)) before saving",
+            fix=uint8_fix(dtype) if dtype != np.uint8 else "save the images as [N, H, W] or [N, H, W, C]",
         )
     if not np.issubdtype(label_dtype, np.integer) or label_shape != (shape[0],):
         raise DataError(
@@ -167,7 +212,7 @@ def read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if images.dtype != np.uint8 or images.ndim not in (3, 4):
         raise DataError(
             f"{path}: 'image' is {images.dtype} of shape {images.shape}, not uint8 [N, H, W] or [N, H, W, C]",
-            fix="convert to uint8 pixels in 0..255 (e.g. (x * 255).round().astype(np.uint8)) before saving",
+            fix=uint8_fix(images.dtype) if images.dtype != np.uint8 else "save the images as [N, H, W] or [N, H, W, C]",
         )
     if not np.issubdtype(labels.dtype, np.integer) or labels.shape != (len(images),):
         raise DataError(

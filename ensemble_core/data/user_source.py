@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import math
 from pathlib import Path
@@ -51,9 +52,21 @@ class UserSource(pydantic.BaseModel):
     on_bad_image: Literal["fail", "skip"] = "fail"
 
     def settings(self) -> str:
-        """What, besides the files, decides the prepared dataset (part of the fingerprint)."""
+        """What, besides the files, decides the prepared dataset (part of the fingerprint):
+        one string from which every setting can be read back, so that two sources differing
+        in any setting never share it.
+
+        ``data.class_names`` end it as ``,names=`` and the names joined with ``|`` while no
+        name holds a ``|`` (the form fingerprints have always had), else as ``,names_json=``
+        and the JSON list of the names: ``['a|b', 'c']`` and ``['a', 'b|c']`` were one string.
+        """
         size = "as-is" if self.image_size is None else f"{self.image_size[0]}x{self.image_size[1]}"
-        names = "" if self.class_names is None else ",names=" + "|".join(self.class_names)
+        if self.class_names is None:
+            names = ""
+        elif any("|" in name for name in self.class_names):
+            names = ",names_json=" + json.dumps(list(self.class_names))
+        else:
+            names = ",names=" + "|".join(self.class_names)
         return (
             f"{self.kind}:size={size},channels={self.channels or 'as-is'},test_fraction={self.test_fraction!r},"
             f"on_bad_image={self.on_bad_image}{names}"
@@ -106,7 +119,11 @@ def carve_test_split(keys: list[str], labels: np.ndarray, fraction: float) -> np
         members = np.flatnonzero(labels == c)
         take = round(fraction * len(members))
         take = min(max(take, 1), len(members) - 1) if len(members) >= 2 else 0
-        rank = sorted(members, key=lambda i: hashlib.sha256(f"{TEST_SPLIT_SEED}:{keys[i]}".encode()).hexdigest())
+        # surrogateescape: a file name that is not UTF-8 hashes as its bytes (others as their UTF-8)
+        rank = sorted(
+            members,
+            key=lambda i: hashlib.sha256(f"{TEST_SPLIT_SEED}:{keys[i]}".encode("utf-8", "surrogateescape")).hexdigest(),
+        )
         mask[rank[:take]] = True
     return mask
 

@@ -146,7 +146,8 @@ def synthetic_images(source: str, n: int, shape: tuple[int, int, int], seed: int
 
 def dataset_images(opts: Options, shape: tuple[int, int, int], n: int, default_data_dir: str | None) -> np.ndarray:
     """The first ``n`` images of ``opts``' dataset split, prepared as a data snapshot and
-    brought to ``shape`` with Pillow.
+    brought to ``shape`` with Pillow (an image folder or arrays is prepared at ``shape``,
+    its files decoded as the run's own: every pixel format's full range mapped to 0-255).
 
     Raises:
       DataError: the dataset cannot be prepared (its one-line error), or its images
@@ -161,7 +162,9 @@ def dataset_images(opts: Options, shape: tuple[int, int, int], n: int, default_d
     else:
         path = str(opts.path)
         name = opts.name or snake_case(Path(path).absolute().name)
-        user = data_lib.UserSource(kind=opts.source, path=path)
+        # decoded as the run decodes its own images, to the model's geometry (so a 16-bit
+        # or CMYK OOD image converts, and a refusal never names the run's data.channels)
+        user = data_lib.UserSource(kind=opts.source, path=path, image_size=shape[:2], channels=shape[2])
         info = data_lib.prepare(name, data_dir, None, user)
     images, _ = data_lib.load_split(name, opts.split, info.tfds_data_dir, n)
     try:
@@ -265,7 +268,9 @@ def check(config: PipelineConfig, dataset: DatasetInfo, name: str, opts: Options
     with no class held out (:func:`check_held_out_classes`), or a dataset source that
     cannot be prepared or whose images cannot be converted to the model's ``[H, W, C]``
     (it is prepared now, as evaluation would, and one image converted; the snapshot is
-    reused by the evaluation).
+    reused by the evaluation; an image folder that is no classifier's layout is not
+    prepared: every file evaluation will score is decoded now, so that one it cannot
+    decode is refused before training, not after).
 
     A ``shuffled_patches`` grid larger than the images is refused too (:func:`requirements`;
     :func:`ensemble_core.evaluators.check_data` skips a default evaluator it concerns before
@@ -286,8 +291,13 @@ def check(config: PipelineConfig, dataset: DatasetInfo, name: str, opts: Options
             )
     elif opts.source in DATASETS:
         height, width, channels = (int(d) for d in dataset.image_shape)
+        n = 1
+        if opts.source == "image_folder" and not _classifier_layout(Path(str(opts.path))):
+            # loose files are decoded only when scored: decode now every file evaluate() will
+            view = data_lib.subset_view(dataset, config.data.classes)
+            n = opts.num_examples or min(view.num_test, config.data.max_test_examples or view.num_test)
         try:
-            dataset_images(opts, (height, width, channels), 1, config.data.data_dir)
+            dataset_images(opts, (height, width, channels), n, config.data.data_dir)
         except DataError as err:
             raise DataError(f"eval.evaluators.{name}: {err.problem}", fix=err.fix) from None
 

@@ -1,5 +1,7 @@
 """Horizontally translated test split, by default 0 to 14 pixels (Ovadia et al. 2019;
-:func:`ensemble_core.shifts.translate`, ``np.roll`` along the width).
+:func:`ensemble_core.shifts.translate`, ``np.roll`` along the width): those below the
+images' width (a roll by the width or more repeats a smaller one); shifts given in
+``pixels`` must all be below it (a named evaluator is refused in the preflight).
 
 Options (:class:`Options`): ``pixels``, ``num_examples`` (test images per shift; default
 ``eval.protocol``'s, :func:`ensemble_core.evaluators.shift_base.level_examples`).
@@ -16,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ensemble_core import shifts
 from ensemble_core.config import PipelineConfig
-from ensemble_core.evaluators import EvalContext, EvaluatorOutput, shift_base
+from ensemble_core.data import DatasetInfo
+from ensemble_core.evaluators import EvalContext, EvaluatorOutput, shift_base, skipped
 
 
 class Options(BaseModel):
@@ -45,11 +48,38 @@ class Options(BaseModel):
         return pixels
 
 
+def shifts_for(opts: Options, width: int) -> tuple[int, ...]:
+    """The shifts to evaluate on images ``width`` pixels wide: ``opts.pixels`` as given, or
+    (the default, not given) those of the defaults below ``width``: a roll by ``width`` or
+    more is a roll by ``pixels % width``, one of the others."""
+    if "pixels" in opts.model_fields_set:
+        return opts.pixels
+    return tuple(p for p in opts.pixels if p < width)
+
+
+def requirements(config: PipelineConfig, dataset: DatasetInfo, opts: Options | None = None) -> str | None:
+    """What the shifts need of the data that ``dataset`` lacks (every shift given in
+    ``pixels`` narrower than the images: a roll by the width W or more is a roll by
+    ``pixels % W``, another level under the same name), or None; checked in the preflight
+    (:func:`ensemble_core.evaluators.check_data`) and again by :func:`evaluate`."""
+    width = int(dataset.image_shape[1])
+    beyond = [p for p in shifts_for(opts or Options(), width) if p >= width]
+    if beyond:
+        return (
+            f"a translation by {beyond[0]} pixels of the {width}-pixel-wide images is a roll by "
+            f"{beyond[0] % width} (shifts must be below {width})"
+        )
+    return None
+
+
 def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     """Every member on the translated test split; see the module docstring."""
     opts = ctx.options or Options()
-    n = shift_base.level_examples(ctx, opts, len(opts.pixels))
-    return shift_base.evaluate_shift(ctx, "translation", "pixels", opts.pixels, shifts.translate, n)
+    if (unmet := requirements(ctx.config, ctx.dataset, opts)) is not None:
+        return skipped(unmet)
+    pixels = shifts_for(opts, int(ctx.dataset.image_shape[1]))
+    n = shift_base.level_examples(ctx, opts, len(pixels))
+    return shift_base.evaluate_shift(ctx, "translation", "pixels", pixels, shifts.translate, n)
 
 
 def plot(

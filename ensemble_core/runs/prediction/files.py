@@ -21,6 +21,7 @@ import pandas as pd
 from ensemble_core import data as data_lib
 from ensemble_core import diskspace
 from ensemble_core.atomic import atomic_savez, atomic_write
+from ensemble_core.data.npz_arrays import check_npy_file
 from ensemble_core.errors import CheckpointError, ConfigError, DataError
 from ensemble_core.runs.prediction import inputs as inputs_lib
 from ensemble_core.runs.prediction import table as table_lib
@@ -84,8 +85,9 @@ def read_images(images_npy: str | Path) -> np.ndarray:
 
     Raises:
       DataError: the file is missing, unreadable or a special file (a FIFO, a device), is
-        not a ``.npy`` (no NumPy header: a text or image file renamed), or holds Python
-        objects (a pickled object array).
+        not a ``.npy`` (no NumPy header: a text or image file renamed), holds Python
+        objects (a pickled object array), or its header claims a negative dimension or
+        more data than the file holds (checked before anything is allocated).
     """
     path = Path(images_npy)
     if path.suffix.lower() == ".npz":
@@ -106,6 +108,7 @@ def read_images(images_npy: str | Path) -> np.ndarray:
     if magic != inputs_lib.NPY_MAGIC:
         raise DataError(f"{str(path)!r} is not a .npy file (it has no NumPy header); {fix}")
     try:
+        check_npy_file(path)  # the header bounded by the file's size before numpy allocates it
         return np.load(path, allow_pickle=False)
     except ValueError as err:
         if "pickle" in str(err):
@@ -278,7 +281,7 @@ def predict_inputs(
     if found.array is not None:
         array = read_images(found.array)
         result = predict_images(run_dir, array)
-        name = str(found.array)
+        name = inputs_lib.shown_path(found.array)
         sources: Sequence[str] = [f"{name}[{i}]" for i in range(len(result["ensemble_probs"]))]
         ok, errors = None, None
     else:

@@ -45,6 +45,7 @@ from PIL import Image, UnidentifiedImageError
 
 from ensemble_core import image_decoding
 from ensemble_core.data.image_folder import walk_files
+from ensemble_core.data.npz_arrays import check_npz_member
 from ensemble_core.errors import DataError
 from ensemble_core.special_files import special_kind
 
@@ -86,7 +87,7 @@ class DecodeSettings:
 @dataclasses.dataclass(frozen=True)
 class DecodedInputs:
     """Image files decoded: ``images`` uint8 ``[n, H, W, C]`` of the files that decoded,
-    ``sources`` (one per file, its path as given by the expansion), ``ok`` bool ``[N]``
+    ``sources`` (one per file, its path as given by the expansion, :func:`shown_path`), ``ok`` bool ``[N]``
     (``images`` holds ``ok``'s files, in order) and ``errors`` (file index -> reason, one
     line, for the files that did not decode)."""
 
@@ -172,13 +173,22 @@ def expand_inputs(raw: str | Sequence[str]) -> Inputs:
     ``.npy``/``.npz``) as :class:`Inputs`, in the order given (rules: the module's doc).
 
     Raises:
-      DataError: in one line naming the input: no input; a path that does not exist; a
-        special file; a folder or pattern with no file; a file that is neither an image
-        Pillow reads nor an array file; several array files, or arrays mixed with images.
+      DataError: in one line naming the input: no input; a path that is not UTF-8 (files
+        under a folder or matched by a pattern may be: :func:`shown_path`); a path that
+        does not exist; a special file; a folder or pattern with no file; a file that is
+        neither an image Pillow reads nor an array file; several array files, or arrays
+        mixed with images.
     """
     raws = [raw] if isinstance(raw, str) else list(raw)
     if not raws:
         raise DataError("no input", fix=INPUT_FIX)
+    for r in raws:
+        if shown_path(r) != str(r):  # the inputs reach the flow run (and its record) as JSON text
+            raise DataError(
+                f"the input path {os.fsencode(str(r))!r} is not valid UTF-8 (the inputs are passed to the flow run "
+                "as text)",
+                fix="rename it, or pass a glob pattern in UTF-8 that matches it (e.g. with * for the byte), quoted",
+            )
     items = [item for r in raws for item in _expand_one(str(r))]
     arrays = [p for kind, p in items if kind == "array"]
     if arrays and len(items) > 1:
@@ -219,7 +229,9 @@ def read_npz(path: str | Path) -> np.ndarray:
 
     Raises:
       DataError: the file is special, missing or not a readable ``.npz`` (a pickled
-        object array included), or holds several arrays and none of those names.
+        object array included), holds several arrays and none of those names, or the
+        array's header claims a negative dimension or more data than its member holds
+        (checked before anything is allocated).
     """
     path = Path(path)
     fix = "fix: save the images with numpy.savez(path, images=images) as uint8 [N, H, W, C] (or float in [0, 1])"
@@ -234,6 +246,7 @@ def read_npz(path: str | Path) -> np.ndarray:
                 raise DataError(
                     f"{str(path)!r} holds {len(keys)} arrays {keys}, none named {' or '.join(NPZ_KEYS)}; {fix}"
                 )
+            check_npz_member(path, key)  # its header bounded by the bytes stored before numpy allocates it
             return npz[key]
     except DataError:
         raise
@@ -280,6 +293,8 @@ def _reason(kind: str, detail: str, settings: DecodeSettings) -> str:
         return f"{detail} pixels, the run takes {height}x{width} (it resizes none: no data.image_size)"
     if kind == image_decoding.MISSING:
         return "disappeared while the images were read"
+    if kind == image_decoding.RANGE:  # it decodes: its values are outside its mode's range
+        return f"is a {detail}"
     return f"cannot be decoded as an image ({detail})"
 
 
@@ -320,4 +335,16 @@ def decode_inputs(files: Sequence[Path], settings: DecodeSettings) -> DecodedInp
             raise DataError(f"no image decodes: {problem}", fix="pass images of the run's geometry")
         for i, reason in sorted(errors.items()):
             log.warning("skipped %r: %s", str(files[i]), reason)
-    return DecodedInputs(images=images[ok], sources=tuple(str(p) for p in files), ok=ok, errors=errors)
+    return DecodedInputs(images=images[ok], sources=tuple(shown_path(p) for p in files), ok=ok, errors=errors)
+
+
+def shown_path(path: str | Path) -> str:
+    """``path`` as text every UTF-8 writer takes (the table, the ``.npz``, artifacts): as it
+    is, or for a name that is not UTF-8 (which Python holds as lone surrogates) its bytes
+    that are not UTF-8 escaped as ``\\xNN``: ``b'caf\\xe9.png'`` is ``'caf\\\\xe9.png'``."""
+    text = str(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return os.fsencode(text).decode("utf-8", "backslashreplace")
+    return text
