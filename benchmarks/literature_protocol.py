@@ -43,6 +43,9 @@ def summary(report: dict) -> dict:
         "model": report["config"]["model"]["name"],
         "members": len(members),
         "epochs": report["config"]["train"]["epochs"],
+        "member_choice": report.get("member_choice"),
+        "command_seconds": report["timing"].get("command_seconds"),
+        "wall_seconds": report["timing"].get("wall_seconds"),
         "test": {
             "ensemble": {f: report["ensemble"].get(f) for f in FIGURES},
             "best_member": {f: members[best].get(f) for f in FIGURES},

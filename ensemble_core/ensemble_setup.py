@@ -131,6 +131,7 @@ class EnsembleSetup:
             self.mesh,
             hyperparameters=self.hyperparameters(),
             track_best=self.config.has_validation,
+            member_choice=self.config.train.member_choice,
         )
 
     def learning_rates(self, num_train: int) -> Callable[[int], np.ndarray]:

@@ -34,11 +34,21 @@ def member_nll(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return np.asarray([metrics_lib.nll(p, labels) for p in probs], np.float64)
 
 
+def member_error(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Each member's error rate (1 - top-1 accuracy): ``[E, N, C]`` (or ``[E, M, N, C]``,
+    each network's mean probabilities) and int ``[N]`` -> float64 ``[E]`` in [0, 1]."""
+    if probs.ndim == 4:
+        probs = probs.mean(axis=1)
+    return np.mean(np.argmax(probs, axis=-1) != np.asarray(labels)[None, :], axis=-1, dtype=np.float64)
+
+
 def track_best(state: EnsembleState, nll: jax.Array, epoch: jax.Array, patience: int | None) -> EnsembleState:
     """Fold one epoch's validation NLL into ``state.best`` (pure; jit it).
 
-    A member still training whose ``nll`` (float32 ``[E]``) is below its best so far takes
-    this epoch (1-based ``epoch``) as its best, parameters and mutable collections included; a NaN never improves.
+    A member still training whose ``nll`` (float32 ``[E]``: the criterion's value,
+    ``state.best.criterion``, lower is better) is below its best so far takes this epoch
+    (1-based ``epoch``) as its best, parameters and mutable collections included; a tie
+    keeps the earlier epoch, and a NaN never improves.
     With ``patience``, a member still training whose best epoch is ``patience`` or more
     epochs back stops: ``stopped_epoch = epoch``.
     """
@@ -86,8 +96,9 @@ def make_validation(
       patience: ``train.patience`` (None: no early stopping).
 
     Returns:
-      ``hook(epoch, state) -> (state, {"validation_nll": [E floats]})``: the state with
-      :func:`track_best` applied (0-based ``epoch``, recorded 1-based).
+      ``hook(epoch, state) -> (state, {"validation_nll": [E floats]})`` (plus
+      ``"validation_accuracy"`` when best epochs are chosen by accuracy): the state with
+      :func:`track_best` applied on the state's criterion (0-based ``epoch``, recorded 1-based).
 
     Raises:
       ValueError: ``state.best`` is None (the state was built without a validation split).
@@ -102,11 +113,16 @@ def make_validation(
             predict, state.variables, images, mesh, batch_size, one_member_per_device=one_member_per_device
         )
         nll = member_nll(probs, labels)
+        record = {"validation_nll": nll.tolist()}
+        score = nll
+        if state.best.criterion == "validation_error":
+            score = member_error(probs, labels)
+            record["validation_accuracy"] = (1.0 - score).tolist()
         if update is None:
             update = jax.jit(
                 lambda st, v, k: track_best(st, v, k, patience), out_shardings=state_shardings(state, mesh)
             )
-        state = update(state, jnp.asarray(nll, jnp.float32), jnp.int32(epoch + 1))
-        return state, {"validation_nll": nll.tolist()}
+        state = update(state, jnp.asarray(score, jnp.float32), jnp.int32(epoch + 1))
+        return state, record
 
     return hook

@@ -3,7 +3,8 @@
 # the throughput benchmark, the default run, and the fast test tier with JAX on the GPU.
 # Each part has its own time limit, so one that hangs still leaves the others' results.
 #
-#   OUT=/tmp/gpu-check scripts/gpu_check.sh [BENCH_S RUN_S TEST_S]
+#   OUT=/tmp/gpu-check scripts/gpu_check.sh [BENCH_S RUN_S TEST_S]   (TEST_S=0: no tests;
+#   scripts/gpu_literature.sh runs them beside its runs)
 #
 # A machine without the project's packages gets them from wheels in .whl/ (Python 3.12,
 # downloaded beforehand; JAX, NumPy and the other compiled packages are the machine's own).
@@ -43,9 +44,9 @@ part() {  # part NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log
   tail -n 15 "$OUT/$name.log"
 }
 
-part bench "$BENCH_S" $PY -m benchmarks.bench --models cnn,resnet20 --sizes 1,8,32 --steps 20 --skip-same-options --out "$OUT/bench.json"
+part bench "$BENCH_S" $PY -m benchmarks.bench --models cnn,resnet20 --sizes "${BENCH_SIZES:-1,8,32}" --steps 20 --skip-same-options --out "$OUT/bench.json"
 part run "$RUN_S" $PY -m flows.train_ensemble --run-name gpu-check --output-dir "$OUT/runs"
 cp "$OUT/runs/gpu-check/report.json" "$OUT/run-report.json" 2>/dev/null
-JAX_PLATFORMS=${TEST_PLATFORMS:-cuda} part tests "$TEST_S" $PY -m pytest -q -n 8 -p no:cacheprovider -m "not slow and not soak" \
+[ "$TEST_S" = 0 ] || JAX_PLATFORMS=${TEST_PLATFORMS:-cuda} part tests "$TEST_S" $PY -m pytest -q -n 8 -p no:cacheprovider -m "not slow and not soak" \
   --junitxml="$OUT/tests.xml" tests
 rm -rf "$OUT/runs"

@@ -181,6 +181,8 @@ class PipelineConfig(Section):
             "train.patience": self.train.patience is not None,
             "eval.temperature_scaling": self.eval.temperature_scaling,
         }
+        if "member_choice" in self.train.model_fields_set:
+            needs["train.member_choice=" + self.train.member_choice] = self.train.member_choice != "final"
         asked = [k for k, on in needs.items() if on]
         if asked and not self.has_validation:
             raise ValueError(

@@ -35,6 +35,8 @@ from ensemble_core.registry import MODEL_NAMES
 #: pass (:mod:`ensemble_core.train.forward`); master weights, gradients and optimizer state
 #: are float32 under each.
 PRECISIONS = ("float32", "high", "bfloat16")
+MEMBER_CHOICES = ("best_validation_nll", "best_validation_accuracy", "final")
+"""``train.member_choice``: which epoch's parameters of each member are evaluated."""
 #: Other names accepted for a ``train.precision`` value, and the value each stands for.
 PRECISION_ALIASES = {"tf32": "high"}
 
@@ -312,6 +314,16 @@ class TrainConfig(Section):
         "stops updating (masked, like a diverged member). None: every member trains every epoch. Either "
         "way, with a validation split each member's parameters of its best epoch (by validation NLL) are "
         "the ones evaluated.",
+    )
+    member_choice: Literal[MEMBER_CHOICES] = Field(  # type: ignore[valid-type]
+        "best_validation_nll",
+        description="Which parameters of each member are evaluated, checkpointed as the run's ensemble and "
+        "predicted with: best_validation_nll (the epoch of lowest validation NLL, Prechelt 1998), "
+        "best_validation_accuracy (the epoch of highest validation accuracy, the first of ties), or final (the "
+        "last epoch's, as uncertainty-baselines and Lakshminarayanan et al. 2017 do: overfit members are "
+        "more diverse). Without a validation split members are always evaluated at their final epoch; "
+        "best_validation_accuracy needs one. train.patience stops early on the same criterion (validation "
+        "NLL for final).",
     )
     on_divergence: Literal["freeze", "fail"] = Field(
         "freeze",

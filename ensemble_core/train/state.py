@@ -27,10 +27,14 @@ class BestTracking:
       params: every member's parameters at its best epoch (leaves ``[E, ...]``).
       model_state: every member's mutable collections at its best epoch (``{}`` for a
         params-only module; leaves ``[E, ...]``).
-      nll: float32 ``[E]``: the validation NLL (nats) of that epoch (inf before the first).
+      nll: float32 ``[E]``: the criterion's value at that epoch, lower is better (inf before
+        the first): the validation NLL (nats), or for ``criterion="validation_error"`` the
+        validation error rate (1 - accuracy).
       epoch: int32 ``[E]``: the best epoch, 1-based (0 before the first).
       stopped_epoch: int32 ``[E]``: the epoch after which the member stopped updating
         (``train.patience`` epochs without improvement), 0 while it trains.
+      criterion: ``"validation_nll"`` or ``"validation_error"`` (static: not a leaf, not
+        checkpointed; it comes from the config the state is built or restored with).
     """
 
     if TYPE_CHECKING:  # flax.struct.dataclass adds it; declared for the type checker
@@ -42,6 +46,7 @@ class BestTracking:
     nll: Float[Array, " E"]
     epoch: Int[Array, " E"]
     stopped_epoch: Int[Array, " E"]
+    criterion: str = flax.struct.field(pytree_node=False, default="validation_nll")
 
 
 @flax.struct.dataclass
@@ -54,7 +59,8 @@ class EnsembleState:
     train step in training mode, used by inference (:func:`~ensemble_core.train.forward.apply_inference`).
     ``label_smoothing`` float32 ``[E]`` is each member's label smoothing (its learning
     rate and weight decay live in ``opt_state.hyperparams``); ``best`` is None without a
-    validation split.
+    validation split. ``evaluate_final`` (static, from ``train.member_choice: final``) makes
+    the latest parameters the evaluated ones even when best epochs are tracked.
     """
 
     if TYPE_CHECKING:  # flax.struct.dataclass adds it; declared for the type checker
@@ -68,6 +74,7 @@ class EnsembleState:
     label_smoothing: Float[Array, " E"]
     model_state: Any
     best: BestTracking | None = None
+    evaluate_final: bool = flax.struct.field(pytree_node=False, default=False)
 
     @property
     def active(self) -> Bool[Array, " E"]:
@@ -78,9 +85,9 @@ class EnsembleState:
 
     @property
     def final_params(self) -> Any:
-        """The parameters evaluated: each member's best epoch's with a validation split,
-        else the latest."""
-        return self.params if self.best is None else self.best.params
+        """The parameters evaluated: each member's best epoch's with a validation split
+        (``train.member_choice`` best_*), else the latest."""
+        return self.params if self.best is None or self.evaluate_final else self.best.params
 
     @property
     def variables(self) -> dict[str, Any]:
@@ -90,7 +97,7 @@ class EnsembleState:
     @property
     def final_variables(self) -> dict[str, Any]:
         """The variables evaluated (:attr:`final_params` with the same epoch's collections)."""
-        if self.best is None:
+        if self.best is None or self.evaluate_final:
             return self.variables
         return {PARAMS: self.best.params, **self.best.model_state}
 
@@ -103,6 +110,7 @@ def init_ensemble(
     mesh: Mesh,
     hyperparameters: list[dict] | None = None,
     track_best: bool = False,
+    member_choice: str = "best_validation_nll",
 ) -> EnsembleState:
     """Initialise E members, member i from ``init_keys[i]`` only (in inference mode, as
     Flax's examples do: :func:`~ensemble_core.train.forward.init_variables`).
@@ -116,6 +124,9 @@ def init_ensemble(
         replaces the learning rate by each step's), its ``label_smoothing`` into the
         state; None keeps ``tx``'s values and no smoothing.
       track_best: start a :class:`BestTracking` (there is a validation split).
+      member_choice: ``train.member_choice``: ``"best_validation_nll"`` and ``"final"``
+        track the best epoch by validation NLL, ``"best_validation_accuracy"`` by
+        validation error; ``"final"`` evaluates the latest parameters.
 
     Returns:
       An :class:`EnsembleState` whose leaves are ``[E, ...]``, sharded over ``'ensemble'``.
@@ -146,6 +157,7 @@ def init_ensemble(
                 nll=jnp.full(keys.shape, jnp.inf, jnp.float32),
                 epoch=jnp.zeros(keys.shape, jnp.int32),
                 stopped_epoch=jnp.zeros(keys.shape, jnp.int32),
+                criterion="validation_error" if member_choice == "best_validation_accuracy" else "validation_nll",
             )
         return EnsembleState(
             step=jnp.zeros((), jnp.int32),
@@ -155,6 +167,7 @@ def init_ensemble(
             label_smoothing=jnp.zeros(keys.shape, jnp.float32) if smoothing is None else smoothing,
             model_state=model_state,
             best=best,
+            evaluate_final=member_choice == "final",
         )
 
     per_member = {name: column(name) for name in ("learning_rate", "weight_decay", "label_smoothing")}

@@ -83,6 +83,7 @@ def build_report(
         "devices": train_summary["devices"],
         "mesh": train_summary["mesh"],
         "strategy": train_summary["strategy"],
+        "member_choice": member_choice(config, training),
         "ensemble": test["ensemble"],
         "members": test["members"],
         "member_mean": test["member_mean"],
@@ -119,6 +120,22 @@ def build_report(
     if others:
         report["evaluations"] = others
     return report
+
+
+MEMBER_CHOICE_TEXT = {
+    "best_validation_nll": "its epoch of lowest validation NLL",
+    "best_validation_accuracy": "its epoch of highest validation accuracy",
+    "final": "its final epoch",
+}
+"""How report.md names each ``train.member_choice``."""
+
+
+def member_choice(config: dict, training: TrainingSummary) -> str:
+    """The ``train.member_choice`` the evaluated parameters came from: the config's when
+    best epochs were tracked (a validation split), else ``"final"``."""
+    tracked = any(m.get("best_epoch") is not None for m in training.members)
+    chosen = (config.get("train") or {}).get("member_choice", "best_validation_nll")
+    return chosen if tracked else "final"
 
 
 def pool_rows(
@@ -199,6 +216,9 @@ def _selection_lines(report: dict) -> list[str]:
             f"{fixed(ens['brier'])} -> {fixed(t['brier'])}.",
             "",
         ]
+    choice = report.get("member_choice")
+    if choice in MEMBER_CHOICE_TEXT:
+        lines += [f"Each member is evaluated at {MEMBER_CHOICE_TEXT[choice]} (`train.member_choice: {choice}`).", ""]
     lines += [
         "| member | "
         + " | ".join(searched)

@@ -59,7 +59,8 @@ def where_trained(
 
 def member_records(state, hyperparameters: list[dict], first: int = 0) -> list[dict]:
     """Per member: ``member`` (index, counted from ``first``), ``hyperparameters``, ``best_epoch`` (1-based, by
-    validation NLL; None without a validation split), ``best_validation_nll`` (nats),
+    validation NLL or by validation error, ``train.member_choice``; None without a validation
+    split), ``best_validation_nll`` (nats; ``best_validation_error`` when chosen by accuracy),
     ``stopped_epoch`` (early stopping; None when it trained to the end) and ``healthy``."""
     healthy = host_value(state.healthy)
     best = state.best
@@ -72,9 +73,9 @@ def member_records(state, hyperparameters: list[dict], first: int = 0) -> list[d
             row.update(best_epoch=None, best_validation_nll=None, stopped_epoch=None)
         else:
             epoch, stopped = int(best_epoch[i]), int(stopped_epoch[i])
+            key = "best_validation_nll" if best.criterion == "validation_nll" else "best_validation_error"
             row.update(
-                best_epoch=epoch or None,
-                best_validation_nll=float(best_nll[i]) if epoch else None,
+                {"best_epoch": epoch or None, key: float(best_nll[i]) if epoch else None},
                 stopped_epoch=stopped or None,
             )
         rows.append(row)
