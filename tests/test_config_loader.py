@@ -185,7 +185,9 @@ NEW_KEYS = {
     "abstention": {"criterion": "max_probability", "target_risk": 0.05, "delta": 0.05},
     # the drift tests (issue 57) emit data.drift only when nightly.drift.test_alpha is set
     "nightly": {"when_classes_change": "refuse", "drift": {"test_alpha": None}},
-    "train": {"precision": "float32"},  # the compute precision (issue 42); float32 computes as before
+    # the compute precision (issue 42); float32 computes as before. member_choice (issue 60): the
+    # best epoch by validation NLL, what every run evaluated before the key
+    "train": {"precision": "float32", "member_choice": "best_validation_nll"},
 }
 
 #: Config files whose meaning changed on purpose: {file: {dotted key: value now}}, with why.

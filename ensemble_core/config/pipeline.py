@@ -181,8 +181,8 @@ class PipelineConfig(Section):
             "train.patience": self.train.patience is not None,
             "eval.temperature_scaling": self.eval.temperature_scaling,
         }
-        if "member_choice" in self.train.model_fields_set:
-            needs["train.member_choice=" + self.train.member_choice] = self.train.member_choice != "final"
+        # best_validation_nll without a validation split evaluates the final epoch, as before the key
+        needs["train.member_choice=best_validation_accuracy"] = self.train.member_choice == "best_validation_accuracy"
         asked = [k for k, on in needs.items() if on]
         if asked and not self.has_validation:
             raise ValueError(

@@ -323,7 +323,7 @@ class TrainConfig(Section):
         "last epoch's, as uncertainty-baselines and Lakshminarayanan et al. 2017 do: overfit members are "
         "more diverse). Without a validation split members are always evaluated at their final epoch; "
         "best_validation_accuracy needs one. train.patience stops early on the same criterion (validation "
-        "NLL for final).",
+        "NLL for final). Not changed on resume.",
     )
     on_divergence: Literal["freeze", "fail"] = Field(
         "freeze",
