@@ -1,0 +1,69 @@
+"""The literature's Fashion-MNIST configs (``configs/fashion_mnist_best.yaml``, the project's
+recipe, and ``configs/fashion_mnist_lenet5.yaml``, uncertainty-baselines' like for like) run
+end to end at a toy size, so that they cannot rot: every key they set is still understood,
+and every evaluator they name still runs. The real Fashion-MNIST files are cut to a few
+hundred images and dropped in ``data.manual_dir`` (the loading code is the real one); the
+figures are checked against the run's own predictions, recomputed here."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ensemble_core import data, runs
+from ensemble_core.config import load_config
+from ensemble_core.data.sources import IDX_SOURCES
+
+ROOT = Path(__file__).resolve().parents[1]
+FASHION_DIR = Path(IDX_SOURCES["fashion_mnist"][0])
+pytestmark = pytest.mark.slow  # two whole runs with every evaluator the configs name
+
+
+@pytest.fixture(scope="module")
+def toy_fashion_mnist(tmp_path_factory) -> Path:
+    """The first 400 training and 200 test images of the real Fashion-MNIST, as IDX files."""
+    if not (FASHION_DIR / "t10k-images-idx3-ubyte.gz").exists():
+        pytest.skip("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)")
+    train = data.read_idx_split(FASHION_DIR, "train")
+    test = data.read_idx_split(FASHION_DIR, "test")
+    directory = tmp_path_factory.mktemp("fashion-mnist-toy")
+    data.write_idx_dataset(directory, (train[0][:400], train[1][:400]), (test[0][:200], test[1][:200]))
+    return directory
+
+
+@pytest.mark.parametrize("name", ["fashion_mnist_best.yaml", "fashion_mnist_lenet5.yaml"])
+def test_the_literature_configs_run_at_a_toy_size(tmp_path, toy_fashion_mnist, name):
+    file_cfg = load_config(ROOT / "configs" / name)
+    cfg = load_config(
+        ROOT / "configs" / name,
+        [
+            f"data.manual_dir={toy_fashion_mnist}",
+            f"data.data_dir={tmp_path / 'tfds'}",
+            "train.epochs=1",
+            "train.warmup_epochs=0.5",
+            "ensemble.size=2",
+        ],
+    )
+    result = runs.run(cfg, tmp_path / "runs", "toy")
+    report = json.loads(result.run_dir.report_json.read_text())
+    assert report["member_choice"] == file_cfg.train.member_choice
+    with np.load(result.run_dir.path / "predictions.npz") as f:
+        probs, labels = f["member_probs"], f["labels"]
+    assert probs.shape == (2, 200, 10)
+    mean = probs.mean(axis=0)
+    assert report["ensemble"]["accuracy"] == pytest.approx(np.mean(mean.argmax(-1) == labels))
+    nll = -np.mean(np.log(np.clip(mean[np.arange(len(labels)), labels], 1e-12, None)))
+    assert report["ensemble"]["nll"] == pytest.approx(nll, rel=1e-3)
+    if file_cfg.eval.temperature_scaling:
+        assert report["temperature"] > 0 and "nll" in report["ensemble_temperature_scaled"]
+    evaluations = report.get("evaluations") or {}
+    for evaluator, spec in file_cfg.eval.evaluators.items():
+        if evaluator == "test":
+            continue
+        metrics = evaluations[evaluator]["metrics"]
+        if spec.type == "common_corruptions":
+            assert len(metrics["levels"]) == 75  # 15 corruptions x 5 severities
+        elif spec.type == "ood":
+            assert metrics["num_ood"] > 0
+            assert all(0.0 <= v <= 1.0 for v in metrics["ensemble"]["auroc"].values())
