@@ -39,7 +39,8 @@ def member_error(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
     each network's mean probabilities) and int ``[N]`` -> float64 ``[E]`` in [0, 1]."""
     if probs.ndim == 4:
         probs = probs.mean(axis=1)
-    return np.mean(np.argmax(probs, axis=-1) != np.asarray(labels)[None, :], axis=-1, dtype=np.float64)
+    wrong = np.argmax(probs, axis=-1) != np.asarray(labels)[None, :]
+    return np.asarray(wrong.mean(axis=-1), np.float64)
 
 
 def track_best(state: EnsembleState, nll: jax.Array, epoch: jax.Array, patience: int | None) -> EnsembleState:

@@ -55,8 +55,7 @@ def _train(mnist_train, choice: str):
     accuracy = np.asarray(
         [
             (
-                member_probs(built.predict_fn(), {"params": snap}, val_images, built.mesh, 64).argmax(-1)
-                == val_labels
+                member_probs(built.predict_fn(), {"params": snap}, val_images, built.mesh, 64).argmax(-1) == val_labels
             ).mean(-1)
             for snap in snapshots
         ]
@@ -88,6 +87,6 @@ def test_final_evaluates_the_last_epoch_even_with_a_validation_split(mnist_train
 
 
 def test_best_by_accuracy_without_a_validation_split_is_refused():
-    with pytest.raises((ConfigError, ValueError), match="member_choice=best_validation_accuracy.*validation split"):
+    with pytest.raises((ConfigError, ValueError), match=r"member_choice=best_validation_accuracy.*validation split"):
         load_config(None, ["data.validation_fraction=0", "train.member_choice=best_validation_accuracy"])
     load_config(None, ["data.validation_fraction=0", "train.member_choice=final"])  # needs none
