@@ -15,9 +15,9 @@ from jax.sharding import PartitionSpec as P
 from ensemble_core import stopping
 from ensemble_core.data import to_float
 from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS, host_value
+from ensemble_core.output_capture import captured_output
 from ensemble_core.train import map_members
 from ensemble_core.train.forward import Network, apply_inference, check_precision, network_name, user_network
-from ensemble_core.user_import import captured_output
 
 
 def make_predict(

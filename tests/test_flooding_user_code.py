@@ -4,7 +4,7 @@ Under a flow with ``log_prints=True`` each ``print`` of a user's code became a P
 log record (about 1,000-1,500 a second on 2 cores): a network whose construction printed
 50,000 lines took 31-57 s to build, each of the five times it is built, and SIGTERM was not
 obeyed until the records drained. Now what the user's code prints is captured, bounded, and
-logged once (:func:`ensemble_core.user_import.captured_output`).
+logged once (:func:`ensemble_core.output_capture.captured_output`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ class 4): ``print``, ``sys.stderr``, ``os.write`` to descriptors 1 and 2, C's ``
 ``logging`` records, ``warnings``, bytes that are not UTF-8, carriage returns and terminal
 escapes, a huge line without its end; while it is imported or built, while it is traced
 (the model check, training's step, evaluation, prediction), and while its steps run
-(``jax.debug.print``). Each is captured (:func:`ensemble_core.user_import.captured_output`)
+(``jax.debug.print``). Each is captured (:func:`ensemble_core.output_capture.captured_output`)
 and logged once, bounded, with the count of what was left out; a stop signal in the
 middle of a flood ends the process within seconds, with the real descriptors back.
 """
@@ -71,7 +71,7 @@ def test_every_way_out_is_captured_and_logged_once_with_its_count(tmp_path):
         """
         import logging, sys
         logging.basicConfig(level=logging.INFO, format="%(name)s - %(message)s")
-        from ensemble_core.user_import import captured_output
+        from ensemble_core.output_capture import captured_output
         from flood import flood
         print("before", flush=True)
         with captured_output("module 'flood' printed"):
@@ -100,7 +100,7 @@ def test_the_root_logger_a_users_code_reconfigures_is_put_back(caplog):
     """A user's module that sets the root logger to DEBUG and gives it a handler of its own
     (``logging.basicConfig(force=True)``): the pipeline's root logger is as it was after
     the capture, and the log line says so."""
-    from ensemble_core.user_import import captured_output
+    from ensemble_core.output_capture import captured_output
 
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)
@@ -125,7 +125,7 @@ def test_a_stop_signal_in_the_middle_of_a_flood_ends_the_process_within_seconds(
         """
         import logging, signal, sys
         logging.basicConfig(level=logging.INFO, format="%(name)s - %(message)s")
-        from ensemble_core.user_import import captured_output
+        from ensemble_core.output_capture import captured_output
         from flood import flood
 
         class Stopped(Exception):
@@ -250,7 +250,7 @@ def test_a_capture_of_the_streams_joined_by_one_that_needs_the_descriptors(capfd
     """Training's capture holds the streams alone (``fds=False``: its callbacks' own output
     must get out); a trace inside it (the first validation pass) captures descriptors 1
     and 2 too, for its own body, and everything is in the one log line."""
-    from ensemble_core.user_import import captured_output
+    from ensemble_core.output_capture import captured_output
 
     capfd.readouterr()
     with (

@@ -13,7 +13,7 @@ from ensemble_core import diskspace
 from ensemble_core.config import DataConfig, PipelineConfig
 from ensemble_core.data import DatasetInfo, UserSource
 from ensemble_core.errors import DataError
-from ensemble_core.user_import import captured_output
+from ensemble_core.output_capture import captured_output
 
 
 def _data_dir(data_cfg: DataConfig) -> str:

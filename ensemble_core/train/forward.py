@@ -59,9 +59,9 @@ from jaxtyping import Array, Float, Key
 from ensemble_core.config.sections import PRECISIONS
 from ensemble_core.errors import ConfigError
 from ensemble_core.mesh import DATA_AXIS
+from ensemble_core.output_capture import captured_output
 from ensemble_core.train import nnx_member, whole_batch
 from ensemble_core.train.nnx_member import PARAMS, NnxNetwork
-from ensemble_core.user_import import captured_output
 
 #: A member network: a Linen module, or an NNX network.
 Network = nn.Module | NnxNetwork
@@ -144,7 +144,7 @@ def user_network(model: Network) -> bool:
 def user_output(model: Network, what: str) -> Iterator[None]:
     """Run the body, a call into ``model``'s code (Python runs when it is traced, or
     eagerly), with what a user's network prints captured and logged once, bounded
-    (:func:`ensemble_core.user_import.captured_output`): a network printing as it is
+    (:func:`ensemble_core.output_capture.captured_output`): a network printing as it is
     traced made each trace of training, evaluation and prediction minutes long under a
     flow's ``log_prints``. The project's own networks run as they are."""
     if not user_network(model):

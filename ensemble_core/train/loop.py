@@ -14,10 +14,10 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Int, Key, UInt8
 
 from ensemble_core.mesh import DATA_AXIS, ENSEMBLE_AXIS, host_value
+from ensemble_core.output_capture import captured_output, output_released
 from ensemble_core.rngs import epoch_order
 from ensemble_core.train.forward import network_name, user_network
 from ensemble_core.train.state import EnsembleState
-from ensemble_core.user_import import captured_output, output_released
 
 
 class DataPosition(TypedDict):
@@ -96,7 +96,7 @@ def fit(
 
     What a user's network prints while its steps run (``jax.debug.print``, a host callback
     that prints or logs) is captured from the first step to the last and logged once,
-    bounded (:func:`ensemble_core.user_import.captured_output`), the validation passes of
+    bounded (:func:`ensemble_core.output_capture.captured_output`), the validation passes of
     ``end_of_epoch`` included; the other callbacks' own output (checkpoints, progress)
     goes out as it would.
     """
