@@ -194,11 +194,11 @@ class _Stream(io.TextIOBase):
         return False
 
     @property
-    def encoding(self) -> str:
+    def encoding(self) -> str:  # type: ignore[override]  # read-only here, as sys.stdout's
         return "utf-8"
 
     @property
-    def errors(self) -> str:
+    def errors(self) -> str:  # type: ignore[override]  # read-only here, as sys.stdout's
         return "replace"
 
     @property
@@ -382,8 +382,9 @@ class _Capture:
         if self.fds:
             return None
         for stream in (sys.__stdout__, sys.__stderr__):
-            with contextlib.suppress(Exception):
-                stream.flush()
+            if stream is not None:  # None without a console (pythonw, a closed descriptor)
+                with contextlib.suppress(Exception):
+                    stream.flush()
         _flush_c_stdio()
         saved: dict[int, int] = {}
         for fd in (1, 2):
@@ -417,8 +418,9 @@ class _Capture:
 
     def _release_descriptors(self, saved: dict[int, int], reader: threading.Thread) -> None:
         for stream in (sys.__stdout__, sys.__stderr__):
-            with contextlib.suppress(Exception):
-                stream.flush()
+            if stream is not None:  # None without a console (pythonw, a closed descriptor)
+                with contextlib.suppress(Exception):
+                    stream.flush()
         _flush_c_stdio()
         for fd, copy in list(saved.items()):
             with contextlib.suppress(OSError):

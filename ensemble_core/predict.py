@@ -94,7 +94,8 @@ def make_predict(
                 out_specs=out_specs,
             )
         )
-    fn.network = model  # member_probs captures what a user's network prints while it runs
+    # member_probs captures what a user's network prints while it runs (read with getattr)
+    fn.network = model  # type: ignore[attr-defined]
     return fn
 
 

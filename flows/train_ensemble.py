@@ -24,6 +24,7 @@ import functools
 import json
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -58,24 +59,20 @@ _env.quiet_tfds()  # TFDS is imported now (by ensemble_core.data): its progress 
 DEFAULT_OUTPUT_DIR = "runs"
 
 # The sequence of ensemble_core.runs.run, each stage a Prefect task.
-STAGES = runs.Stages(
-    **{
-        name: without_introspection(stage)
-        for name, stage in {
-            "preflight": cluster_preflight,
-            "prepare": prepare_stage,
-            "check_unchanged": check_unchanged,
-            "detect_drift": detect_drift,
-            "train": train_stage,
-            "stratify": stratify_stage,
-            "select": select_members,
-            "evaluate": evaluate_members,
-            "promote": compare_with_champion,
-            "report": publish_report,
-            "retain": apply_retention,
-        }.items()
-    }
-)
+STAGE_TASKS: dict[str, Callable] = {
+    "preflight": cluster_preflight,
+    "prepare": prepare_stage,
+    "check_unchanged": check_unchanged,
+    "detect_drift": detect_drift,
+    "train": train_stage,
+    "stratify": stratify_stage,
+    "select": select_members,
+    "evaluate": evaluate_members,
+    "promote": compare_with_champion,
+    "report": publish_report,
+    "retain": apply_retention,
+}
+STAGES = runs.Stages(**{name: without_introspection(stage) for name, stage in STAGE_TASKS.items()})
 
 
 def default_run_name() -> str:
