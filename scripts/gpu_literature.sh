@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fashion-MNIST under the literature's protocol on a lent GPU (docs/evaluation.md): the
-# like-for-like LeNet-5 ensemble of uncertainty-baselines over three seeds, and the project's
-# candidate recipes, all at once as separate command-line runs sharing the GPU; the fast
+# like-for-like LeNet-5 ensemble of uncertainty-baselines and the project's recipe, each over
+# three seeds and with other member choices, all at once as separate command-line runs sharing the GPU; the fast
 # test tier beside them. Each run has its own Prefect home and data directory.
 #
 #   OUT=/tmp/lit scripts/gpu_literature.sh [RUN_S TEST_S]
@@ -29,18 +29,18 @@ LIKE="--config configs/fashion_mnist_lenet5.yaml --set train.member_choice=final
 LIKE="$LIKE --set eval.evaluators={\"test\":{}}"
 BEST="--config configs/fashion_mnist_best.yaml"
 # name|options: the like-for-like protocol (final weights, three seeds, and seed 0 by best
-# validation NLL), then the candidate recipes (the full protocol: corruptions and OOD sets)
+# validation NLL), then the project's recipe (the full protocol: corruptions and OOD sets) over
+# three seeds, and at its best epoch by validation NLL and by accuracy
 RUNS=(
   "lenet5-final-s0|$LIKE --set seed=0"
   "lenet5-final-s1|$LIKE --set seed=1"
   "lenet5-final-s2|$LIKE --set seed=2"
   "lenet5-bestnll-s0|$LIKE --set seed=0 --set train.member_choice=best_validation_nll"
-  "cnn8x20-final|$BEST --set train.member_choice=final"
-  "cnn8x20-bestacc|$BEST --set train.member_choice=best_validation_accuracy"
-  "cnn10x30-final|$BEST --set train.member_choice=final --set ensemble.size=10 --set train.epochs=30"
-  "cnn10x30-crop-final|$BEST --set train.member_choice=final --set ensemble.size=10 --set train.epochs=30 --set data.augment.crop_padding=2"
-  "cnn16x15-final|$BEST --set train.member_choice=final --set ensemble.size=16 --set train.epochs=15"
-  "lenet5x10-sgd-final|$BEST --set model.name=lenet5 --set ensemble.size=10 --set train.epochs=25 --set train.member_choice=final"
+  "recipe-s0|$BEST --set seed=0"
+  "recipe-s1|$BEST --set seed=1"
+  "recipe-s2|$BEST --set seed=2"
+  "recipe-bestnll-s0|$BEST --set seed=0 --set train.member_choice=best_validation_nll"
+  "recipe-bestacc-s0|$BEST --set seed=0 --set train.member_choice=best_validation_accuracy"
 )
 t0=$SECONDS
 pids=()
