@@ -25,22 +25,23 @@ from ensemble_core.predict import member_probs
 from ensemble_core.train import EnsembleState, state_shardings
 
 
+def network_probs(probs: np.ndarray) -> np.ndarray:
+    """Each member's predictive ``[E, N, C]``: ``probs`` as it is, or for networks of M
+    members ``[E, M, N, C]`` each network's mean of its members' probabilities (the
+    predictive it is evaluated by)."""
+    return probs.mean(axis=1) if probs.ndim == 4 else probs
+
+
 def member_nll(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Each member's NLL (nats, :func:`ensemble_core.metrics.nll`): ``[E, N, C]`` -> float64
-    ``[E]``; for networks of M members ``[E, M, N, C]``, each network's, of the mean of its
-    members' probabilities (the predictive it is evaluated by)."""
-    if probs.ndim == 4:
-        probs = probs.mean(axis=1)
-    return np.asarray([metrics_lib.nll(p, labels) for p in probs], np.float64)
+    """Each member's NLL (nats, :func:`ensemble_core.metrics.nll`): ``[E, N, C]`` (or
+    ``[E, M, N, C]``, :func:`network_probs`) -> float64 ``[E]``."""
+    return np.asarray([metrics_lib.nll(p, labels) for p in network_probs(probs)], np.float64)
 
 
 def member_error(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Each member's error rate (1 - top-1 accuracy): ``[E, N, C]`` (or ``[E, M, N, C]``,
-    each network's mean probabilities) and int ``[N]`` -> float64 ``[E]`` in [0, 1]."""
-    if probs.ndim == 4:
-        probs = probs.mean(axis=1)
-    wrong = np.argmax(probs, axis=-1) != np.asarray(labels)[None, :]
-    return np.asarray(wrong.mean(axis=-1), np.float64)
+    """Each member's error rate, 1 - :func:`ensemble_core.metrics.accuracy`: ``[E, N, C]``
+    (or ``[E, M, N, C]``, :func:`network_probs`) and int ``[N]`` -> float64 ``[E]`` in [0, 1]."""
+    return np.asarray([1.0 - metrics_lib.accuracy(p, labels) for p in network_probs(probs)], np.float64)
 
 
 def track_best(state: EnsembleState, nll: jax.Array, epoch: jax.Array, patience: int | None) -> EnsembleState:

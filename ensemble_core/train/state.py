@@ -87,7 +87,7 @@ class EnsembleState:
     def final_params(self) -> Any:
         """The parameters evaluated: each member's best epoch's with a validation split
         (``train.member_choice`` best_*), else the latest."""
-        return self.params if self.best is None or self.evaluate_final else self.best.params
+        return self.final_variables[PARAMS]
 
     @property
     def variables(self) -> dict[str, Any]:
