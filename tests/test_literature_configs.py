@@ -14,10 +14,25 @@ import pytest
 from ensemble_core import data, runs
 from ensemble_core.config import load_config
 from ensemble_core.data.sources import IDX_SOURCES
+from ensemble_core.data.validation_split import calibration_split
 
 ROOT = Path(__file__).resolve().parents[1]
 FASHION_DIR = Path(IDX_SOURCES["fashion_mnist"][0])
-pytestmark = pytest.mark.slow  # two whole runs with every evaluator the configs name
+LITERATURE_CONFIGS = ["fashion_mnist_best.yaml", "fashion_mnist_lenet5.yaml"]
+
+
+@pytest.mark.parametrize("name", LITERATURE_CONFIGS)
+def test_the_literature_configs_train_on_50000_images_as_uncertainty_baselines(name):
+    """uncertainty-baselines trains on 50,000 of Fashion-MNIST's 60,000 training images
+    (baselines/mnist/deterministic.py); the validation and calibration splits come out of the
+    other 10,000, not out of the 50,000 (the calibration split's default 10% would leave 44,000)."""
+    cfg = load_config(ROOT / "configs" / name)
+    labels = np.repeat(np.arange(10), 6000)  # Fashion-MNIST's training split: 6,000 a class
+    train, validation, calibration = calibration_split(
+        labels, cfg.data.validation_fraction, cfg.data.calibration_fraction
+    )
+    assert len(train) == 50_000
+    assert len(validation) + len(calibration) == 10_000 and len(validation) > 0
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +47,8 @@ def toy_fashion_mnist(tmp_path_factory) -> Path:
     return directory
 
 
-@pytest.mark.parametrize("name", ["fashion_mnist_best.yaml", "fashion_mnist_lenet5.yaml"])
+@pytest.mark.slow  # two whole runs with every evaluator the configs name
+@pytest.mark.parametrize("name", LITERATURE_CONFIGS)
 def test_the_literature_configs_run_at_a_toy_size(tmp_path, toy_fashion_mnist, name):
     file_cfg = load_config(ROOT / "configs" / name)
     cfg = load_config(
