@@ -7,6 +7,9 @@ training time and throughput (docs/evaluation.md, "Measured: the literature's pr
     python -m flows.train_ensemble --config configs/fashion_mnist_best.yaml --run-name best
     python -m benchmarks.literature_protocol --run-dir runs/best \\
         --out benchmarks/results/protocol-fashion-mnist-cpu-2core.json
+    # one config over several seeds: each run's figures and their spread over the seeds
+    python -m benchmarks.literature_protocol --run-dir runs/s0 --run-dir runs/s1 --run-dir runs/s2 \\
+        --out benchmarks/results/protocol-fashion-mnist-lenet5-cpu-2core.json
     # CIFAR-10's geometry on mock data (figures meaningless; the code path exercised), run here:
     python -m benchmarks.literature_protocol --cifar10-mock \\
         --out benchmarks/results/protocol-cifar10-mock-cpu-2core.json
@@ -15,6 +18,12 @@ training time and throughput (docs/evaluation.md, "Measured: the literature's pr
 defaults) on the real TFDS ``cifar10`` builder's metadata with random records
 (``tests/_cifar_mock.py``), with a small CNN ensemble so that it finishes in minutes.
 The best member is the one with the lowest test NLL (chosen with hindsight).
+
+With ``--run-dir`` given more than once (the same config, other seeds), the file holds each
+run's summary under ``seeds`` and, under ``spread``, the mean, sample standard deviation
+(``ddof=1``), minimum and maximum over the seeds of the ensemble's and the mean member's
+test figures (and the temperature-scaled ensemble's, where reported), and the same over
+every member of every run (``one_member``: what one network alone scores).
 """
 
 from __future__ import annotations
@@ -26,10 +35,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from benchmarks._provenance import busy_seconds, stamp
 
 #: The test-split figures kept.
 FIGURES = ("accuracy", "nll", "brier", "ece", "adaptive_ece", "aurc", "accuracy_at_80_coverage")
+#: The figures whose spread over seeds is kept (``--run-dir`` more than once).
+SPREAD_FIGURES = ("accuracy", "nll", "ece", "brier")
 
 
 def summary(report: dict) -> dict:
@@ -80,6 +93,33 @@ def summary(report: dict) -> dict:
     return out
 
 
+def stats(values: list[float]) -> dict:
+    """``mean``, ``std`` (sample, ``ddof=1``; 0 for one value), ``min``, ``max`` and ``n`` of ``values``."""
+    a = np.asarray(values, dtype=np.float64)
+    return {
+        "mean": float(a.mean()),
+        "std": float(a.std(ddof=1)) if len(a) > 1 else 0.0,
+        "min": float(a.min()),
+        "max": float(a.max()),
+        "n": len(a),
+    }
+
+
+def spread(reports: list[dict]) -> dict:
+    """The seed spread of several runs of one config (their ``report.json``): per figure of
+    ``SPREAD_FIGURES``, :func:`stats` over the runs of the ensemble, the mean member and the
+    temperature-scaled ensemble (where every run reports it), and over all members of all
+    runs (``one_member``)."""
+    out: dict = {"seeds": [r["config"]["seed"] for r in reports]}
+    groups = {"ensemble": [r["ensemble"] for r in reports], "member_mean": [r["member_mean"] for r in reports]}
+    if all(r.get("ensemble_temperature_scaled") for r in reports):
+        groups["ensemble_temperature_scaled"] = [r["ensemble_temperature_scaled"] for r in reports]
+    groups["one_member"] = [m for r in reports for m in r["members"]]
+    for group, rows in groups.items():
+        out[group] = {f: stats([row[f] for row in rows]) for f in SPREAD_FIGURES if all(f in row for row in rows)}
+    return out
+
+
 def cifar10_mock_run(work: Path) -> dict:
     """Train a small CNN ensemble on mock CIFAR-10 with the dataset's default evaluators and
     return its ``report.json``."""
@@ -108,7 +148,11 @@ def cifar10_mock_run(work: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--run-dir", help="a finished run directory (its report.json is summarised)")
+    where.add_argument(
+        "--run-dir",
+        action="append",
+        help="a finished run directory (its report.json is summarised); more than once: one config's seeds",
+    )
     where.add_argument("--cifar10-mock", action="store_true", help="train and evaluate on mock CIFAR-10 here")
     parser.add_argument("--out", required=True)
     parser.add_argument("--note", default="", help="how the run was made (e.g. other jobs on the cores)")
@@ -119,9 +163,13 @@ def main(argv: list[str] | None = None) -> int:
             report = cifar10_mock_run(Path(tmp))
         command = "python -m benchmarks.literature_protocol --cifar10-mock"
     else:
-        report = json.loads((Path(args.run_dir) / "report.json").read_text())
-        command = f"python -m benchmarks.literature_protocol --run-dir {args.run_dir}"
+        reports = [json.loads((Path(d) / "report.json").read_text()) for d in args.run_dir]
+        report = reports[0]
+        command = "python -m benchmarks.literature_protocol " + " ".join(f"--run-dir {d}" for d in args.run_dir)
     result = {**stamp(), "command": command, "note": args.note, **summary(report)}
+    if not args.cifar10_mock and len(reports) > 1:
+        result["seeds"] = [summary(r) for r in reports]
+        result["spread"] = spread(reports)
     if args.cifar10_mock:
         busy1 = busy_seconds()
         result["wall_seconds"] = time.perf_counter() - t0
