@@ -105,6 +105,24 @@ def stats(values: list[float]) -> dict:
     }
 
 
+def ece_10_bins(run_dir: Path) -> dict | None:
+    """uncertainty-baselines' ECE (``baselines/mnist/utils.py``, ``calibration``: 10
+    equal-width confidence bins; this project's ``ece`` uses 15) of the run's test
+    predictions (``predictions.npz``: ``member_probs`` float ``[M, N, C]``, ``labels`` int
+    ``[N]``): ``{"ensemble": float, "members": [M floats]}``, or None without the file."""
+    from ensemble_core import metrics
+
+    path = Path(run_dir) / "predictions.npz"
+    if not path.exists():
+        return None
+    with np.load(path) as f:
+        probs, labels = f["member_probs"], f["labels"]
+    return {
+        "ensemble": metrics.ece(probs.mean(axis=0), labels, num_bins=10),
+        "members": [metrics.ece(p, labels, num_bins=10) for p in probs],
+    }
+
+
 def spread(reports: list[dict]) -> dict:
     """The seed spread of several runs of one config (their ``report.json``): per figure of
     ``SPREAD_FIGURES``, :func:`stats` over the runs of the ensemble, the mean member and the
@@ -167,9 +185,21 @@ def main(argv: list[str] | None = None) -> int:
         report = reports[0]
         command = "python -m benchmarks.literature_protocol " + " ".join(f"--run-dir {d}" for d in args.run_dir)
     result = {**stamp(), "command": command, "note": args.note, **summary(report)}
+    if not args.cifar10_mock:
+        eces = [ece_10_bins(Path(d)) for d in args.run_dir]
+        if eces[0] is not None:
+            result["test"]["ece_10_bins"] = eces[0]
     if not args.cifar10_mock and len(reports) > 1:
         result["seeds"] = [summary(r) for r in reports]
+        for seed, ece in zip(result["seeds"], eces, strict=True):
+            if ece is not None:
+                seed["test"]["ece_10_bins"] = ece
         result["spread"] = spread(reports)
+        if all(e is not None for e in eces):
+            result["spread"]["ece_10_bins"] = {
+                "ensemble": stats([e["ensemble"] for e in eces]),
+                "one_member": stats([m for e in eces for m in e["members"]]),
+            }
     if args.cifar10_mock:
         busy1 = busy_seconds()
         result["wall_seconds"] = time.perf_counter() - t0

@@ -2,9 +2,11 @@
 and the spread over the seeds checked against Python's ``statistics`` (an independent
 reference for the mean and the sample standard deviation)."""
 
+import itertools
 import json
 import statistics
 
+import numpy as np
 import pytest
 
 from benchmarks import literature_protocol
@@ -40,17 +42,35 @@ def fake_report(seed: int, members: list[tuple[float, float]], ensemble: tuple[f
     }
 
 
+def their_ece(probs: np.ndarray, labels: np.ndarray, num_bins: int = 10) -> float:
+    """uncertainty-baselines' ``calibration`` (``baselines/mnist/utils.py``), restated:
+    bins ``[tau_i, tau_i+1)`` of the top-label confidence, weighted by their counts."""
+    pred, conf = probs.argmax(1), probs.max(1)
+    edges = np.linspace(0, 1, num_bins + 1)
+    total = 0.0
+    for lo, hi in itertools.pairwise(edges):
+        sec = (hi > conf) & (conf >= lo)
+        if sec.any():
+            total += sec.sum() / len(labels) * abs(conf[sec].mean() - (pred[sec] == labels[sec]).mean())
+    return total
+
+
 def test_seed_spread_over_three_runs(tmp_path, capsys):
     runs = {
         0: ([(0.90, 0.33), (0.91, 0.31)], (0.925, 0.21)),
         1: ([(0.905, 0.32), (0.912, 0.30)], (0.931, 0.20)),
         2: ([(0.899, 0.34), (0.908, 0.35)], (0.928, 0.205)),
     }
-    dirs = []
+    dirs, predictions = [], {}
     for seed, (members, ensemble) in runs.items():
         d = tmp_path / f"s{seed}"
         d.mkdir()
         (d / "report.json").write_text(json.dumps(fake_report(seed, members, ensemble)))
+        rng = np.random.default_rng(seed)
+        member_probs = rng.dirichlet(np.full(10, 0.3), size=(2, 500))
+        labels = rng.integers(0, 10, 500)
+        np.savez(d / "predictions.npz", member_probs=member_probs, labels=labels)
+        predictions[seed] = (member_probs, labels)
         dirs += ["--run-dir", str(d)]
     out = tmp_path / "out.json"
     assert literature_protocol.main([*dirs, "--out", str(out)]) == 0
@@ -70,6 +90,12 @@ def test_seed_spread_over_three_runs(tmp_path, capsys):
     mean_member_acc = [statistics.fmean(m[0] for m in members) for members, _ in runs.values()]
     assert spread["member_mean"]["accuracy"]["std"] == pytest.approx(statistics.stdev(mean_member_acc))
     assert result["command"].count("--run-dir") == 3
+    # uncertainty-baselines' 10-bin ECE from each run's predictions, against their formula
+    ensemble_ece = [their_ece(p.mean(0), y) for p, y in predictions.values()]
+    assert [s["test"]["ece_10_bins"]["ensemble"] for s in result["seeds"]] == pytest.approx(ensemble_ece)
+    assert spread["ece_10_bins"]["ensemble"]["std"] == pytest.approx(statistics.stdev(ensemble_ece))
+    member_ece = [their_ece(m, y) for p, y in predictions.values() for m in p]
+    assert spread["ece_10_bins"]["one_member"]["mean"] == pytest.approx(statistics.fmean(member_ece))
 
 
 def test_one_run_has_no_spread(tmp_path):
