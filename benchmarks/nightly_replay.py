@@ -65,7 +65,7 @@ def _export(directory: Path, night: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", default=str(ROOT / "configs" / "default.yaml"))
+    parser.add_argument("--config", default="configs/default.yaml")
     parser.add_argument("--out", default=None)
     parser.add_argument(
         "--source",
