@@ -189,18 +189,18 @@ def main(argv: list[str] | None = None) -> int:
         eces = [ece_10_bins(Path(d)) for d in args.run_dir]
         if eces[0] is not None:
             result["test"]["ece_10_bins"] = eces[0]
-    if not args.cifar10_mock and len(reports) > 1:
-        result["seeds"] = [summary(r) for r in reports]
-        for seed, ece in zip(result["seeds"], eces, strict=True):
-            if ece is not None:
-                seed["test"]["ece_10_bins"] = ece
-        result["spread"] = spread(reports)
-        known = [e for e in eces if e is not None]
-        if len(known) == len(eces):
-            result["spread"]["ece_10_bins"] = {
-                "ensemble": stats([e["ensemble"] for e in known]),
-                "one_member": stats([m for e in known for m in e["members"]]),
-            }
+        if len(reports) > 1:
+            result["seeds"] = [summary(r) for r in reports]
+            for seed, ece in zip(result["seeds"], eces, strict=True):
+                if ece is not None:
+                    seed["test"]["ece_10_bins"] = ece
+            result["spread"] = spread(reports)
+            known = [e for e in eces if e is not None]
+            if len(known) == len(eces):
+                result["spread"]["ece_10_bins"] = {
+                    "ensemble": stats([e["ensemble"] for e in known]),
+                    "one_member": stats([m for e in known for m in e["members"]]),
+                }
     if args.cifar10_mock:
         busy1 = busy_seconds()
         result["wall_seconds"] = time.perf_counter() - t0
