@@ -72,6 +72,7 @@ def _run(ctx, name, options):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_every_evaluator_runs_on_this_geometry(shape, tmp_path, caplog):
     caplog.set_level("INFO", logger="ensemble_core")
     ctx = _context(shape, tmp_path)
@@ -120,6 +121,7 @@ def test_the_digit_sets_are_skipped_elsewhere_in_one_line(shape, tmp_path):
         assert out.skipped and "\n" not in out.skipped and str(shape) in out.skipped
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_progress_lines_reach_prefects_handlers():
     """ensemble_core's INFO lines (the corruption progress above) reach Prefect's console
     handler once the flows' environment is applied (flows/_env.py): Prefect gives its extra

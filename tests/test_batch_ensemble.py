@@ -149,6 +149,7 @@ def test_cnn_per_member_batches(cnn_case):
         np.testing.assert_allclose(got[i], want, **TOL)
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_cnn_gradients_reach_every_parameter(cnn_case):
     model, params, _, x = cnn_case
     labels = jnp.arange(12).reshape(3, 4) % 10
@@ -175,6 +176,7 @@ def test_cnn_gradients_reach_every_parameter(cnn_case):
             assert np.all(np.isfinite(value)) and np.abs(value).max() > 0, (layer, name)
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_resnet_equals_explicit_resnets():
     """Per-member BatchNorm: member i is ResNet-8 with its weights, in training mode (batch
     statistics of its own batch, updated running averages) and in inference mode."""

@@ -176,6 +176,7 @@ def test_the_memory_estimate_traces_the_call_time_rngs():
 # MARK: training: topology and resume
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_call_time_dropout_does_not_depend_on_how_the_batch_is_split(mnist_train):
     """BatchNorm (its 'batch' axis replaced by the data axis) and call-time dropout of the
     member's whole batch: 2 members on one device equal 2 members over ensemble 2 x data 4;
@@ -191,6 +192,7 @@ def test_call_time_dropout_does_not_depend_on_how_the_batch_is_split(mnist_train
     assert np.abs(a - b).max() > 1e-3
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_a_stopped_run_with_call_time_rngs_resumes_bitwise(tfds_dir, tmp_path):
     """Stopped at step 5 of 16 (a stop request, as SIGTERM makes) and resumed: the
     checkpoints equal the uninterrupted run's bitwise."""

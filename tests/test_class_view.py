@@ -197,6 +197,7 @@ def _evaluate(ctx):
     return evaluators.get("test").evaluate(ctx.for_evaluator("test", spec))
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_the_test_evaluator_reports_the_class_level_view(tmp_path):
     ctx = _context(tmp_path)
     out = _evaluate(ctx)
@@ -235,6 +236,7 @@ def test_the_test_evaluator_reports_the_class_level_view(tmp_path):
         assert paths[key].name == f"{key}.png" and _is_png(paths[key]), key
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_names_with_unicode_long_names_many_classes_and_no_wrong_prediction(tmp_path):
     names = [f"Klasse {i} \u2013 ünïcødé 漢字 $x$ | a name much longer than any plot cell" for i in range(40)]
     names[3] = "tab\tand\nnewline\u200d"

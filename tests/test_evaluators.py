@@ -311,6 +311,7 @@ def test_ood_figures_are_recomputed_from_the_npz(finished, name):
     assert section["confident_ood_fraction"]["ensemble"] == pytest.approx(np.mean(ens[is_ood].max(-1) >= 0.9))
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_fashion_mnist_is_skipped_with_one_line_when_its_files_are_absent(tmp_path, tfds_dir, monkeypatch, caplog):
     monkeypatch.setattr(data, "idx_files_available", lambda *a, **k: None)
     cfg = tiny_config(tfds_dir, "eval.evaluators=[test,fashion_mnist]", "promotion.enabled=false")

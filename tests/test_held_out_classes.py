@@ -274,6 +274,7 @@ def finished(tmp_path_factory, tfds_dir):
     return cfg, out, result, json.loads(result.run_dir.report_json.read_text())
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_a_run_on_three_digits_scores_the_other_seven_as_ood(finished, mnist_test):
     _, _, result, report = finished
     kept_test = _filtered(*mnist_test, KEPT)

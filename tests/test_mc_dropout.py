@@ -83,6 +83,7 @@ def _reference_pass(params, x: np.ndarray, layer_key, rate: float) -> np.ndarray
     return np.asarray(jnp.stack(rows))
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_each_row_is_one_stochastic_pass_of_its_member_with_the_passes_keys():
     cfg, setup, state = _setup("ensemble.mc_samples=3", "eval.batch_size=4")
     members = all_members(cfg, state, setup)

@@ -68,6 +68,7 @@ def _assert_member_params(got, snapshot, m):
         np.testing.assert_array_equal(np.asarray(a), b)
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_best_validation_accuracy_evaluates_each_members_first_most_accurate_epoch(mnist_train):
     state, snapshots, accuracy = _train(mnist_train, "best_validation_accuracy")
     want = accuracy.argmax(axis=0) + 1  # argmax: the first of ties
@@ -78,6 +79,7 @@ def test_best_validation_accuracy_evaluates_each_members_first_most_accurate_epo
         _assert_member_params(state.final_params, snapshots[want[m] - 1], m)
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_final_evaluates_the_last_epoch_even_with_a_validation_split(mnist_train):
     state, snapshots, _ = _train(mnist_train, "final")
     assert state.best is not None and np.asarray(state.best.epoch).min() >= 1  # best epochs still tracked

@@ -145,6 +145,7 @@ def test_flax_s_older_mnist_cnn_trains_and_predict_elsewhere_names_its_module(tm
         assert "cannot import module 'my_sweep_nets'" in str(err.value) and "PYTHONPATH" in str(err.value)
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_flax_s_imagenet_resnet18_by_class_path_and_its_nnx_twin_pass_the_check():
     """ResNet18 as Flax's ImageNet example defines it (``stage_sizes=[2, 2, 2, 2]``, 64
     filters, BatchNorm with ``axis_name='batch'``), given as a class path with options, in

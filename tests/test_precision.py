@@ -108,6 +108,7 @@ def _abstract_args(built, batch: int = 8):
 
 @pytest.mark.parametrize("model, options", [("cnn", {}), BN_LINEN, BN_NNX])
 @pytest.mark.parametrize("precision", ["float32", "high", "bfloat16"])
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_the_lowered_step_and_predict_compute_at_the_precision(model, options, precision):
     """Every convolution and dot_general of the train step (forward and backward) and of the
     predict program takes bfloat16 operands under bfloat16 and float32 ones otherwise, and

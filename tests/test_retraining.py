@@ -189,6 +189,7 @@ def test_an_unchanged_night_is_skipped(nights):
     assert [row["run_name"] for row in rows] == ["night1", "night2"]
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_when_unchanged_train_trains_the_same_night(state):
     cfg = state.cfg("nightly.when_unchanged=train")
     r = runs.run(cfg, state.out, "night3-train")
@@ -201,6 +202,7 @@ def test_when_unchanged_train_trains_the_same_night(state):
     assert r.drift.label_shift["total_variation"] == 0.0
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_a_changed_training_key_trains(state):
     cfg = state.cfg("seed=1")
     r = runs.run(cfg, state.out, "night3-seed1")
@@ -290,6 +292,7 @@ def test_the_champions_config_is_compared_with_todays_defaults(state):
     assert runs.unchanged_since_champion(cfg, dataset, state.out) is None
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_a_resumed_run_is_never_skipped(state):
     """night2 again: its checkpoint makes it a resumed run (evaluated and reported again),
     although a new run name would be skipped."""

@@ -188,6 +188,7 @@ class Net(nn.Module):
 """
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_a_network_printing_while_traced_and_at_each_step_is_captured_in_training(
     tmp_path, monkeypatch, mnist_train, capfd, caplog
 ):

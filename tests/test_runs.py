@@ -94,6 +94,7 @@ def test_models_and_evaluators_are_looked_up_by_module_name():
     assert evaluators.get("test").__name__ == "ensemble_core.evaluators.test"
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_an_evaluator_brings_its_data_metrics_arrays_and_report_section(tmp_path, tfds_dir, monkeypatch):
     """The interface the shift/OOD evaluators build on: a transformed test set, its own
     metric, its arrays in eval/<name>.npz and its section of report.json and report.md."""

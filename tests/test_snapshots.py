@@ -144,6 +144,7 @@ def test_a_catalog_dataset_prepared_by_the_user_is_used_in_place(tmp_path):
         assert fp.fingerprint == info.snapshot.fingerprint
 
 
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_concurrent_runs_prepare_a_snapshot_once_and_share_it(export):
     """Two processes prepare the same new export at once: they take turns on the
     preparation lock; one prepares, the other finds the snapshot and reuses it."""
