@@ -136,7 +136,8 @@ def temporary_server() -> Iterator[str | None]:
 
     Yields the API URL, or None (and starts nothing) when a server is configured
     (``PREFECT_API_URL`` in the environment, as ``source .serve/env`` sets after ``make serve``,
-    or in the active profile).
+    or in the active profile). Inside the body, flow runs send no heartbeats
+    (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` unset): nothing watches a temporary server's runs.
 
     Raises:
       ServerStartError: the server exited, or did not answer within
@@ -149,6 +150,7 @@ def temporary_server() -> Iterator[str | None]:
         return
     from prefect.settings import (
         PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
         get_current_settings,
         temporary_settings,
@@ -184,7 +186,12 @@ def temporary_server() -> Iterator[str | None]:
                     f"with `make serve` and set PREFECT_API_URL"
                 )
             time.sleep(0.1)
-        with temporary_settings(updates={PREFECT_API_URL: url}):
+        # No flow-run heartbeats on a server that lives only as long as the run: nothing
+        # watches them (the zombie-run recovery, flows/reconcile.py, runs on a configured
+        # server), and Prefect's heartbeat thread, which sleeps in whole seconds, held every
+        # command up to a second at the flow's end waiting for it to stop (Prefect 3.9.1,
+        # prefect/flow_engine.py _send_heartbeats: time.sleep(1) steps, joined on exit).
+        with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
             os.environ["PREFECT_API_URL"] = url  # for child processes and late settings reads
             try:
                 yield url

@@ -224,3 +224,46 @@ def test_start_early_only_for_flow_commands_without_a_configured_server(monkeypa
     assert not _ephemeral.start_early(["python", "script.py"])
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
     assert not _ephemeral.start_early(["python", "-m", "flows.predict", "--images", "x"])
+
+
+HEARTBEAT_PROBE = """
+import threading
+from prefect import flow
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+from flows import _ephemeral
+
+
+def heartbeat_threads() -> int:
+    # Prefect's flow-run heartbeat: a thread running heartbeat_loop (prefect/flow_engine.py)
+    return sum(
+        any(getattr(a, "__name__", "") == "heartbeat_loop" for a in getattr(t, "_args", ()))
+        for t in threading.enumerate()
+    )
+
+
+@flow
+def probe() -> int:
+    return heartbeat_threads()
+
+
+with _ephemeral.temporary_server():
+    inside = probe()
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}):
+        control = probe()  # the probe sees a heartbeat where Prefect sends them
+print(inside, control)
+"""
+
+
+def test_runs_on_the_temporary_server_send_no_heartbeats(tmp_path):
+    """A flow run on the command's temporary server starts no heartbeat thread (nothing
+    watches that server's runs, and Prefect's thread, sleeping in whole seconds, held each
+    command up to a second at the flow's end); with heartbeats on, the same probe sees one."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    done = subprocess.run(
+        [sys.executable, "-c", HEARTBEAT_PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["0", "1"], done.stdout
