@@ -60,7 +60,7 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.bench $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .cache/jax-test-fast
 
 # The local Prefect stack: server on 127.0.0.1:4200, work pool, deployments, worker. Your
 # Prefect profile is left alone: scripts/deployment-run.sh, or `source .serve/env` in a
