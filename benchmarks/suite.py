@@ -22,6 +22,7 @@ adds the runs to those already in ``--out`` when that file was written for the s
 DIR`` keeps each run's ``.ci/run`` output, ``make test-fast`` output and per-test report in
 ``DIR/run-<i>/`` (the clone itself is removed): where a failure's traceback is read.
 
+``--fast`` rows also hold the CPU seconds of ``make test-fast``'s process tree.
 ``--fast-only`` measures the edit loop alone: one fresh clone, ``make setup``, then ``make
 test-fast`` once with its compilation cache empty (``cold``) and ``--runs`` times after it
 (``warm``, as in an edit loop), each run's wall and pytest seconds, CPU seconds of its
@@ -35,6 +36,7 @@ The README and docs/development.md take their suite figures from this file (chec
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -44,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks._provenance import ROOT, stamp
@@ -118,6 +121,34 @@ def _process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@contextlib.contextmanager
+def _busy_core(enabled: bool) -> Iterator[subprocess.Popen | None]:
+    """``python3 -c "while True: pass"`` for the body's time (None when not ``enabled``)."""
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if enabled else None
+    try:
+        yield burner
+    finally:
+        if burner is not None:
+            burner.kill()
+
+
+def _test_fast(clone: Path, env: dict[str, str], log: Path) -> dict:
+    """``make test-fast`` in ``clone``: its exit code, wall and pytest seconds, the CPU
+    seconds of its process tree and its tests by outcome."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    rc, wall_s, text = _timed(["make", "test-fast"], clone, env, log)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    counts, suite_s = _counts(text)
+    cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return {
+        "exit_code": rc,
+        "wall_s": round(wall_s, 1),
+        "suite_s": suite_s,
+        "cpu_s": round(cpu_s, 1),
+        "outcomes": counts,
+    }
+
+
 def one_run(work: Path, busy_core: bool, fast: bool) -> dict:
     """Clone, run ``.ci/run`` (and ``make test-fast`` with ``fast``), return its figures."""
     clone = work / "clone"
@@ -126,8 +157,7 @@ def one_run(work: Path, busy_core: bool, fast: bool) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "ENSEMBLE_"))}
     env["ENSEMBLE_SUITE_REPORT"] = str(report)
     env["JAX_COMPILATION_CACHE_DIR"] = str(work / "jax-cache")  # cold, as on a fresh machine
-    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy_core else None
-    try:
+    with _busy_core(busy_core) as burner:
         busy_before = _machine_busy_s()
         rc, total_s, text = _timed([".ci/run"], clone, env, work / "ci.log")
         machine_cpu_s = _machine_busy_s() - busy_before
@@ -154,12 +184,7 @@ def one_run(work: Path, busy_core: bool, fast: bool) -> dict:
             "workers": _timeline(records),
         }
         if fast:
-            frc, fast_s, ftext = _timed(["make", "test-fast"], clone, env, work / "fast.log")
-            fcounts, fsuite_s = _counts(ftext)
-            row["fast"] = {"exit_code": frc, "wall_s": round(fast_s, 1), "suite_s": fsuite_s, "outcomes": fcounts}
-    finally:
-        if burner is not None:
-            burner.kill()
+            row["fast"] = _test_fast(clone, env, work / "fast.log")
     return row
 
 
@@ -173,29 +198,13 @@ def fast_only(work: Path, runs: int, busy_core: bool) -> dict:
     if rc:
         raise SystemExit(f"make setup failed: {(work / 'setup.log').read_text()[-2000:]}")
     cache = clone / ".cache" / "jax-test-fast"
-    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy_core else None
     rows = []
-    try:
+    with _busy_core(busy_core):
         for i in range(runs + 1):
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            rc, wall_s, text = _timed(["make", "test-fast"], clone, env, work / f"fast-{i}.log")
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            counts, suite_s = _counts(text)
-            rows.append(
-                {
-                    "cache": "cold" if i == 0 else "warm",
-                    "exit_code": rc,
-                    "wall_s": round(wall_s, 1),
-                    "suite_s": suite_s,
-                    "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1),
-                    "outcomes": counts,
-                    "cache_bytes": sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()),
-                }
-            )
-            print(json.dumps(rows[-1]), flush=True)
-    finally:
-        if burner is not None:
-            burner.kill()
+            row = {"cache": "cold" if i == 0 else "warm", **_test_fast(clone, env, work / f"fast-{i}.log")}
+            row["cache_bytes"] = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file())
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     return {"setup_s": round(setup_s, 1), "runs": rows}
 
 
