@@ -3,6 +3,10 @@ start to exit, for two checkouts side by side.
 
     git worktree add /tmp/before <commit>
     python -m benchmarks.fixed_cost --checkout before=/tmp/before --checkout after=. [--runs 5]
+    python -m benchmarks.fixed_cost --checkout figures=. --checkout none=. --set figures:eval.plots=true
+
+``--set LABEL:KEY=VALUE`` adds ``--set KEY=VALUE`` to that checkout's command line (the same
+checkout twice, under two labels, measures one setting's cost).
 
 Runs the training command line on ``configs/tiny.yaml`` (the embedded digits, its
 temporary Prefect server, every default evaluator) from each checkout in turn, A B A B ...
@@ -41,12 +45,13 @@ from benchmarks._provenance import stamp
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def one_run(checkout: Path, out: Path, home: Path) -> dict:
-    """The tiny config's command line from ``checkout``: its wall seconds (outside) and timing."""
+def one_run(checkout: Path, out: Path, home: Path, sets: tuple[str, ...] | list[str] = ()) -> dict:
+    """The tiny config's command line from ``checkout`` (with ``--set`` each of ``sets``): its
+    wall seconds (outside) and timing."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "XLA_FLAGS"}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(checkout))
     cmd = [sys.executable, "-m", "flows.train_ensemble", "--config", "configs/tiny.yaml"]
-    cmd += ["--output-dir", str(out), "--run-name", "r"]
+    cmd += ["--output-dir", str(out), "--run-name", "r", *(a for s in sets for a in ("--set", s))]
     load = os.getloadavg()[0]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
@@ -96,6 +101,9 @@ def plot_save(repeats: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fixed_cost", description=__doc__.split("\n")[0])
     parser.add_argument("--checkout", action="append", required=True, metavar="LABEL=DIR", help="two, in order")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="LABEL:KEY=VALUE", help="an override for one checkout's runs"
+    )
     parser.add_argument("--runs", type=int, default=5, help="counted runs of each (default 5, after one warm-up)")
     parser.add_argument("--plot-repeats", type=int, default=9, help="saves of the figure per zlib level (default 9)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"fixed-cost-{os.cpu_count()}core.json"))
@@ -104,11 +112,21 @@ def main(argv: list[str] | None = None) -> int:
     if len(checkouts) != 2 or any("=" not in c for c in args.checkout):
         print("error: give two --checkout LABEL=DIR; fix: e.g. --checkout before=/tmp/before --checkout after=.")
         return 2
+    if len({label for label, _ in checkouts}) != 2:
+        print("error: the two --checkout labels are the same; fix: give each its own label")
+        return 2
+    sets: dict[str, list[str]] = {label: [] for label, _ in checkouts}
+    for s in args.set:
+        label, _, override = s.partition(":")
+        if label not in sets or "=" not in override:
+            print(f"error: --set {s}: not LABEL:KEY=VALUE of a --checkout label; fix: e.g. --set after:eval.plots=true")
+            return 2
+        sets[label].append(override)
     tmp = Path(tempfile.mkdtemp(prefix="fixed-cost-"))
     runs: dict[str, list[dict]] = {label: [] for label, _ in checkouts}
     for i in range(args.runs + 1):  # the first round warms both up and is not counted
         for label, checkout in checkouts:
-            r = one_run(checkout, tmp / f"{label}-{i}", tmp / f"prefect-{label}")
+            r = one_run(checkout, tmp / f"{label}-{i}", tmp / f"prefect-{label}", sets[label])
             print(f"{label} run {i}: {r['wall_seconds']:.1f} s", file=sys.stderr)
             if i:
                 runs[label].append(r)
@@ -116,10 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     ratios = [rb["wall_seconds"] / ra["wall_seconds"] for ra, rb in zip(runs[a], runs[b], strict=True)]
     result = {
         "command": "python -m benchmarks.fixed_cost "
-        + " ".join(f"--checkout {label}=<checkout of {_commit(path)}>" for label, path in checkouts),
+        + " ".join(f"--checkout {label}=<checkout of {_commit(path)}>" for label, path in checkouts)
+        + "".join(f" --set {label}:{s}" for label, ss in sets.items() for s in ss),
         **stamp(),
         "what": "python -m flows.train_ensemble --config configs/tiny.yaml, start to exit, warm caches",
         "checkouts": {label: _commit(path) for label, path in checkouts},
+        "sets": sets,
         "median_wall_seconds": {label: statistics.median(r["wall_seconds"] for r in rs) for label, rs in runs.items()},
         "ratio_median": statistics.median(ratios),
         "ratios": ratios,

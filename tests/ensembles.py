@@ -79,8 +79,9 @@ def predictions(run_dir) -> dict:
 def tiny_config(tfds_dir: str, *overrides: str):
     """A run config that trains in seconds: 2 MLP members (16 hidden units), 1 epoch on
     256 training and 100 test digits of the session's mnist5k (no validation and no
-    calibration split held out, so every training digit trains), the test evaluator only;
-    ``overrides`` (dotted ``key=value``, as after ``--set``) are applied after these."""
+    calibration split held out, so every training digit trains), the test evaluator only,
+    no figures (``eval.plots=true`` where a test looks at them); ``overrides`` (dotted
+    ``key=value``, as after ``--set``) are applied after these."""
     from ensemble_core.config import load_config
 
     base = [
@@ -95,6 +96,7 @@ def tiny_config(tfds_dir: str, *overrides: str):
         "train.batch_size=32",
         "train.epochs=1",
         "eval.evaluators=[test]",
+        "eval.plots=false",
     ]
     return load_config(None, [*base, *overrides])
 

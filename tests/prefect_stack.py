@@ -159,13 +159,14 @@ def api(env: dict[str, str], method: str, path: str, body=None):
 
 
 def small_params(tmp: Path, out: str = "runs", epochs: int = 2, **train) -> dict:
-    """Deployment parameters of a run of a few seconds (4 MLPs, 512 digits, test split only)."""
+    """Deployment parameters of a run of a few seconds (4 MLPs, 512 digits, test split only,
+    no figures)."""
     config = {
         "data": {"data_dir": str(tmp / "tfds"), "max_train_examples": 512, "max_test_examples": 200},
         "model": {"name": "mlp", "hidden_sizes": [64]},
         "ensemble": {"size": 4},
         "train": {"epochs": epochs, "batch_size": 64, **train},
-        "eval": {"evaluators": ["test"]},
+        "eval": {"evaluators": ["test"], "plots": False},
     }
     return {"config": config, "output_dir": str(tmp / out)}
 

@@ -72,6 +72,7 @@ def two_rotations(tmp_path_factory, tfds_dir):
         "eval.evaluators={test: {}, rotation: {}, quarter: {type: rotation, degrees: [0, 90], selective_degrees: 90},"
         " corruptions: {corruptions: [fog, shot_noise]}}",
         "promotion.enabled=false",
+        "eval.plots=true",
     )
     result = runs.run(cfg, out, "r")
     return result, json.loads(result.run_dir.report_json.read_text())

@@ -57,6 +57,7 @@ def finished(tmp_path_factory, tfds_dir):
         "data.calibration_fraction=0.1",  # prediction sets and abstention, fitted on 26 digits
         f"eval.evaluators={{{specs}}}",
         "promotion.metric=letters.ensemble.auroc.mutual_information",
+        "eval.plots=true",
     )
     result = runs.run(cfg, out, "r")
     return result, json.loads(result.run_dir.report_json.read_text())

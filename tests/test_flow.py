@@ -41,7 +41,8 @@ def finished_run(prefect_server, tfds_dir, tmp_path_factory):
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = main([*_tiny(tfds_dir), "--output-dir", str(out), "--run-name", "tiny"])
+        # with its figures (tiny.yaml draws none): the one flow run that proves they are drawn
+        rc = main([*_tiny(tfds_dir), "--set", "eval.plots=true", "--output-dir", str(out), "--run-name", "tiny"])
     return rc, buf.getvalue(), out / "tiny"
 
 

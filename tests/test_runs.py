@@ -95,6 +95,24 @@ def test_models_and_evaluators_are_looked_up_by_module_name():
 
 
 @pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
+def test_a_run_without_figures_writes_every_metric_and_array_and_says_so(tmp_path, tfds_dir):
+    """eval.plots=false (configs/tiny.yaml): no figure is drawn, the arrays and metrics are all
+    there, and report.md says why it shows no figures. The same run's figures, with it true, are
+    test_flow.py's finished run."""
+    cfg = tiny_config(tfds_dir, "eval.evaluators=[test, rotation]", "promotion.enabled=false")
+    assert cfg.eval.plots is False
+    run = runs.run(cfg, tmp_path, "r").run_dir
+    assert not run.plots.exists() or not any(run.plots.iterdir())
+    report = json.loads(run.report_json.read_text())
+    assert report["plots"] == {} and report["evaluations"]["rotation"]["plots"] == {}
+    assert {"accuracy", "nll", "ece"} <= set(report["ensemble"])  # the test figures, computed
+    with np.load(run.eval_dir / "rotation.npz") as f:
+        assert f["member_probs"].shape[0] == 2  # the rotation arrays, written
+    markdown = run.report_md.read_text()
+    assert "Figures: not drawn (eval.plots is false)." in markdown and "![" not in markdown
+
+
+@pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_an_evaluator_brings_its_data_metrics_arrays_and_report_section(tmp_path, tfds_dir, monkeypatch):
     """The interface the shift/OOD evaluators build on: a transformed test set, its own
     metric, its arrays in eval/<name>.npz and its section of report.json and report.md."""

@@ -90,6 +90,8 @@ def _config(tfds_dir: str):
             f"data.data_dir={tfds_dir}",
             "eval.evaluators={test: {}, rotation: {degrees: [0, 90], selective_degrees: 90}, "
             "ood: {source: uniform_noise}}",
+            # the tiny config draws no figures; this test times the plotting too
+            "eval.plots=true",
         ],
     )
 

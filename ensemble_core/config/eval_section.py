@@ -177,6 +177,13 @@ class EvalConfig(BaseModel):
         "prepared dataset: the least recently used are removed to stay within it, a set larger than the cap is "
         "not kept (0: keep none).",
     )
+    plots: bool = Field(
+        True,
+        description="Draw the run's figures: every evaluator's plots and training_curves.png in plots/, linked "
+        "from report.md. false writes every metric, array and report without them: matplotlib's drawing, about "
+        "0.2 CPU s per figure, is most of a small run's evaluation (27 figures in a run on the embedded digits). "
+        "configs/tiny.yaml, a smoke test, sets false.",
+    )
     temperature_scaling: bool = Field(
         False,
         description="Fit one temperature for the ensemble on the validation NLL (Guo et al. 2017, applied to "

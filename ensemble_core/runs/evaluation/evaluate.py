@@ -50,7 +50,8 @@ def evaluate(
 
     With ``write`` (default), each evaluator's arrays are written atomically
     (``predictions.npz`` for ``test``, ``eval/<name>.npz`` for the others; see
-    :mod:`ensemble_core.evaluators`) and its plots drawn into ``plots/``.
+    :mod:`ensemble_core.evaluators`) and, with ``eval.plots`` (default), its plots drawn
+    into ``plots/``.
 
     The arrays and plots of an evaluator are written by a background thread while the next
     one computes; the stage returns when all are written (an error writing them is raised here).
@@ -204,7 +205,7 @@ def _write(run: RunDir, module, name: str, out, cfg: PipelineConfig) -> tuple[di
     t0 = time.perf_counter()
     atomic_savez(run.evaluator_arrays(name), **out.arrays)
     plots: dict[str, str] = {}
-    if hasattr(module, "plot"):
+    if cfg.eval.plots and hasattr(module, "plot"):
         drawn = module.plot(out.metrics, out.arrays, run.plots, cfg, name=name)
         plots = {key: str(path.relative_to(run.path)) for key, path in drawn.items()}
     return plots, time.perf_counter() - t0

@@ -73,8 +73,9 @@ def build_report(
     test = evaluation.test
     timing = train_summary["timing"]
     run = RunDir(Path(run_dir))
-    curves = str((run.plots / TRAINING_CURVES).relative_to(run.path))
-    plots = {**evaluation.results["test"].plots, "training_curves": curves}
+    plots = dict(evaluation.results["test"].plots)
+    if figures_drawn(config):
+        plots["training_curves"] = str((run.plots / TRAINING_CURVES).relative_to(run.path))
     others = {name: r.model_dump() for name, r in evaluation.results.items() if name != "test"}
     report = {
         "run_name": run_name,
@@ -369,7 +370,8 @@ def class_level_tables(report: dict) -> dict[str, list[dict]]:
 
 def render_markdown(report: dict, plots: bool = True) -> str:
     """``report.md``: headline, per-member table, diversity, timing, the class-level view
-    (:func:`class_level_lines`), every other evaluator's section (and the plots)."""
+    (:func:`class_level_lines`), every other evaluator's section (and the plots; a run
+    with ``eval.plots`` false says its figures were not drawn)."""
     ens, mean, div, t = report["ensemble"], report["member_mean"], report["diversity"], report["timing"]
     cfg = report["config"]
     diverged = report.get("diverged_members") or []
@@ -449,12 +451,21 @@ def render_markdown(report: dict, plots: bool = True) -> str:
             lines += [*module.markdown(section["metrics"]), ""]
         if plots and section.get("plots"):
             lines += [" ".join(f"![{key.replace('_', ' ')}]({path})" for key, path in section["plots"].items()), ""]
-    if plots:
+    if not figures_drawn(report["config"]):
+        lines += ["Figures: not drawn (eval.plots is false).", ""]
+    elif plots:
         rest = {k: v for k, v in report["plots"].items() if not (report.get("per_class") and k in CLASS_LEVEL_PLOTS)}
         lines += [" ".join(f"![{key.replace('_', ' ')}]({path})" for key, path in rest.items()), ""]
     else:
         lines += [f"Plots: `{report['run_dir']}/plots/`.", ""]
     return "\n".join(lines)
+
+
+def figures_drawn(config: dict) -> bool:
+    """Whether the run of ``config`` (a :class:`~ensemble_core.config.PipelineConfig` as a
+    dict) draws its figures: ``eval.plots``, true when absent (a report of a run from before
+    the setting)."""
+    return bool((config.get("eval") or {}).get("plots", True))
 
 
 def plot_training_curves(report: dict, plots_dir: str | Path) -> Path:
@@ -499,8 +510,8 @@ def write_report(
     selection: dict[str, Any] | None = None,
     timing: dict[str, Any] | None = None,
 ) -> dict:
-    """Write ``report.json``, ``report.md`` and ``plots/training_curves.png`` (atomically,
-    the plot first); returns the report dict (:func:`build_report`).
+    """Write ``report.json``, ``report.md`` and, with ``eval.plots``, ``plots/training_curves.png``
+    (atomically, the plot first); returns the report dict (:func:`build_report`).
 
     ``timing`` (from :func:`ensemble_core.runs.run`): ``started_at`` (the run's start,
     seconds since the epoch) and ``stages`` (seconds of every stage before this one); with
@@ -512,7 +523,8 @@ def write_report(
     run = RunDir(Path(run_dir))
     args = (run_name, config, training, evaluation, run.path, promotion, dataset, drift, stratification, selection)
     rep = build_report(*args)
-    plot_training_curves(rep, run.plots)
+    if figures_drawn(config):
+        plot_training_curves(rep, run.plots)
     if timing is not None:
         stage_seconds = {**timing["stages"], "report": time.perf_counter() - t0}
         strat = stratification.training.timing.train_seconds if stratification is not None else 0.0
