@@ -101,6 +101,9 @@ class EnsembleSetup:
     optimizer: optax.GradientTransformation
     strategy: str
     first_member: int = 0
+    #: predict programs already built, by (logits, stochastic): one jitted function each, so
+    #: later calls reuse its traces instead of tracing the network again
+    _predict_programs: dict = dataclasses.field(default_factory=dict, init=False, compare=False, repr=False)
 
     def member_keys(self, stratification: StratificationPlan | None = None) -> dict[str, jax.Array]:
         """Typed keys ``{"init": [E_padded], "data": [E_padded], "stochastic": [E_padded]}`` of
@@ -182,16 +185,20 @@ class EnsembleSetup:
         """The jitted ``predict(params, images) -> member_probs`` (or member logits)
         (:func:`ensemble_core.predict.make_predict`), at the compute precision the members
         train at (``train.precision``); float32 outputs. ``stochastic``: one MC dropout
-        pass (``make_predict``'s ``stochastic``)."""
-        return make_predict(
-            self.model,
-            self.mesh,
-            self.strategy,
-            logits=logits,
-            precision=self.config.train.precision,
-            stochastic=stochastic,
-            outputs=members_per_network(self.config),
-        )
+        pass (``make_predict``'s ``stochastic``). Built once per setup and kind: every call
+        returns the same function, whose traces and compiled programs JAX keeps."""
+        key = (logits, stochastic)
+        if key not in self._predict_programs:
+            self._predict_programs[key] = make_predict(
+                self.model,
+                self.mesh,
+                self.strategy,
+                logits=logits,
+                precision=self.config.train.precision,
+                stochastic=stochastic,
+                outputs=members_per_network(self.config),
+            )
+        return self._predict_programs[key]
 
 
 def build(

@@ -47,10 +47,10 @@ def ece(probs: np.ndarray, labels: np.ndarray, num_bins: int = 15) -> float:
     ``sum_b |B_b|/N * |acc(B_b) - conf(B_b)|`` over ``num_bins`` equal-width bins of
     (0, 1]; bin b holds confidences in ``(b/num_bins, (b+1)/num_bins]``.
     """
-    curve = reliability_curve(probs, labels, num_bins)
-    n = len(labels)
-    bins = zip(curve["count"], curve["accuracy"], curve["confidence"], strict=True)
-    return float(sum(c / n * abs(a - f) for c, a, f in bins if c))
+    conf, correct, bins = _top_label_bins(probs, labels, num_bins)
+    # |B_b|/N * |acc(B_b) - conf(B_b)| = |sum_{i in B_b} (correct_i - conf_i)| / N
+    gaps = np.bincount(bins, weights=correct - conf, minlength=num_bins)
+    return float(np.abs(gaps).sum() / len(conf))
 
 
 def entropy(probs: np.ndarray) -> np.ndarray:
@@ -105,10 +105,14 @@ def adaptive_ece(probs: np.ndarray, labels: np.ndarray, num_bins: int = 15) -> f
     correct = (np.argmax(p, -1) == np.asarray(labels)).astype(np.float64)
     order = np.argsort(conf, kind="stable")
     n = len(conf)
-    total = 0.0
-    for idx in np.array_split(order, min(num_bins, n)):
-        total += len(idx) / n * abs(correct[idx].mean() - conf[idx].mean())
-    return float(total)
+    k = min(num_bins, n)
+    # np.array_split's bins: the first n % k hold n // k + 1 examples, the rest n // k
+    sizes = np.full(k, n // k)
+    sizes[: n % k] += 1
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    # |B_b|/N * |acc(B_b) - conf(B_b)| = |sum_{i in B_b} (correct_i - conf_i)| / N
+    gaps = np.add.reduceat((correct - conf)[order], starts)
+    return float(np.abs(gaps).sum() / n)
 
 
 def accuracy_at_coverage(probs: np.ndarray, labels: np.ndarray, coverage: float = 0.8) -> float:
@@ -184,17 +188,26 @@ def evaluate_all(
 
 def reliability_curve(probs: np.ndarray, labels: np.ndarray, num_bins: int = 15) -> dict[str, list]:
     """Per-bin mean confidence, accuracy and count (the data of a reliability diagram)."""
+    conf, correct, bins = _top_label_bins(probs, labels, num_bins)
+    count = np.bincount(bins, minlength=num_bins)
+    conf_sum = np.bincount(bins, weights=conf, minlength=num_bins)
+    correct_sum = np.bincount(bins, weights=correct, minlength=num_bins)
+    return {
+        "confidence": [float(s / c) if c else None for s, c in zip(conf_sum, count, strict=True)],
+        "accuracy": [float(s / c) if c else None for s, c in zip(correct_sum, count, strict=True)],
+        "count": [int(c) for c in count],
+    }
+
+
+def _top_label_bins(probs: np.ndarray, labels: np.ndarray, num_bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Top-label confidence float64 ``[N]``, correctness float64 ``[N]`` (1.0 or 0.0) and
+    equal-width bin int64 ``[N]`` of each example: bin b holds confidences in
+    ``(b/num_bins, (b+1)/num_bins]``."""
     p = np.asarray(probs, np.float64)
     conf = p.max(-1)
     correct = (np.argmax(p, -1) == labels).astype(np.float64)
-    bins = np.clip(np.ceil(conf * num_bins).astype(int) - 1, 0, num_bins - 1)
-    out: dict[str, list[float | None]] = {"confidence": [], "accuracy": [], "count": []}
-    for b in range(num_bins):
-        mask = bins == b
-        out["count"].append(int(mask.sum()))
-        out["confidence"].append(float(conf[mask].mean()) if mask.any() else None)
-        out["accuracy"].append(float(correct[mask].mean()) if mask.any() else None)
-    return out
+    bins = np.clip(np.ceil(conf * num_bins).astype(np.int64) - 1, 0, num_bins - 1)
+    return conf, correct, bins
 
 
 # --- Out-of-distribution detection, selective prediction and dataset shift -------------

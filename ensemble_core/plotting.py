@@ -17,7 +17,7 @@ import numpy as np
 
 from ensemble_core.atomic import atomic_write_bytes
 
-__all__ = ["image_grid", "labelled_image_grid", "save", "short_label", "subplots"]
+__all__ = ["image_grid", "import_matplotlib", "labelled_image_grid", "save", "short_label", "subplots"]
 
 
 @functools.cache
@@ -28,6 +28,12 @@ def _pyplot():
     import matplotlib.pyplot
 
     return matplotlib.pyplot
+
+
+def import_matplotlib() -> None:
+    """Import matplotlib (Agg) now rather than at the first :func:`subplots`: for a caller
+    with idle time before it draws (:func:`ensemble_core.runs.evaluation.evaluate.import_libraries`)."""
+    _pyplot()
 
 
 def subplots(*args, **kwargs):

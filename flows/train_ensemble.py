@@ -36,7 +36,9 @@ from ensemble_core import runs
 from ensemble_core.config import PipelineConfig, load_config, validate
 from ensemble_core.errors import ConfigError, EnsembleError, PreemptedError
 from ensemble_core.runs.report.timing import timing_lines
+from ensemble_core.runs.evaluation.evaluate import import_libraries as import_evaluation_libraries
 from ensemble_core.runs.report.write import record_command_timing
+from flows import _ephemeral
 from flows import _outcome
 from flows import _server
 from flows import _services
@@ -239,6 +241,8 @@ def _main(args: argparse.Namespace, run_name: str) -> int:
                 preflight_before_flow(config, args.output_dir, run_name)
         except EnsembleError as err:
             return report_error(err)
+        # while the temporary server is still starting: evaluation's imports, free there
+        _ephemeral.while_starting(functools.partial(import_evaluation_libraries, config))
         closing = functools.partial(stage_times, run_name)
         timed = functools.partial(command_times, run_name)
         return _outcome.run_cli(

@@ -267,3 +267,34 @@ def test_runs_on_the_temporary_server_send_no_heartbeats(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["0", "1"], done.stdout
+
+
+WHILE_STARTING_PROBE = """
+import time
+from flows import _ephemeral
+
+calls = []
+assert _ephemeral.start_early(["python", "-m", "flows.train_ensemble"])
+while _ephemeral.while_starting(lambda: calls.append(1)):  # each True: the work was done
+    time.sleep(0.1)
+answered = len(calls)
+called = _ephemeral.while_starting(lambda: calls.append(1))  # the server answers now
+with _ephemeral.temporary_server():  # takes the server over; stops it at exit
+    after = _ephemeral.while_starting(lambda: calls.append(1))
+print(answered, called, after, len(calls))
+"""
+
+
+def test_work_while_the_server_starts_is_done_only_while_it_does_not_answer(tmp_path):
+    """``while_starting`` calls the work (the evaluation's imports) while the server started
+    early does not answer yet, and not once it answers or once the command has taken it over."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    done = subprocess.run(
+        [sys.executable, "-c", WHILE_STARTING_PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    answered, called, after, total = done.stdout.split()
+    assert int(answered) >= 1 and called == "False" and after == "False" and int(total) == int(answered), done.stdout

@@ -27,3 +27,29 @@ def test_vmapped_evaluation_equals_member_loop(mnist_test, model_name, strategy,
     for m in range(e):
         logits = model.apply({"params": unstacked(state.params, m)}, to_float(images))
         np.testing.assert_allclose(got[m], np.asarray(jax.nn.softmax(logits)), atol=1e-6)
+
+
+def test_a_setup_traces_its_network_once_however_often_it_predicts(mnist_test):
+    """``EnsembleSetup.predict_fn`` gives one function per kind (probabilities, logits): a
+    second prediction on images of the same shape traces nothing (a new function each call
+    traced the network again, inside the evaluators' timed passes)."""
+    images = mnist_test[0][:64]
+    built = small_setup("mlp", 4, "vmap", data=1, ensemble=4)
+    state = built.init_state(built.member_keys()["init"], (28, 28, 1))
+    traces: list[str] = []
+
+    def on_event(event: str, _seconds: float, **_kwargs) -> None:
+        if event == "/jax/core/compile/jaxpr_trace_duration":  # jax._src.dispatch.JAXPR_TRACE_EVENT
+            traces.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+    try:
+        counts = []
+        for logits in (False, False, True, True):
+            member_probs(built.predict_fn(logits=logits), state.variables, images, built.mesh, batch_size=64)
+            counts.append(len(traces))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_event)
+    first, again, first_logits, again_logits = counts
+    assert first > 0 and again == first, counts
+    assert first_logits > again and again_logits == first_logits, counts
