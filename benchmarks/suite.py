@@ -208,6 +208,19 @@ def fast_only(work: Path, runs: int, busy_core: bool) -> dict:
     return {"setup_s": round(setup_s, 1), "runs": rows}
 
 
+def _portable(argv: list[str]) -> list[str]:
+    """``argv`` with ``--logs``'s folder written as ``DIR``: where this machine kept the logs
+    says nothing of the measurement, and result files hold no machine paths
+    (tests/test_result_files.py)."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--logs" and i + 1 < len(out):
+            out[i + 1] = "DIR"
+        elif arg.startswith("--logs="):
+            out[i] = "--logs=DIR"
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.suite", description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -223,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out = str(ROOT / "benchmarks" / "results" / name)
     result = {
         **stamp(),
-        "command": "python -m benchmarks.suite " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.suite " + " ".join(_portable(argv if argv is not None else sys.argv[1:])),
         "busy_core": not args.no_busy_core,
         "budget_s": BUDGET_S,
         "fast_budget_s": FAST_BUDGET_S,
