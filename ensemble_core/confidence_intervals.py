@@ -34,6 +34,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.stats
 
+from ensemble_core.metrics import calibration_bins
+
 #: The intervals' confidence level.
 CONFIDENCE = 0.95
 #: Resamples of the ECE's percentile bootstrap (Efron & Tibshirani 1993 advise >= 1,000 for
@@ -116,7 +118,7 @@ def ece_terms(confidence: np.ndarray, correct: np.ndarray, num_bins: int, axis: 
     conf = np.moveaxis(np.asarray(confidence, np.float64), axis, -1)
     gap = np.moveaxis(np.asarray(correct, np.float64), axis, -1) - conf
     n = conf.shape[-1]
-    bins = np.clip(np.ceil(conf * num_bins).astype(np.int64) - 1, 0, num_bins - 1)
+    bins = calibration_bins(conf, num_bins)
     lead = conf.shape[:-1]
     rows = int(np.prod(lead, dtype=np.int64))
     flat = (np.arange(rows, dtype=np.int64)[:, None] * num_bins + bins.reshape(rows, n)).ravel()
@@ -140,7 +142,7 @@ def ece_interval(
     n = len(conf)
     if n < 2:
         return None
-    bins = np.clip(np.ceil(conf * num_bins).astype(np.int64) - 1, 0, num_bins - 1)
+    bins = calibration_bins(conf, num_bins)
     gaps = corr - conf
     rng = np.random.default_rng(seed)
     batch = max(1, BOOTSTRAP_BATCH_ELEMENTS // n)

@@ -206,8 +206,14 @@ def _top_label_bins(probs: np.ndarray, labels: np.ndarray, num_bins: int) -> tup
     p = np.asarray(probs, np.float64)
     conf = p.max(-1)
     correct = (np.argmax(p, -1) == labels).astype(np.float64)
-    bins = np.clip(np.ceil(conf * num_bins).astype(np.int64) - 1, 0, num_bins - 1)
-    return conf, correct, bins
+    return conf, correct, calibration_bins(conf, num_bins)
+
+
+def calibration_bins(confidence: np.ndarray, num_bins: int) -> np.ndarray:
+    """The equal-width bin of each confidence, int64 of ``confidence``'s shape: bin b holds
+    confidences in ``(b/num_bins, (b+1)/num_bins]`` (a confidence of 0 is in bin 0), the
+    binning of ECE and the reliability diagram (Guo et al. 2017)."""
+    return np.clip(np.ceil(np.asarray(confidence) * num_bins).astype(np.int64) - 1, 0, num_bins - 1)
 
 
 # --- Out-of-distribution detection, selective prediction and dataset shift -------------

@@ -147,13 +147,18 @@ def while_starting(work: Callable[[], object]) -> bool:
     server, port = _early
     if server.poll() is not None:  # exited: temporary_server reports it
         return False
-    try:
-        if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=0.05).status_code == 200:
-            return False
-    except httpx.HTTPError:
-        pass
+    if _answers(port, timeout=0.05):
+        return False
     work()
     return True
+
+
+def _answers(port: int, timeout: float) -> bool:
+    """Whether the server on ``port`` answers its health check within ``timeout`` seconds."""
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _stop_early() -> None:
@@ -224,11 +229,8 @@ def temporary_server() -> Iterator[str | None]:
                     f"Prefect's temporary server exited with code {server.returncode} ({last}); fix: check "
                     f"PREFECT_HOME's database, or start a server with `make serve` and set PREFECT_API_URL"
                 )
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
+            if _answers(port, timeout=2):
+                break
             if time.monotonic() > deadline:
                 raise ServerStartError(
                     f"Prefect's temporary server did not answer within {timeout:.0f} s; fix: retry on a less "

@@ -50,7 +50,7 @@ def temporary_database_unwritable() -> str | None:
     settings = get_current_settings()
     secret = settings.server.database.connection_url
     if secret is None:  # not configured: Prefect's default, prefect.db in PREFECT_HOME
-        path = Path(settings.home / "prefect.db").expanduser()
+        path = (settings.home / "prefect.db").expanduser()
     else:
         # SQLAlchemy's own parser (its import, 0.1 s, only when a database is configured)
         from sqlalchemy.engine import make_url
