@@ -32,7 +32,7 @@ Methods (95% by default, :data:`CONFIDENCE`):
 from __future__ import annotations
 
 import numpy as np
-import scipy.stats
+from scipy import special
 
 from ensemble_core.metrics import calibration_bins
 
@@ -72,7 +72,7 @@ def wilson(successes: int | np.ndarray, n: int | np.ndarray, confidence: float =
     k, n = np.asarray(successes, np.float64), np.asarray(n, np.float64)
     if np.any(n < 1) or np.any(k < 0) or np.any(k > n):
         raise ValueError(f"wilson needs 0 <= successes <= n and n >= 1; got {successes} of {n}")
-    z = scipy.stats.norm.ppf(0.5 + confidence / 2)
+    z = special.ndtri(0.5 + confidence / 2)  # the standard normal's quantile, as scipy.stats.norm.ppf
     p = k / n
     denom = 1 + z**2 / n
     centre = (p + z**2 / (2 * n)) / denom
@@ -87,7 +87,8 @@ def mean_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> Interva
     if len(x) < 2:
         return None
     mean, sd = float(x.mean()), float(x.std(ddof=1))
-    half = float(scipy.stats.t.ppf(0.5 + confidence / 2, len(x) - 1)) * sd / np.sqrt(len(x))
+    t = float(special.stdtrit(len(x) - 1, 0.5 + confidence / 2))  # Student's t quantile, as scipy.stats.t.ppf
+    half = t * sd / np.sqrt(len(x))
     return [float(mean - half), float(mean + half)]
 
 

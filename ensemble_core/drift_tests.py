@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from ensemble_core import calibration, metrics
 from ensemble_core.errors import ConfigError, DataError
@@ -263,6 +262,8 @@ def holm(p_values: Any) -> np.ndarray:
 
 
 def _ks(reference: np.ndarray, new: np.ndarray) -> dict[str, Any]:
+    from scipy import stats  # 0.6 s to import: only where a test is computed
+
     res = stats.ks_2samp(reference, new)
     return {"method": KS_METHOD, "statistic": float(res.statistic), "p_value": float(res.pvalue)}
 
@@ -276,6 +277,8 @@ def _class_test(reference_counts: np.ndarray, new_counts: np.ndarray) -> dict[st
     expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
     out: dict[str, Any] = {"classes": kept.tolist(), "min_expected_count": float(expected.min())}
     if expected.min() >= MIN_EXPECTED_COUNT:
+        from scipy import stats  # 0.6 s to import: only where a test is computed
+
         res = stats.chi2_contingency(table, correction=False)
         return {
             "method": CHI2_METHOD,

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
-from scipy import stats
+from scipy import special
 
 from ensemble_core.errors import ConfigError, DataError
 from ensemble_core.metrics import entropy, mutual_information
@@ -86,7 +86,9 @@ def risk_upper_bound(errors: int, accepted: int, delta: float) -> float:
         raise ConfigError(f"errors {errors} not in [0, accepted = {accepted}]", "pass counts of the accepted examples")
     if errors == accepted:
         return 1.0
-    return float(stats.beta.ppf(1 - delta, errors + 1, accepted - errors))
+    # beta.ppf(q, a, b) is the inverse regularised incomplete beta function, which scipy.stats
+    # calls; scipy.special alone is imported because scipy.stats takes 0.6 s to import.
+    return float(special.betaincinv(errors + 1, accepted - errors, 1 - delta))
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,9 @@ def start_server(home: Path) -> tuple[subprocess.Popen, str]:
         # The services of Prefect's temporary server only (what a command line's own server
         # runs, flows/_ephemeral.py): the full set polls the database all session long.
         "PREFECT__SERVER_EPHEMERAL": "1",
+        # As the temporary server (flows/_ephemeral.py): no block auto-registration.
+        "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
+        "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
     }
     cmd = [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app"]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error"]

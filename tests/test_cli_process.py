@@ -298,3 +298,60 @@ def test_work_while_the_server_starts_is_done_only_while_it_does_not_answer(tmp_
     assert done.returncode == 0, done.stderr[-3000:]
     answered, called, after, total = done.stdout.split()
     assert int(answered) >= 1 and called == "False" and after == "False" and int(total) == int(answered), done.stdout
+
+
+BLOCKS_PROBE = """
+from prefect import flow, task
+from prefect.cache_policies import INPUTS
+from prefect.client.orchestration import get_client
+from flows import _ephemeral
+
+calls = []
+
+
+@task(cache_policy=INPUTS, persist_result=True)
+def square(x: int) -> int:
+    calls.append(x)
+    return x * x
+
+
+@flow
+def twice() -> list[int]:
+    return [square(3), square(3)]
+
+
+with _ephemeral.temporary_server():
+    results = twice()
+    with get_client(sync_client=True) as client:
+        block_types = len(client.read_block_types())
+print(results, len(calls), block_types)
+"""
+
+
+def test_the_temporary_server_registers_no_block_types_and_task_results_still_cache(tmp_path):
+    """The command's temporary server starts without Prefect's block auto-registration (which
+    imported every Prefect collection, Dask's distributed among them, at each start): on a new
+    database it holds no block types, and a task's persisted result is still found by its cache
+    key (results are stored locally and need none)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    env["PREFECT_LOCAL_STORAGE_PATH"] = str(tmp_path / "results")
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKS_PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["[9,", "9]", "1", "0"], done.stdout
+
+
+def test_a_block_registration_setting_of_the_user_is_left_as_set():
+    from flows import _ephemeral
+
+    off = {
+        "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
+        "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
+    }
+    assert _ephemeral._block_registration_off({"HOME": "/home/u"}) == off
+    for name in _ephemeral.BLOCK_REGISTRATION_SETTINGS:
+        assert _ephemeral._block_registration_off({name: "true"}) == {}
