@@ -56,7 +56,7 @@ from typing import Any
 from benchmarks._provenance import busy_seconds, stamp
 from benchmarks.hyper import DATASETS as HYPER_DATASETS
 from benchmarks.stage_timings import timed_stages
-from flows import _env  # noqa: F401  (applies the XLA/JAX environment on import)
+from flows import environment  # noqa: F401  (applies the XLA/JAX environment on import)
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("deep", "mc_dropout", "batch_ensemble", "packed")

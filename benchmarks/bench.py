@@ -529,7 +529,7 @@ def _loop_worker(args: argparse.Namespace, built, keys, order, train_x, train_y,
 
 def _worker(args: argparse.Namespace) -> dict:
     """One measurement (``--worker``): method ``peak``, ``project`` or ``loop`` for one model and E."""
-    from flows import _env  # noqa: F401  (device layout and env, as in the flows)
+    from flows import environment  # noqa: F401  (device layout and env, as in the flows)
 
     if args.method == "peak":
         return _matmul_peak(args.precision)

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 DIRECT = """
-from flows import _env  # noqa: F401
+from flows import environment  # noqa: F401
 import sys
 from ensemble_core import runs
 from ensemble_core.config import load_config

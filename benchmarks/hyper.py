@@ -40,7 +40,7 @@ from pathlib import Path
 
 from benchmarks._provenance import stamp
 from benchmarks.stage_timings import timed_stages
-from flows import _env  # noqa: F401  (applies the XLA/JAX environment on import)
+from flows import environment  # noqa: F401  (applies the XLA/JAX environment on import)
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("deep", "hyper", "hyper_deep")

@@ -164,7 +164,7 @@ def drift_events(output_dir: Path, since: datetime, expected: int, wait_s: float
     from prefect.client.orchestration import get_client
     from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter
 
-    from flows._services import DRAIN_TIMEOUT_S, drain_services
+    from flows.prefect_services import DRAIN_TIMEOUT_S, drain_services
 
     pending = drain_services(DRAIN_TIMEOUT_S)
     if pending:
@@ -204,7 +204,7 @@ def replay_nights(
     rows, the ``data.drift`` events read back and the API URL of the temporary server
     (None: a configured server was used)."""
     from ensemble_core.evaluators.common_corruptions import corrupt_in_blocks
-    from flows import _ephemeral
+    from flows import ephemeral
     from flows.monitor import monitor
 
     output_dir = work / "output"
@@ -212,7 +212,7 @@ def replay_nights(
     drops.mkdir(parents=True)
     rows: list[dict[str, Any]] = []
     since = datetime.now(UTC) - timedelta(minutes=1)
-    with _ephemeral.temporary_server() as url:
+    with ephemeral.temporary_server() as url:
         for i, night in enumerate(nights):
             drop = images[night["indices"]]
             if night["kind"] != "clean":
@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     # database holds this replay's flow runs and events only.
     os.environ["PREFECT_HOME"] = str(work / "prefect-home")
 
-    from flows import _env  # noqa: F401, I001  (before anything that imports JAX)
+    from flows import environment  # noqa: F401, I001  (before anything that imports JAX)
     from ensemble_core.runs.dataset import load
     from ensemble_core.shifts.common_corruptions import NAMES
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._provenance import stamp
-from flows import _env  # noqa: F401  (applies the XLA/JAX environment on import)
+from flows import environment  # noqa: F401  (applies the XLA/JAX environment on import)
 
 ROOT = Path(__file__).resolve().parents[1]
 

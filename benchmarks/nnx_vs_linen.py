@@ -91,9 +91,9 @@ def _program_text(lowered) -> str:
 def _program_worker(args: argparse.Namespace) -> dict:
     """Lower both networks' train step and evaluation (as ``benchmarks.bench``'s project
     worker builds them) and compare the programs: are they the same computation?"""
-    from flows import _env  # device layout and env, as in the flows, before JAX starts
+    from flows import environment  # device layout and env, as in the flows, before JAX starts
 
-    _env.apply()  # (applied on import; a statement here keeps the import above JAX's)
+    environment.apply()  # (applied on import; a statement here keeps the import above JAX's)
     import jax
     import numpy as np
     from jax.sharding import NamedSharding

@@ -55,7 +55,7 @@ from PIL import Image
 from PIL import __version__ as pillow_version
 
 from benchmarks._provenance import busy_seconds, stamp
-from flows import _env  # noqa: F401  (applies the XLA/JAX environment on import)
+from flows import environment  # noqa: F401  (applies the XLA/JAX environment on import)
 
 #: Where Debian's dataset-fashion-mnist puts the four IDX files.
 IDX_DIR = Path("/usr/share/datasets/fashion-mnist")

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     # A fresh compilation cache: every precision's programs compiled here (set before JAX is imported).
     cache = tempfile.mkdtemp(prefix="precision-jax-cache-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = cache
-    from flows import _env  # noqa: F401  (applies the XLA/JAX environment on import)
+    from flows import environment  # noqa: F401  (applies the XLA/JAX environment on import)
 
     try:
         import jax

@@ -72,7 +72,7 @@ def worker(mode: str, overrides: list[str]) -> dict:
         os.environ["TFDS_DATA_DIR"] = f"{fresh}/tfds"
         os.environ["JAX_COMPILATION_CACHE_DIR"] = f"{fresh}/jax"
     started = time.perf_counter()
-    importlib.import_module("flows._env")  # device layout and caches, as the flows set them: before JAX
+    importlib.import_module("flows.environment")  # device layout and caches, as the flows set them: before JAX
     from ensemble_core import runs
     from ensemble_core.config import load_config
 

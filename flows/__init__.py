@@ -35,8 +35,8 @@ if sys.argv[:1] == ["-m"]:  # `python -m flows.<command>`: runpy imports this pa
     atexit.register(_end_without_teardown)
 
     # The temporary Prefect server starts now, while the command imports and checks its input.
-    from flows import _ephemeral
+    from flows import ephemeral
 
-    _ephemeral.start_early(sys.orig_argv)
+    ephemeral.start_early(sys.orig_argv)
 
-from flows import _env  # noqa: F401  (sets XLA_FLAGS before anything imports JAX)
+from flows import environment  # noqa: F401  (sets XLA_FLAGS before anything imports JAX)

@@ -14,7 +14,7 @@
   (:data:`tasks.TRANSIENT_RETRIES`); the flow itself has no ``retries``.
 
 A flow watches Prefect's background services with :class:`PrefectServices`
-(:mod:`flows._services`, re-exported here): a service that died inside the run ends it
+(:mod:`flows.prefect_services`, re-exported here): a service that died inside the run ends it
 ``Crashed``.
 """
 
@@ -32,7 +32,7 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, Crashed, Failed, State
 
 from ensemble_core.errors import EnsembleError, PreemptedError
-from flows import _ephemeral
+from flows import ephemeral
 from flows._cli import EXIT_BAD_INPUT, EXIT_PREEMPTED, command_seconds, in_flags
 
 __all__ = [
@@ -129,18 +129,18 @@ def run_cli(
 ) -> int:
     """Run ``flow_fn(**parameters)`` for a command line and return :func:`finish_cli`'s
     exit code (``closing``: its closing lines). The flow runs against the configured Prefect
-    server, or a temporary one that dies with this process even on SIGKILL (:mod:`flows._ephemeral`).
+    server, or a temporary one that dies with this process even on SIGKILL (:mod:`flows.ephemeral`).
 
     ``timed``, when the flow completed: called with its result and the command's wall seconds
     (:func:`flows._cli.command_seconds`) from the command's start to the flow's
     call, in the flow, and from the flow's return to the end (the last logs and events sent
     and the temporary server stopped), before the closing lines."""
     try:
-        with _ephemeral.temporary_server():
+        with ephemeral.temporary_server():
             called = command_seconds()
             state = flow_fn(**parameters, return_state=True)
             returned = command_seconds()
-    except _ephemeral.ServerStartError as err:
+    except ephemeral.ServerStartError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if timed is not None and state.is_completed():

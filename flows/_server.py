@@ -17,7 +17,7 @@ HEALTH_TIMEOUT_S = 5.0
 def unreachable() -> str | None:
     """``None`` if the server at ``PREFECT_API_URL`` answers ``/health`` and accepts this
     client's ``PREFECT_API_AUTH_STRING``, or, with no server configured, the temporary
-    server the command starts (:mod:`flows._ephemeral`) can write its database
+    server the command starts (:mod:`flows.ephemeral`) can write its database
     (:func:`temporary_database_unwritable`); else the one-line error message."""
     import httpx
     from prefect.settings import PREFECT_API_URL

@@ -17,10 +17,10 @@ night's summary and, as the last line, the path of the night's record (``<night>
 Drift is a finding, not an error: the exit code is 0 either way.
 """
 
-# ruff: noqa: I001  (flows._env must be imported before anything that imports JAX)
+# ruff: noqa: I001  (flows.environment must be imported before anything that imports JAX)
 from __future__ import annotations
 
-from flows import _env  # must precede every JAX import
+from flows import environment  # must precede every JAX import
 
 import argparse
 import json
@@ -32,11 +32,11 @@ from prefect.states import State
 from ensemble_core import stopping
 from ensemble_core.errors import EnsembleError, PreemptedError
 from ensemble_core.runs.monitoring import drop
-from flows import _cli, _outcome, _server, _services
+from flows import _cli, _outcome, _server, prefect_services
 from tasks.monitor import plan_night, publish_night, score_drop
 
 
-_env.quiet_tfds()  # TFDS is imported now (by ensemble_core): its progress bars off
+environment.quiet_tfds()  # TFDS is imported now (by ensemble_core): its progress bars off
 
 
 @flow(name="monitor", log_prints=True)
@@ -60,8 +60,8 @@ def monitor(
       estimator: ``auto`` or one of ``ensemble_core.accuracy_estimation.ESTIMATORS``.
       night: the night's id (file names); default ``<UTC time>-<inputs' name>``.
     """
-    services = _services.PrefectServices()
-    _services.send_held_logs()  # what the command line's preflight logged (decoding the inputs)
+    services = prefect_services.PrefectServices()
+    prefect_services.send_held_logs()  # what the command line's preflight logged (decoding the inputs)
     try:
         with stopping.stop_signals(), stopping.stage("monitoring", "run the command again"):
             raws = [images] if isinstance(images, str) else list(images or [])
@@ -105,12 +105,12 @@ def _monitor(args: argparse.Namespace) -> int:
         print(f"error: {down}", file=sys.stderr)
         return _cli.EXIT_BAD_INPUT
     try:  # every refusal before Prefect starts: one line, exit 2; its logs go to the flow run
-        with _services.logs_held_for_next_run():
+        with prefect_services.logs_held_for_next_run():
             plan = monitoring.preflight(
                 args.images, args.run_dir, args.output_dir, args.alpha, args.estimator, args.night
             )
     except EnsembleError as err:
-        _services.discard_held_logs()
+        prefect_services.discard_held_logs()
         return _cli.report_error(err)
 
     def closing(path: str) -> list[str]:  # the night's summary, before the path

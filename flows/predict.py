@@ -15,10 +15,10 @@ decoded its images (ensemble_core.runs.prediction.inputs). Uses the champion und
 the ``.npz``'s path.
 """
 
-# ruff: noqa: I001  (flows._env must be imported before anything that imports JAX)
+# ruff: noqa: I001  (flows.environment must be imported before anything that imports JAX)
 from __future__ import annotations
 
-from flows import _env  # must precede every JAX import
+from flows import environment  # must precede every JAX import
 
 import argparse
 import sys
@@ -30,11 +30,11 @@ from prefect.states import State
 from ensemble_core import stopping
 from ensemble_core.errors import DataError, EnsembleError, PreemptedError
 from ensemble_core.runs.prediction.inputs import output_stem
-from flows import _cli, _outcome, _server, _services
+from flows import _cli, _outcome, _server, prefect_services
 from tasks.predict import load_images, predict_images, resolve_run
 
 
-_env.quiet_tfds()  # TFDS is imported now (by ensemble_core): its progress bars off
+environment.quiet_tfds()  # TFDS is imported now (by ensemble_core): its progress bars off
 
 
 @flow(name="predict", log_prints=True)
@@ -61,8 +61,8 @@ def predict(
       output: where to write; default ``<run_dir>/predictions-<input name>.npz``.
       table: the per-image table (``.csv``, or ``.parquet``); default ``output`` as ``.csv``.
     """
-    services = _services.PrefectServices()
-    _services.send_held_logs()  # what the command line's preflight logged (decoding the inputs)
+    services = prefect_services.PrefectServices()
+    prefect_services.send_held_logs()  # what the command line's preflight logged (decoding the inputs)
     try:
         # SIGTERM/SIGINT stop prediction at its next batch (ensemble_core.stopping); the
         # output is written atomically, so nothing half-written is left.
@@ -114,12 +114,12 @@ def _predict(args: argparse.Namespace) -> int:
         print(f"error: {down}", file=sys.stderr)
         return _cli.EXIT_BAD_INPUT
     try:  # every refusal before Prefect starts: one line, exit 2; its logs go to the flow run
-        with _services.logs_held_for_next_run():
+        with prefect_services.logs_held_for_next_run():
             npz, table = prediction.preflight(
                 args.images, args.tfds_name, args.run_dir, args.output_dir, args.output, args.table, args.tfds_split
             )
     except EnsembleError as err:
-        _services.discard_held_logs()
+        prefect_services.discard_held_logs()
         return _cli.report_error(err)
 
     def closing(_: str) -> list[str]:  # the first rows and the summary, before the path

@@ -13,10 +13,10 @@ directory). Bad input exits with code 2 and a one-line message before anything i
 computed or written.
 """
 
-# ruff: noqa: I001  (flows._env must be imported before anything that imports JAX)
+# ruff: noqa: I001  (flows.environment must be imported before anything that imports JAX)
 from __future__ import annotations
 
-from flows import _env  # must precede every JAX import
+from flows import environment  # must precede every JAX import
 
 import argparse
 import datetime as dt
@@ -38,15 +38,15 @@ from ensemble_core.errors import ConfigError, EnsembleError, PreemptedError
 from ensemble_core.runs.report.timing import timing_lines
 from ensemble_core.runs.evaluation.evaluate import import_libraries as import_evaluation_libraries
 from ensemble_core.runs.report.write import record_command_timing
-from flows import _ephemeral
+from flows import ephemeral
 from flows import _outcome
 from flows import _server
-from flows import _services
+from flows import prefect_services
 from flows import _cli
 from flows._cli import EXIT_BAD_INPUT, report_error
 from tasks import without_introspection
-from tasks._cluster import preflight as cluster_preflight
-from tasks._cluster import preflight_before_flow
+from tasks.cluster import preflight as cluster_preflight
+from tasks.cluster import preflight_before_flow
 from tasks.champion import compare_with_champion
 from tasks.evaluate import evaluate_members
 from tasks.prepare_dataset import prepare_stage
@@ -56,7 +56,7 @@ from tasks.retraining import apply_retention, check_unchanged, detect_drift
 from tasks.stratify import stratify_stage
 from tasks.train import train_stage
 
-_env.quiet_tfds()  # TFDS is imported now (by ensemble_core.data): its progress bars off
+environment.quiet_tfds()  # TFDS is imported now (by ensemble_core.data): its progress bars off
 
 DEFAULT_OUTPUT_DIR = "runs"
 
@@ -141,8 +141,8 @@ def train_ensemble(
         promotion: Deprecated: use config.promotion.
         distributed: Deprecated: use config.distributed.
     """
-    services = _services.PrefectServices()
-    _services.send_held_logs()  # what the command line's preflight logged (preparing the dataset)
+    services = prefect_services.PrefectServices()
+    prefect_services.send_held_logs()  # what the command line's preflight logged (preparing the dataset)
     run_name = run_name or default_run_name()
     legacy = {"seed": seed, "data": data, "model": model, "ensemble": ensemble, "train": train, "mesh": mesh}
     legacy.update(checkpoint=checkpoint, eval=eval, promotion=promotion, distributed=distributed)
@@ -236,20 +236,20 @@ def _main(args: argparse.Namespace, run_name: str) -> int:
     try:
         try:
             # The flow run's preflight takes it over; what it logs (the dataset's preparation)
-            # goes to the flow run's logs once that has started (flows._services).
-            with _services.logs_held_for_next_run():
+            # goes to the flow run's logs once that has started (flows.prefect_services).
+            with prefect_services.logs_held_for_next_run():
                 preflight_before_flow(config, args.output_dir, run_name)
         except EnsembleError as err:
             return report_error(err)
         # while the temporary server is still starting: evaluation's imports, free there
-        _ephemeral.while_starting(functools.partial(import_evaluation_libraries, config))
+        ephemeral.while_starting(functools.partial(import_evaluation_libraries, config))
         closing = functools.partial(stage_times, run_name)
         timed = functools.partial(command_times, run_name)
         return _outcome.run_cli(
             train_ensemble, closing, timed, config=config, output_dir=args.output_dir, run_name=run_name
         )
     finally:
-        _services.discard_held_logs()  # sent to the flow run by now, or it never started
+        prefect_services.discard_held_logs()  # sent to the flow run by now, or it never started
 
 
 def command_times(run_name: str, run_dir: str, start: float, flow: float, end: float) -> None:

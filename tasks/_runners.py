@@ -104,7 +104,7 @@ def task_runner(config: PipelineConfig):
     from prefect_dask import DaskTaskRunner
 
     if dist.address is not None:
-        from tasks._cluster import client_security
+        from tasks.cluster import client_security
 
         security = client_security(config)  # None for tcp://
         return DaskTaskRunner(address=dist.address, client_kwargs={} if security is None else {"security": security})

@@ -137,3 +137,28 @@ def pytest_collection_modifyitems(items):
         return _LONGEST_FIRST.index(name) if name in _LONGEST_FIRST else len(_LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: within a rank, file and test order stay as collected
+
+
+def pytest_collection_finish(session):
+    """Prefect's logging set up now, where collection imported absl (TFDS) and not yet
+    Prefect's logging. Prefect sets up its logging once per process with
+    ``logging.config.dictConfig``, which closes every handler already there, and absl's
+    handler closes its stream on close unless that stream is the current ``sys.stderr``
+    (``absl.logging.PythonHandler.close``). absl's stream is pytest's session-wide capture
+    it found at import; a first Prefect logging setup inside a ``capfd`` test closed that
+    capture and ended the worker ("I/O operation on closed file", "lost sys.stderr").
+    Here absl's stream stands in as ``sys.stderr`` for the setup, so it stays open. A
+    collection of every test module sets Prefect's logging up anyway; a subset of them
+    (``pytest tests/a.py tests/b.py``) did not always."""
+    import sys
+
+    if "absl.logging" not in sys.modules:
+        return
+    from absl import logging as absl_logging
+    from prefect.logging.configuration import ensure_logging_setup
+
+    saved, sys.stderr = sys.stderr, absl_logging.get_absl_handler().python_handler.stream
+    try:
+        ensure_logging_setup()
+    finally:
+        sys.stderr = saved

@@ -1,7 +1,7 @@
 """One Prefect API server per test session, for the command lines the tests start.
 
 A command line started without ``PREFECT_API_URL`` starts a temporary Prefect server of
-its own (``flows/_ephemeral.py``): about 5 s of CPU per command on 2 cores, most of a tiny
+its own (``flows/ephemeral.py``): about 5 s of CPU per command on 2 cores, most of a tiny
 run's cost. The tests that start command lines in subprocesses give them the URL of one
 server instead, through :func:`cli_env`: under pytest-xdist the controlling process starts
 it for every worker (:data:`SHARED_API_ENV`), else the test process starts its own; the tests
@@ -46,9 +46,9 @@ def start_server(home: Path) -> tuple[subprocess.Popen, str]:
         "PREFECT_UI_ENABLED": "0",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         # The services of Prefect's temporary server only (what a command line's own server
-        # runs, flows/_ephemeral.py): the full set polls the database all session long.
+        # runs, flows/ephemeral.py): the full set polls the database all session long.
         "PREFECT__SERVER_EPHEMERAL": "1",
-        # As the temporary server (flows/_ephemeral.py): no block auto-registration.
+        # As the temporary server (flows/ephemeral.py): no block auto-registration.
         "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
         "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
     }

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from ensemble_core.config import load_config
-from flows import _ephemeral
+from flows import ephemeral
 from flows import train_ensemble as flow_module
 
 
@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
     # A signal can land after a run has ended (its handlers gone, the sender not yet told):
     # Python's default action would kill this harness; ignored here, and the try is done again.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    with _ephemeral.temporary_server():
+    with ephemeral.temporary_server():
         # A second run times the stages with compilations cached (random moments only).
         for name in ("reference", "timing") if "random" in moments.values() else ("reference",):
             state = run(name)

@@ -124,7 +124,7 @@ def test_the_digit_sets_are_skipped_elsewhere_in_one_line(shape, tmp_path):
 @pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_progress_lines_reach_prefects_handlers():
     """ensemble_core's INFO lines (the corruption progress above) reach Prefect's console
-    handler once the flows' environment is applied (flows/_env.py): Prefect gives its extra
+    handler once the flows' environment is applied (flows/environment.py): Prefect gives its extra
     loggers handlers but no level, so without the flows' setting they inherit WARNING."""
     code = (
         "import flows, logging\n"

@@ -75,6 +75,8 @@ def project_api_handler(monkeypatch):
     ``PREFECT_LOGGING_EXTRA_LOGGERS`` gives it), whose sends are collected in a list."""
     from prefect.logging import handlers
 
+    import flows  # noqa: F401  (first: importing it attaches Prefect's own API handler, flows.environment)
+
     sent: list[dict] = []
     monkeypatch.setattr(handlers, "emit_api_log", sent.append)
     project = logging.getLogger("ensemble_core")
@@ -91,19 +93,19 @@ def test_preflight_records_are_held_for_the_flow_run_without_a_warning(project_a
     """A record of the project's loggers outside any run: Prefect's API handler warns (the
     newcomer's two UserWarnings) and drops it; inside ``logs_held_for_next_run`` (the
     command line's preflight) it is held, without a warning, for the flow run."""
-    from flows import _services
+    from flows import prefect_services
 
     log = logging.getLogger("ensemble_core.data.user_source")
     with pytest.warns(UserWarning, match="attempted to send logs to the API without a flow run id"):
         log.info("outside any run")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with _services.logs_held_for_next_run():
+        with prefect_services.logs_held_for_next_run():
             log.info("decoding %s: %d/%d images", "train", 3, 3)
     assert project_api_handler == []
-    assert [r.getMessage() for r in _services._HELD] == ["decoding train: 3/3 images"]
-    assert _services.send_held_logs() == 0  # no flow run here: nothing to send them to
-    assert _services._HELD == []
+    assert [r.getMessage() for r in prefect_services._HELD] == ["decoding train: 3/3 images"]
+    assert prefect_services.send_held_logs() == 0  # no flow run here: nothing to send them to
+    assert prefect_services._HELD == []
 
 
 def test_a_flow_start_attaches_the_project_logger_to_prefects_handlers():
@@ -113,15 +115,15 @@ def test_a_flow_start_attaches_the_project_logger_to_prefects_handlers():
     from prefect.logging.configuration import ensure_logging_setup
     from prefect.logging.handlers import APILogHandler
 
-    from flows import _env
+    from flows import environment
 
     ensure_logging_setup()
     project = logging.getLogger("ensemble_core")
     saved = project.handlers[:]
     project.handlers[:] = []
     try:
-        _env.attach_project_logger()
-        _env.attach_project_logger()
+        environment.attach_project_logger()
+        environment.attach_project_logger()
         attached = [h for h in project.handlers if isinstance(h, APILogHandler)]
         assert len(attached) == 1 and attached[0] in logging.getLogger("prefect.extra").handlers
     finally:
@@ -136,18 +138,18 @@ def test_tfds_progress_bars_and_variant_lines_off_unless_asked(tmp_path, monkeyp
     from absl import logging as absl_logging
     from tensorflow_datasets.core.utils import file_utils, tqdm_utils
 
-    from flows import _env
+    from flows import environment
 
     if verbose is None:
-        monkeypatch.delenv(_env.TFDS_VERBOSE_ENV, raising=False)
+        monkeypatch.delenv(environment.TFDS_VERBOSE_ENV, raising=False)
     else:
-        monkeypatch.setenv(_env.TFDS_VERBOSE_ENV, verbose)
+        monkeypatch.setenv(environment.TFDS_VERBOSE_ENV, verbose)
     absl = absl_logging.get_absl_logger()
-    was_active, was_filtered = tqdm_utils._active, _env._TFDS_FILTER in absl.filters
+    was_active, was_filtered = tqdm_utils._active, environment._TFDS_FILTER in absl.filters
     tqdm_utils.display_progress_bar(True)
-    absl.removeFilter(_env._TFDS_FILTER)
+    absl.removeFilter(environment._TFDS_FILTER)
     try:
-        _env.quiet_tfds()
+        environment.quiet_tfds()
         with caplog.at_level(logging.WARNING):
             assert not file_utils.is_valid_variant_dir(tmp_path / "mnist5k" / "1.0.0")
         variant_lines = [r for r in caplog.records if r.getMessage().startswith("Variant folder")]
@@ -158,9 +160,9 @@ def test_tfds_progress_bars_and_variant_lines_off_unless_asked(tmp_path, monkeyp
             assert not variant_lines and isinstance(bar, tqdm_utils.EmptyTqdm)
     finally:
         tqdm_utils.display_progress_bar(was_active)
-        absl.removeFilter(_env._TFDS_FILTER)
+        absl.removeFilter(environment._TFDS_FILTER)
         if was_filtered:
-            absl.addFilter(_env._TFDS_FILTER)
+            absl.addFilter(environment._TFDS_FILTER)
 
 
 # MARK: through the command line and a flow run, on the session's Prefect server

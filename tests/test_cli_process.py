@@ -132,10 +132,7 @@ def _ephemeral_servers(parent_pid: int) -> list[int]:
             environ = (d / "environ").read_bytes()
         except OSError:
             continue
-        if (
-            b"flows._ephemeral:create_app" in cmd
-            and f"ENSEMBLE_EPHEMERAL_PARENT_PID={parent_pid}\0".encode() in environ
-        ):
+        if b"flows.ephemeral:create_app" in cmd and f"ENSEMBLE_EPHEMERAL_PARENT_PID={parent_pid}\0".encode() in environ:
             found.append(int(d.name))
     return [p for p in found if p != os.getpid()]
 
@@ -196,7 +193,7 @@ def test_cli_interrupted_while_starting_is_one_line(tmp_path, tfds_dir):
 
 
 def test_a_refused_command_stops_the_server_it_started_early(tmp_path):
-    """The temporary server starts with the command (flows._ephemeral.start_early), before
+    """The temporary server starts with the command (flows.ephemeral.start_early), before
     the input is checked: a command refused in its preflight stops it at exit."""
     import os
 
@@ -216,21 +213,21 @@ def test_a_refused_command_stops_the_server_it_started_early(tmp_path):
 
 
 def test_start_early_only_for_flow_commands_without_a_configured_server(monkeypatch):
-    from flows import _ephemeral
+    from flows import ephemeral
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    assert not _ephemeral.start_early(["python", "-m", "flows.train_ensemble", "--help"])
-    assert not _ephemeral.start_early(["python", "-m", "flows.automations"])
-    assert not _ephemeral.start_early(["python", "script.py"])
+    assert not ephemeral.start_early(["python", "-m", "flows.train_ensemble", "--help"])
+    assert not ephemeral.start_early(["python", "-m", "flows.automations"])
+    assert not ephemeral.start_early(["python", "script.py"])
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
-    assert not _ephemeral.start_early(["python", "-m", "flows.predict", "--images", "x"])
+    assert not ephemeral.start_early(["python", "-m", "flows.predict", "--images", "x"])
 
 
 HEARTBEAT_PROBE = """
 import threading
 from prefect import flow
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-from flows import _ephemeral
+from flows import ephemeral
 
 
 def heartbeat_threads() -> int:
@@ -246,7 +243,7 @@ def probe() -> int:
     return heartbeat_threads()
 
 
-with _ephemeral.temporary_server():
+with ephemeral.temporary_server():
     inside = probe()
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}):
         control = probe()  # the probe sees a heartbeat where Prefect sends them
@@ -271,16 +268,16 @@ def test_runs_on_the_temporary_server_send_no_heartbeats(tmp_path):
 
 WHILE_STARTING_PROBE = """
 import time
-from flows import _ephemeral
+from flows import ephemeral
 
 calls = []
-assert _ephemeral.start_early(["python", "-m", "flows.train_ensemble"])
-while _ephemeral.while_starting(lambda: calls.append(1)):  # each True: the work was done
+assert ephemeral.start_early(["python", "-m", "flows.train_ensemble"])
+while ephemeral.while_starting(lambda: calls.append(1)):  # each True: the work was done
     time.sleep(0.1)
 answered = len(calls)
-called = _ephemeral.while_starting(lambda: calls.append(1))  # the server answers now
-with _ephemeral.temporary_server():  # takes the server over; stops it at exit
-    after = _ephemeral.while_starting(lambda: calls.append(1))
+called = ephemeral.while_starting(lambda: calls.append(1))  # the server answers now
+with ephemeral.temporary_server():  # takes the server over; stops it at exit
+    after = ephemeral.while_starting(lambda: calls.append(1))
 print(answered, called, after, len(calls))
 """
 
@@ -304,7 +301,7 @@ BLOCKS_PROBE = """
 from prefect import flow, task
 from prefect.cache_policies import INPUTS
 from prefect.client.orchestration import get_client
-from flows import _ephemeral
+from flows import ephemeral
 
 calls = []
 
@@ -320,7 +317,7 @@ def twice() -> list[int]:
     return [square(3), square(3)]
 
 
-with _ephemeral.temporary_server():
+with ephemeral.temporary_server():
     results = twice()
     with get_client(sync_client=True) as client:
         block_types = len(client.read_block_types())
@@ -346,12 +343,12 @@ def test_the_temporary_server_registers_no_block_types_and_task_results_still_ca
 
 
 def test_a_block_registration_setting_of_the_user_is_left_as_set():
-    from flows import _ephemeral
+    from flows import ephemeral
 
     off = {
         "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
         "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
     }
-    assert _ephemeral._block_registration_off({"HOME": "/home/u"}) == off
-    for name in _ephemeral.BLOCK_REGISTRATION_SETTINGS:
-        assert _ephemeral._block_registration_off({name: "true"}) == {}
+    assert ephemeral._block_registration_off({"HOME": "/home/u"}) == off
+    for name in ephemeral.BLOCK_REGISTRATION_SETTINGS:
+        assert ephemeral._block_registration_off({name: "true"}) == {}

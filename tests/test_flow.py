@@ -368,7 +368,7 @@ def test_dead_prefect_service_crashes_the_run_instead_of_completing(prefect_serv
     from prefect.events.clients import EventsClient
     from prefect.events.worker import EventsWorker
 
-    from flows import _outcome, _services
+    from flows import _outcome, prefect_services
 
     class Unreachable(EventsClient):
         async def __aenter__(self):
@@ -379,7 +379,7 @@ def test_dead_prefect_service_crashes_the_run_instead_of_completing(prefect_serv
 
     @flow
     def watched() -> str:
-        services = _services.PrefectServices()
+        services = prefect_services.PrefectServices()
         time.sleep(1.0)  # the service's thread dies meanwhile
         return services.outcome("done")
 

@@ -75,19 +75,37 @@ def _anchor(name: str, path: Path, node: ast.ImportFrom) -> str:
 
 
 def _private_names(name: str, source: str, path: Path, modules: dict[str, Path]) -> list[str]:
-    """``from ours import _x`` in ``source`` where ``_x`` is a name, not a module: a private
-    name used outside the module that defines it. A package-private module (``from flows
-    import _cli``) is not a private name: its package's modules share it."""
+    """Private names of ours that ``source`` (module ``name``) imports from outside where they
+    belong: ``from ours import _x`` where ``_x`` is a name, not a module (a private name used
+    outside the module that defines it); and a package-private module (``flows._cli``,
+    whether as ``from flows import _cli``, ``from flows._cli import x`` or ``import
+    flows._cli``) imported from outside its package. Its package's modules share it."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
+
+    def outside_its_package(module: str) -> bool:
+        parts = module.split(".")
+        for i, part in enumerate(parts):
+            if part.startswith("_") and not part.startswith("__"):
+                owner = ".".join(parts[:i])
+                return not (package == owner or package.startswith(owner + "."))
+        return False
+
     for node in ast.walk(ast.parse(source, filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.split(".")[0] in PACKAGES and outside_its_package(a.name)]
         if isinstance(node, ast.ImportFrom):
             base = _anchor(name, path, node)
             if base.split(".")[0] not in PACKAGES:
                 continue
+            if outside_its_package(base):
+                found.append(base)
+                continue
             for alias in node.names:
                 private = alias.name.startswith("_") and not alias.name.startswith("__")
-                if private and f"{base}.{alias.name}" not in modules:
-                    found.append(f"{base}.{alias.name}")
+                full = f"{base}.{alias.name}"
+                if private and (full not in modules or outside_its_package(full)):
+                    found.append(full)
     return found
 
 
@@ -156,8 +174,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_sees_imports_inside_functions():
     graph = _graph()
     assert "ensemble_core.runs.training.trainer" in graph and "tasks.train" in graph
-    # flows/_ephemeral.py imports Prefect only inside its functions
-    assert any(dep.startswith("prefect") for dep in graph["flows._ephemeral"])
+    # flows/ephemeral.py imports Prefect only inside its functions
+    assert any(dep.startswith("prefect") for dep in graph["flows.ephemeral"])
 
 
 def test_no_import_cycle():
@@ -178,8 +196,10 @@ def test_the_core_imports_neither_prefect_nor_dask():
 
 
 def test_no_private_name_is_imported_across_modules():
+    """Over the three packages and the benchmarks (which import the flows' modules too)."""
     modules = _modules()
-    found = {name: _private_names(name, path.read_text(), path, modules) for name, path in modules.items()}
+    importers = {**modules, **{f"benchmarks.{p.stem}": p for p in sorted((ROOT / "benchmarks").glob("*.py"))}}
+    found = {name: _private_names(name, path.read_text(), path, modules) for name, path in importers.items()}
     assert {name: names for name, names in found.items() if names} == {}
 
 
@@ -189,7 +209,15 @@ def test_the_private_name_finder_finds_one():
     planted = "from ensemble_core.metrics import _X, nll\nfrom flows import _cli\nfrom . import _y\n"
     assert _private_names("ensemble_core.calibration", planted, path, modules) == [
         "ensemble_core.metrics._X",
+        "flows._cli",
         "ensemble_core._y",
+    ]
+    planted = "from flows import _cli\nfrom tasks._runners import task_runner\nimport flows._server\n"
+    assert _private_names("flows.predict", planted, modules["flows.predict"], modules) == ["tasks._runners"]
+    assert _private_names("benchmarks.bench", planted, ROOT / "benchmarks" / "bench.py", modules) == [
+        "flows._cli",
+        "tasks._runners",
+        "flows._server",
     ]
 
 

@@ -34,7 +34,7 @@ DASK_ENV = {
     # How long an unanswered connection lives (Dask's TCP user timeout: default 30 s, at least
     # 11 s): the scheduler and the workers find a cut-off peer gone after this (docs/distributed.md).
     "DASK_DISTRIBUTED__COMM__TIMEOUTS__TCP": "12s",
-    # The tests read their INFO lines (a worker registered, a worker removed). flows/_env.py
+    # The tests read their INFO lines (a worker registered, a worker removed). flows/environment.py
     # sets "warning" in the environment of any process that imported the flows, as a full
     # test run's process has, and the hosts' processes inherit this process's environment.
     "DASK_LOGGING__DISTRIBUTED": "info",
@@ -304,14 +304,14 @@ def test_cluster_misconfigurations_are_one_line_refusals_before_training(
     """Each misconfiguration is refused in one line naming it, before training. ``cli``:
     the command line against the cluster (exit 2, the one ``error: ...; fix: ...`` line, no
     checkpoint); the Dask side's refusals and the Prefect side's each once that way.
-    ``check``: the same preflight check (:func:`tasks._cluster.check_cluster`, which the
+    ``check``: the same preflight check (:func:`tasks.cluster.check_cluster`, which the
     command line runs) in this process against the same scheduler, which spares a command
     line's start-up (about 5 CPU s) per case."""
     sets, auth = _refusal_sets(cluster_hosts, case)
     if through == "check":
         from ensemble_core.config import load_config
         from ensemble_core.errors import ConfigError
-        from tasks._cluster import check_cluster
+        from tasks.cluster import check_cluster
 
         cfg = load_config(ROOT / "configs" / "tiny.yaml", [f"data.data_dir={tfds_dir}", *sets])
         with pytest.raises(ConfigError) as refused:

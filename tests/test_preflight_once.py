@@ -4,7 +4,7 @@ which checks again only for another run or a second flow run."""
 
 from ensemble_core import runs
 from ensemble_core.config import load_config
-from tasks import _cluster
+from tasks import cluster
 
 
 def test_the_flow_takes_over_the_command_lines_preflight_once(monkeypatch, tmp_path, tfds_dir):
@@ -18,15 +18,15 @@ def test_the_flow_takes_over_the_command_lines_preflight_once(monkeypatch, tmp_p
     monkeypatch.setattr(runs, "preflight", counting)
     cfg = load_config(None, [f"data.data_dir={tfds_dir}"])
     out = str(tmp_path / "runs")
-    before = _cluster.preflight_before_flow(cfg, out, "a")
+    before = cluster.preflight_before_flow(cfg, out, "a")
     assert calls == ["a"]
-    assert _cluster.preflight(cfg, out, "a") == before and calls == ["a"]  # the flow run's: taken over
-    _cluster.preflight(cfg, out, "a")  # a second flow run of the same run: checked again
+    assert cluster.preflight(cfg, out, "a") == before and calls == ["a"]  # the flow run's: taken over
+    cluster.preflight(cfg, out, "a")  # a second flow run of the same run: checked again
     assert calls == ["a", "a"]
-    _cluster.preflight_before_flow(cfg, out, "a")
-    _cluster.preflight(cfg, out, "b")  # another run: checked, and the remembered one forgotten
-    _cluster.preflight(cfg, out, "a")
-    _cluster.preflight_before_flow(cfg, out, "a")
+    cluster.preflight_before_flow(cfg, out, "a")
+    cluster.preflight(cfg, out, "b")  # another run: checked, and the remembered one forgotten
+    cluster.preflight(cfg, out, "a")
+    cluster.preflight_before_flow(cfg, out, "a")
     other = load_config(None, [f"data.data_dir={tfds_dir}", "ensemble.size=2"])
-    _cluster.preflight(other, out, "a")  # another config: checked
+    cluster.preflight(other, out, "a")  # another config: checked
     assert calls == ["a", "a", "a", "b", "a", "a", "a"]

@@ -95,7 +95,7 @@ def test_a_tls_listener_that_never_answers_the_dask_handshake_is_a_one_line_refu
 
     from ensemble_core.config import load_config
     from ensemble_core.errors import ConfigError
-    from tasks import _cluster
+    from tasks import cluster
     from tests.tlscerts import CertificateAuthority
 
     ca = CertificateAuthority(tmp_path / "pki")
@@ -125,11 +125,11 @@ def test_a_tls_listener_that_never_answers_the_dask_handshake_is_a_one_line_refu
         f"distributed.tls_key={client_key}",
     ]
     config = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", sets)
-    monkeypatch.setattr(_cluster, "HANDSHAKE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(cluster, "HANDSHAKE_TIMEOUT_S", 1.0)
     started = time.monotonic()
     try:
         with pytest.raises(ConfigError, match=r"answered the Dask handshake within 2 s.*fix:"):
-            _cluster.check_cluster(config)
+            cluster.check_cluster(config)
     finally:
         listener.close()
         for conn in held:

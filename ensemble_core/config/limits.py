@@ -45,5 +45,5 @@ def as_float32(value: float) -> float:
     return struct.unpack("f", struct.pack("f", value))[0]
 
 
-#: Simulated CPU devices of one program on one machine (flows/_env.py sets as many).
+#: Simulated CPU devices of one program on one machine (flows/environment.py sets as many).
 HOST_DEVICES = 8

@@ -39,7 +39,7 @@ def import_libraries(cfg: PipelineConfig) -> None:
     """Import now the libraries evaluation imports on first use: scikit-learn's metrics (the
     detection metrics and the confusion matrix; with SciPy's statistics, about 0.5 s) and,
     with ``eval.plots``, matplotlib (about 0.5 s). For a command with idle time before its
-    flow (:func:`flows._ephemeral.while_starting`); evaluation is the same without it."""
+    flow (:func:`flows.ephemeral.while_starting`); evaluation is the same without it."""
     import sklearn.metrics  # noqa: F401  (imported for its side effect: loaded once per process)
 
     if cfg.eval.plots:

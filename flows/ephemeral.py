@@ -80,7 +80,7 @@ _early: tuple[subprocess.Popen, int] | None = None  # (server, port) started by 
 def _server_command(port: int) -> list[str]:
     """Prefect's SubprocessASGIServer command line, with this module's app factory."""
     root = str(Path(__file__).resolve().parents[1])
-    cmd = [sys.executable, "-m", "uvicorn", "--app-dir", root, "--factory", "flows._ephemeral:create_app"]
+    cmd = [sys.executable, "-m", "uvicorn", "--app-dir", root, "--factory", "flows.ephemeral:create_app"]
     return [*cmd, "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
 
 
@@ -274,7 +274,7 @@ def temporary_server() -> Iterator[str | None]:
             finally:
                 os.environ.pop("PREFECT_API_URL", None)
     finally:
-        from flows._services import DRAIN_TIMEOUT_S, drain_services
+        from flows.prefect_services import DRAIN_TIMEOUT_S, drain_services
 
         drain_services(DRAIN_TIMEOUT_S)  # what the run still has to send goes to this server first
         _stop(server)

@@ -6,7 +6,7 @@ dies (as the events worker did when TFDS swapped the import machinery under it),
 run's events, task runs or logs never reach the server and the process used to hang at
 exit in the services' unbounded drain. :class:`PrefectServices` notices the death, so the
 run ends ``Crashed`` (and is re-run) instead of ``Completed`` with records missing, and
-:func:`drain_services` bounds the drain at exit (also used by :mod:`flows._ephemeral`
+:func:`drain_services` bounds the drain at exit (also used by :mod:`flows.ephemeral`
 before it stops its temporary server).
 
 A command line's preflight logs before its flow run exists: :func:`logs_held_for_next_run`
@@ -27,7 +27,7 @@ from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogHandler, APILogWorker
 from prefect.states import Crashed, State
 
-from flows import _env
+from flows import environment
 
 DRAIN_TIMEOUT_S = 30.0  # at exit: longest wait for the last events and logs to be sent
 
@@ -42,7 +42,7 @@ class PrefectServices:
     def __init__(self) -> None:
         self._services = {"events": EventsWorker.instance(), "logs": APILogWorker.instance()}
         _register_bounded_drain()
-        _env.attach_project_logger()  # the project's records go to this flow run's logs
+        environment.attach_project_logger()  # the project's records go to this flow run's logs
 
     def dead(self) -> list[str]:
         """Names of the watched services whose thread has stopped."""
@@ -114,7 +114,7 @@ def _register_bounded_drain() -> None:
 
 # MARK: the command line's preflight logs, sent to the flow run it starts
 
-PROJECT_LOGGER = _env.PROJECT_LOGGER  # attached to Prefect's API log handler (flows._env)
+PROJECT_LOGGER = environment.PROJECT_LOGGER  # attached to Prefect's API log handler (flows.environment)
 _HELD: list[logging.LogRecord] = []
 
 

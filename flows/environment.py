@@ -90,7 +90,7 @@ def attach_project_logger() -> None:
     settings at import and sets up its logging from them later. A deployment's flow-run
     process imports Prefect before the flow's module (this one), so there the variable
     came too late unless the deployment set it (prefect.yaml does); a flow calls this when
-    it starts (:class:`flows._services.PrefectServices`), so its logs reach the flow run
+    it starts (:class:`flows.prefect_services.PrefectServices`), so its logs reach the flow run
     however it was started."""
     from prefect.logging.handlers import APILogHandler
 
