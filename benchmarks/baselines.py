@@ -53,8 +53,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._provenance import busy_seconds, stamp
 from benchmarks.hyper import DATASETS as HYPER_DATASETS
+from benchmarks.provenance import busy_seconds, stamp
 from benchmarks.stage_timings import timed_stages
 from flows import environment  # noqa: F401  (applies the XLA/JAX environment on import)
 

@@ -90,7 +90,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from benchmarks._provenance import stamp
+from benchmarks.provenance import stamp
 
 BATCH = 128
 NUM_CLASSES = 10  # the embedded MNIST's classes

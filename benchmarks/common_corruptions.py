@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._provenance import busy_seconds, stamp
+from benchmarks.provenance import busy_seconds, stamp
 from ensemble_core.evaluators.common_corruptions import corrupt_in_blocks
 from ensemble_core.shifts.common_corruptions import NAMES, SEVERITIES
 

@@ -16,7 +16,7 @@ are whatever this machine has (``make run`` on a set-up machine: warm). The 1-, 
 15-minute load averages before and after are saved: other jobs on the cores slow it.
 
 Writes ``benchmarks/results/default-run-<backend>-<cpus>core.json`` (or ``--out``) with
-``date``, ``machine`` and ``commit`` (:mod:`benchmarks._provenance`).
+``date``, ``machine`` and ``commit`` (:mod:`benchmarks.provenance`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from benchmarks._provenance import ROOT, stamp
+from benchmarks.provenance import ROOT, stamp
 
 FINISHED = re.compile(r"Task run '(?P<task>[A-Za-z_]+)-[0-9a-z]+' - Finished in state (?P<state>\w+)")
 

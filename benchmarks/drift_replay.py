@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._provenance import ROOT, stamp
+from benchmarks.provenance import ROOT, stamp
 
 OUT = ROOT / "benchmarks" / "results" / "drift-replay-fashion-mnist-cpu-2core.json"
 

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._provenance import ROOT, stamp
+from benchmarks.provenance import ROOT, stamp
 
 OUT = ROOT / "benchmarks" / "results" / "evaluation-share-image-folder-cpu-2core.json"
 SHIFT_EVALUATORS = ("rotation", "translation", "common_corruptions")

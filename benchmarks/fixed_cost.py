@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._provenance import stamp
+from benchmarks.provenance import stamp
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._provenance import stamp
+from benchmarks.provenance import stamp
 from benchmarks.stage_timings import timed_stages
 from flows import environment  # noqa: F401  (applies the XLA/JAX environment on import)
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._provenance import busy_seconds, stamp
+from benchmarks.provenance import busy_seconds, stamp
 
 #: The test-split figures kept.
 FIGURES = ("accuracy", "nll", "brier", "ece", "adaptive_ece", "aurc", "accuracy_at_80_coverage")

@@ -57,8 +57,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks._provenance import busy_seconds, stamp
 from benchmarks.bench import IMAGE_SHAPE, NUM_CLASSES, ROOT
+from benchmarks.provenance import busy_seconds, stamp
 
 METHODS = ("deep_ensemble", "deep_ensemble_unroll", "batch_ensemble", "packed")
 #: the ratios' denominators: the deep ensemble as vmapped, and as the project maps members on CPU

@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._provenance import ROOT, stamp
+from benchmarks.provenance import ROOT, stamp
 
 OUT = ROOT / "benchmarks" / "results" / "monitor-replay-fashion-mnist-cpu-2core.json"
 CORRUPTIONS = ("gaussian_noise", "contrast", "fog")

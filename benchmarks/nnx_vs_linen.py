@@ -48,8 +48,8 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from benchmarks._provenance import busy_seconds, stamp
 from benchmarks.bench import BATCH, EVAL_BATCH, MODELS, REPEATS, ROOT, run_worker
+from benchmarks.provenance import busy_seconds, stamp
 
 #: the two sides: bench.MODELS names
 LINEN, NNX = "cnn", "cnn-nnx"

@@ -54,7 +54,7 @@ import numpy as np
 from PIL import Image
 from PIL import __version__ as pillow_version
 
-from benchmarks._provenance import busy_seconds, stamp
+from benchmarks.provenance import busy_seconds, stamp
 from flows import environment  # noqa: F401  (applies the XLA/JAX environment on import)
 
 #: Where Debian's dataset-fashion-mnist puts the four IDX files.

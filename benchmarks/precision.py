@@ -18,7 +18,7 @@ On CPU, ``high`` trains bit for bit as ``float32`` (XLA:CPU ignores the precisio
 a matmul; ``tests/test_precision.py``), so its row differs from float32's in time only.
 
 Writes ``benchmarks/results/precision-<backend>-<cpus>core.json`` (or ``--out``) with
-``date``, ``machine`` and ``commit`` (:mod:`benchmarks._provenance`).
+``date``, ``machine`` and ``commit`` (:mod:`benchmarks.provenance`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from benchmarks._provenance import ROOT, busy_seconds, stamp
+from benchmarks.provenance import ROOT, busy_seconds, stamp
 
 #: The values of ``train.precision`` measured, in this order.
 PRECISIONS = ("float32", "high", "bfloat16")

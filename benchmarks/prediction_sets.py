@@ -44,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._provenance import ROOT, stamp
+from benchmarks.provenance import ROOT, stamp
 
 OUT = ROOT / "benchmarks" / "results" / "prediction-sets-fashion-mnist-cpu-2core.json"
 WHO = ("ensemble", "member_mean", "best_member")

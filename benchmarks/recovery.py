@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._provenance import stamp
+from benchmarks.provenance import stamp
 from tests import prefect_stack
 
 SCENARIOS = ("lost-machine", "stack-restart")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks._provenance import stamp
+from benchmarks.provenance import stamp
 from tests import prefect_stack
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._provenance import ROOT, stamp
+from benchmarks.provenance import ROOT, stamp
 
 RESULTS = ROOT / "benchmarks" / "results"
 PARTS = ("tests", "sweep", "recovery", "deployment-soak")

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(worker(args.mode, args.overrides)))
         return 0
     sys.path.insert(0, str(ROOT))
-    from benchmarks._provenance import stamp
+    from benchmarks.provenance import stamp
 
     modes = [m for m in args.modes.split(",") if m]
     if not modes or any(m not in MODES for m in modes):

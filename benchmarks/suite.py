@@ -49,7 +49,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks._provenance import ROOT, stamp
+from benchmarks.provenance import ROOT, stamp
 
 BUDGET_S = 15 * 60  # make test on 2 cores with one held busy, install excluded
 FAST_BUDGET_S = 60  # make test-fast (issue 61)

@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks._provenance import ROOT, stamp
+from benchmarks.provenance import ROOT, stamp
 
 FIGURES = ("accuracy", "nll", "ece", "brier")
 

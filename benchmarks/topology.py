@@ -37,7 +37,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from benchmarks._provenance import stamp
+from benchmarks.provenance import stamp
 
 
 def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:

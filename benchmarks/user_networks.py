@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._provenance import ROOT, stamp
+from benchmarks.provenance import ROOT, stamp
 
 NETWORKS = {
     "nnx": "tests.user_models.flax_resnets:NnxResNet",

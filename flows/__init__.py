@@ -7,7 +7,7 @@ import sys
 if sys.argv[:1] == ["-m"]:  # `python -m flows.<command>`: runpy imports this package first
     # A stop signal while the command starts ends it at once in one line (nothing is written
     # yet): installed before the imports below take their half second. The command replaces
-    # these handlers with its own once its modules are imported (flows._cli).
+    # these handlers with its own once its modules are imported (flows.command_line).
     def _stopped_while_starting(signum: int, _frame) -> None:
         name = signal.Signals(signum).name
         os.write(2, f"error: stopped by {name} while starting; fix: run the command again\n".encode())
@@ -18,9 +18,9 @@ if sys.argv[:1] == ["-m"]:  # `python -m flows.<command>`: runpy imports this pa
 
     def _end_without_teardown() -> None:
         """The last exit hook (registered first): once the command has ended through
-        ``flows._cli.end`` and every other hook has run, exit without the interpreter's
+        ``flows.command_line.end`` and every other hook has run, exit without the interpreter's
         teardown of the modules (seconds after a run, nothing written)."""
-        cli = sys.modules.get("flows._cli")
+        cli = sys.modules.get("flows.command_line")
         code = cli.ending_code() if cli is not None else None
         if code is None:  # an uncaught exception or another way out: the usual teardown
             return

@@ -41,7 +41,7 @@ def apply() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # Prefect warns at import (two lines) when it cannot create PREFECT_HOME; the commands
     # report what that stops, the temporary server's database, in one line
-    # (flows._server.temporary_database_unwritable), and nothing else needs the directory.
+    # (flows.server_check.temporary_database_unwritable), and nothing else needs the directory.
     warnings.filterwarnings("ignore", message="Failed to create the Prefect home directory", category=UserWarning)
     # Member groups on Dask: the scheduler's and workers' own INFO lines stay out of the run's log.
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")

@@ -32,7 +32,7 @@ from prefect.states import State
 from ensemble_core import stopping
 from ensemble_core.errors import EnsembleError, PreemptedError
 from ensemble_core.runs.monitoring import drop
-from flows import _cli, _outcome, _server, prefect_services
+from flows import command_line, run_outcome, server_check, prefect_services
 from tasks.monitor import plan_night, publish_night, score_drop
 
 
@@ -69,9 +69,9 @@ def monitor(
             record = score_drop(plan, raws, alpha, estimator)
             publish_night(record, plan)
     except PreemptedError as err:
-        return _outcome.interrupted(err)
+        return run_outcome.interrupted(err)
     except EnsembleError as err:  # bad input: Failed at once with the one-line message
-        return _outcome.refused(err)
+        return run_outcome.refused(err)
     return services.outcome(str(plan.record))
 
 
@@ -91,19 +91,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--night", help="the night's name (default: the UTC time and the inputs' name)")
     args = parser.parse_args(argv)
     try:
-        with _cli.raise_on_stop_signals():
+        with command_line.raise_on_stop_signals():
             return _monitor(args)
-    except _cli.stop_exceptions() as err:
-        return _cli.stopped(err, "run the command again")
+    except command_line.stop_exceptions() as err:
+        return command_line.stopped(err, "run the command again")
 
 
 def _monitor(args: argparse.Namespace) -> int:
     from ensemble_core.runs.monitoring import monitor as monitoring
 
-    down = _server.unreachable()  # as the other command lines: the server first
+    down = server_check.unreachable()  # as the other command lines: the server first
     if down:
         print(f"error: {down}", file=sys.stderr)
-        return _cli.EXIT_BAD_INPUT
+        return command_line.EXIT_BAD_INPUT
     try:  # every refusal before Prefect starts: one line, exit 2; its logs go to the flow run
         with prefect_services.logs_held_for_next_run():
             plan = monitoring.preflight(
@@ -111,13 +111,13 @@ def _monitor(args: argparse.Namespace) -> int:
             )
     except EnsembleError as err:
         prefect_services.discard_held_logs()
-        return _cli.report_error(err)
+        return command_line.report_error(err)
 
     def closing(path: str) -> list[str]:  # the night's summary, before the path
         with open(path, encoding="utf-8") as f:
             return drop.summary_lines(json.load(f))
 
-    return _outcome.run_cli(
+    return run_outcome.run_cli(
         monitor,
         closing,
         images=args.images,
@@ -130,4 +130,4 @@ def _monitor(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    _cli.end(main())
+    command_line.end(main())

@@ -30,7 +30,7 @@ from prefect.states import State
 from ensemble_core import stopping
 from ensemble_core.errors import DataError, EnsembleError, PreemptedError
 from ensemble_core.runs.prediction.inputs import output_stem
-from flows import _cli, _outcome, _server, prefect_services
+from flows import command_line, run_outcome, server_check, prefect_services
 from tasks.predict import load_images, predict_images, resolve_run
 
 
@@ -75,9 +75,9 @@ def predict(
             out = output or str(Path(run) / f"predictions-{output_stem(raws, tfds_name, tfds_split)}.npz")
             path = predict_images(run, paths, out, table)
     except PreemptedError as err:
-        return _outcome.interrupted(err)
+        return run_outcome.interrupted(err)
     except EnsembleError as err:  # bad input: Failed at once with the one-line message
-        return _outcome.refused(err)
+        return run_outcome.refused(err)
     return services.outcome(path)
 
 
@@ -99,20 +99,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table", help="per-image table: .csv (default: the .npz path as .csv) or .parquet")
     args = parser.parse_args(argv)
     try:
-        with _cli.raise_on_stop_signals():
+        with command_line.raise_on_stop_signals():
             return _predict(args)
-    except _cli.stop_exceptions() as err:
-        return _cli.stopped(err, "run the command again")
+    except command_line.stop_exceptions() as err:
+        return command_line.stopped(err, "run the command again")
 
 
 def _predict(args: argparse.Namespace) -> int:
     from ensemble_core.runs.prediction import files as prediction
     from ensemble_core.runs.prediction import table as table_lib
 
-    down = _server.unreachable()  # as the training command line: the server first
+    down = server_check.unreachable()  # as the training command line: the server first
     if down:
         print(f"error: {down}", file=sys.stderr)
-        return _cli.EXIT_BAD_INPUT
+        return command_line.EXIT_BAD_INPUT
     try:  # every refusal before Prefect starts: one line, exit 2; its logs go to the flow run
         with prefect_services.logs_held_for_next_run():
             npz, table = prediction.preflight(
@@ -120,13 +120,13 @@ def _predict(args: argparse.Namespace) -> int:
             )
     except EnsembleError as err:
         prefect_services.discard_held_logs()
-        return _cli.report_error(err)
+        return command_line.report_error(err)
 
     def closing(_: str) -> list[str]:  # the first rows and the summary, before the path
         rows = table_lib.read_table(table)
         return [*table_lib.render(rows), *table_lib.skipped_lines(rows), f"table: {table}"]
 
-    return _outcome.run_cli(
+    return run_outcome.run_cli(
         predict,
         closing,
         images=args.images,
@@ -141,4 +141,4 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    _cli.end(main())
+    command_line.end(main())

@@ -39,11 +39,11 @@ from ensemble_core.runs.report.timing import timing_lines
 from ensemble_core.runs.evaluation.evaluate import import_libraries as import_evaluation_libraries
 from ensemble_core.runs.report.write import record_command_timing
 from flows import ephemeral
-from flows import _outcome
-from flows import _server
+from flows import run_outcome
+from flows import server_check
 from flows import prefect_services
-from flows import _cli
-from flows._cli import EXIT_BAD_INPUT, report_error
+from flows import command_line
+from flows.command_line import EXIT_BAD_INPUT, report_error
 from tasks import without_introspection
 from tasks.cluster import preflight as cluster_preflight
 from tasks.cluster import preflight_before_flow
@@ -96,7 +96,7 @@ def default_run_name() -> str:
     # command line; the parameter schema (the UI form, every field with its description)
     # still comes from the annotation.
     validate_parameters=False,
-    # No flow retries: bad input fails at once (flows._outcome.refused); transient errors are
+    # No flow retries: bad input fails at once (flows.run_outcome.refused); transient errors are
     # retried by the stage's task; a crash or preemption ends Crashed and the
     # retry-crashed-runs automation re-runs it, resuming from the latest checkpoint.
     timeout_seconds=6 * 3600,
@@ -153,9 +153,9 @@ def train_ensemble(
         config = as_config(config, legacy)
         result = runs.run(config, output_dir, run_name, STAGES)  # preflight first: refusals before any compute
     except PreemptedError as err:
-        return _outcome.interrupted(err)
+        return run_outcome.interrupted(err)
     except EnsembleError as err:
-        return _outcome.refused(err)
+        return run_outcome.refused(err)
     if result.skipped is not None:
         print(result.skipped.reason)  # log_prints: the run's log and the command line's output
     return services.outcome(str(result.run_dir.path))
@@ -214,14 +214,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point: 0 done, 2 bad input or a failed stage, 75 stopped by SIGTERM or
     SIGINT (after a checkpoint when training; rerun with the same run name to resume)."""
-    _cli.command_started()
+    command_line.command_started()
     args = parse_args(argv)
     run_name = args.run_name or default_run_name()
     try:
-        with _cli.raise_on_stop_signals():
+        with command_line.raise_on_stop_signals():
             return _main(args, run_name)
-    except _cli.stop_exceptions() as err:
-        return _cli.stopped(err, f"rerun with --run-name {run_name} to resume")
+    except command_line.stop_exceptions() as err:
+        return command_line.stopped(err, f"rerun with --run-name {run_name} to resume")
 
 
 def _main(args: argparse.Namespace, run_name: str) -> int:
@@ -229,7 +229,7 @@ def _main(args: argparse.Namespace, run_name: str) -> int:
         config = load_config(args.config, args.overrides)
     except EnsembleError as err:
         return report_error(err)
-    down = _server.unreachable()
+    down = server_check.unreachable()
     if down:
         print(f"error: {down}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -245,7 +245,7 @@ def _main(args: argparse.Namespace, run_name: str) -> int:
         ephemeral.while_starting(functools.partial(import_evaluation_libraries, config))
         closing = functools.partial(stage_times, run_name)
         timed = functools.partial(command_times, run_name)
-        return _outcome.run_cli(
+        return run_outcome.run_cli(
             train_ensemble, closing, timed, config=config, output_dir=args.output_dir, run_name=run_name
         )
     finally:
@@ -276,4 +276,4 @@ def stage_times(run_name: str, run_dir: str) -> list[str]:
 
 
 if __name__ == "__main__":
-    _cli.end(main())
+    command_line.end(main())

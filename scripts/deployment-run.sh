@@ -20,7 +20,7 @@ import sys
 
 from prefect.settings import PREFECT_API_URL
 
-from flows._server import unreachable
+from flows.server_check import unreachable
 
 if not PREFECT_API_URL.value():
     message = (

@@ -13,7 +13,7 @@ from ensemble_core.data import DatasetInfo
 from ensemble_core.runs.ensemble.stratify import first_selection
 from ensemble_core.stratification import StratificationPlan
 from tasks import TRANSIENT_RETRIES
-from tasks._progress import train_with_progress
+from tasks.progress import train_with_progress
 from tasks.train import train_on_runner
 
 STRATIFICATION_PROGRESS_KEY = "stratification-progress"

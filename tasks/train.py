@@ -1,7 +1,7 @@
 """Prefect tasks of the training stage, thin wrappers over :mod:`ensemble_core.runs.training.groups`:
 the whole ensemble in one task run, or each member group in its own task run (on the
-configured task runner, :mod:`tasks._runners`) and then gathered; progress as Prefect
-shows it is :mod:`tasks._progress`."""
+configured task runner, :mod:`tasks.runners`) and then gathered; progress as Prefect
+shows it is :mod:`tasks.progress`."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import PreemptedError, resume_fix
 from tasks import TRANSIENT_RETRIES, without_introspection
-from tasks._progress import train_with_progress
-from tasks._runners import place_group, scheduler_lost, submit_each, task_runner
+from tasks.progress import train_with_progress
+from tasks.runners import place_group, scheduler_lost, submit_each, task_runner
 
 __all__ = [
     "gather_members",
@@ -40,7 +40,7 @@ def train_member_group(config: PipelineConfig, dataset: DatasetInfo, run_dir: st
     whichever process the task runner gives it; returns the group's training summary.
 
     Stops at its next step, after a checkpoint, on a stop relayed from the flow or when
-    its Dask worker has lost the scheduler (:func:`tasks._runners.scheduler_lost`: the
+    its Dask worker has lost the scheduler (:func:`tasks.runners.scheduler_lost`: the
     scheduler runs this task again on another worker, which waits for the group's lock,
     ``distributed.group_lock_wait_s``, and resumes from that checkpoint)."""
     worker = place_group(config)

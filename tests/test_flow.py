@@ -368,7 +368,7 @@ def test_dead_prefect_service_crashes_the_run_instead_of_completing(prefect_serv
     from prefect.events.clients import EventsClient
     from prefect.events.worker import EventsWorker
 
-    from flows import _outcome, prefect_services
+    from flows import prefect_services, run_outcome
 
     class Unreachable(EventsClient):
         async def __aenter__(self):
@@ -393,7 +393,7 @@ def test_dead_prefect_service_crashes_the_run_instead_of_completing(prefect_serv
         EventsWorker.drain_all(timeout=10)
     assert state.is_crashed(), state
     assert "events worker stopped" in state.message
-    assert _outcome.exit_code(state) == (2, f"error: {state.message}")
+    assert run_outcome.exit_code(state) == (2, f"error: {state.message}")
 
 
 def test_predict_cli_with_the_champion_and_a_refusal(finished_run, tfds_dir, tmp_path, capsys):

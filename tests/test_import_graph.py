@@ -74,38 +74,29 @@ def _anchor(name: str, path: Path, node: ast.ImportFrom) -> str:
     return base
 
 
-def _private_names(name: str, source: str, path: Path, modules: dict[str, Path]) -> list[str]:
-    """Private names of ours that ``source`` (module ``name``) imports from outside where they
-    belong: ``from ours import _x`` where ``_x`` is a name, not a module (a private name used
-    outside the module that defines it); and a package-private module (``flows._cli``,
-    whether as ``from flows import _cli``, ``from flows._cli import x`` or ``import
-    flows._cli``) imported from outside its package. Its package's modules share it."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+def _private_names(name: str, source: str, path: Path) -> list[str]:
+    """Private names of ours that ``source`` (module ``name``) imports: ``from ours import
+    _x`` (a private name used outside the module that defines it) and any private module
+    (``ours._m``, whether as ``from ours import _m``, ``from ours._m import x`` or ``import
+    ours._m``), even from its own package: a module another module imports is one concern
+    with a public name."""
+
+    def private(module: str) -> bool:
+        return any(part.startswith("_") and not part.startswith("__") for part in module.split("."))
+
+    ours = (*PACKAGES, "benchmarks")
     found = []
-
-    def outside_its_package(module: str) -> bool:
-        parts = module.split(".")
-        for i, part in enumerate(parts):
-            if part.startswith("_") and not part.startswith("__"):
-                owner = ".".join(parts[:i])
-                return not (package == owner or package.startswith(owner + "."))
-        return False
-
     for node in ast.walk(ast.parse(source, filename=str(path))):
         if isinstance(node, ast.Import):
-            found += [a.name for a in node.names if a.name.split(".")[0] in PACKAGES and outside_its_package(a.name)]
+            found += [a.name for a in node.names if a.name.split(".")[0] in ours and private(a.name)]
         if isinstance(node, ast.ImportFrom):
             base = _anchor(name, path, node)
-            if base.split(".")[0] not in PACKAGES:
+            if base.split(".")[0] not in ours:
                 continue
-            if outside_its_package(base):
+            if private(base):
                 found.append(base)
                 continue
-            for alias in node.names:
-                private = alias.name.startswith("_") and not alias.name.startswith("__")
-                full = f"{base}.{alias.name}"
-                if private and (full not in modules or outside_its_package(full)):
-                    found.append(full)
+            found += [f"{base}.{a.name}" for a in node.names if private(a.name)]
     return found
 
 
@@ -199,7 +190,7 @@ def test_no_private_name_is_imported_across_modules():
     """Over the three packages and the benchmarks (which import the flows' modules too)."""
     modules = _modules()
     importers = {**modules, **{f"benchmarks.{p.stem}": p for p in sorted((ROOT / "benchmarks").glob("*.py"))}}
-    found = {name: _private_names(name, path.read_text(), path, modules) for name, path in importers.items()}
+    found = {name: _private_names(name, path.read_text(), path) for name, path in importers.items()}
     assert {name: names for name, names in found.items() if names} == {}
 
 
@@ -207,18 +198,20 @@ def test_the_private_name_finder_finds_one():
     modules = _modules()
     path = modules["ensemble_core.calibration"]
     planted = "from ensemble_core.metrics import _X, nll\nfrom flows import _cli\nfrom . import _y\n"
-    assert _private_names("ensemble_core.calibration", planted, path, modules) == [
+    assert _private_names("ensemble_core.calibration", planted, path) == [
         "ensemble_core.metrics._X",
         "flows._cli",
         "ensemble_core._y",
     ]
-    planted = "from flows import _cli\nfrom tasks._runners import task_runner\nimport flows._server\n"
-    assert _private_names("flows.predict", planted, modules["flows.predict"], modules) == ["tasks._runners"]
-    assert _private_names("benchmarks.bench", planted, ROOT / "benchmarks" / "bench.py", modules) == [
-        "flows._cli",
-        "tasks._runners",
-        "flows._server",
-    ]
+    planted = (
+        "from flows import _cli, ephemeral\n"
+        "from tasks._runners import task_runner\n"
+        "import flows._server, flows.ephemeral\n"
+        "from benchmarks._provenance import stamp\n"
+    )
+    expected = ["flows._cli", "tasks._runners", "flows._server", "benchmarks._provenance"]  # its own package too
+    assert _private_names("flows.predict", planted, modules["flows.predict"]) == expected
+    assert _private_names("benchmarks.bench", planted, ROOT / "benchmarks" / "bench.py") == expected
 
 
 def test_no_module_re_exports_a_siblings_names():

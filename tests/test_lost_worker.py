@@ -60,7 +60,7 @@ _STARTED = threading.Event()
 
 
 def _watch_for_lost_scheduler() -> None:
-    from tasks._runners import scheduler_lost
+    from tasks.runners import scheduler_lost
 
     lost = scheduler_lost()
     _SEEN["at_start"] = lost()
@@ -76,7 +76,7 @@ def test_a_task_sees_its_worker_lose_the_scheduler():
     running on it sees that through ``scheduler_lost`` (which is False until then)."""
     from distributed import Client, LocalCluster
 
-    from tasks._runners import scheduler_lost
+    from tasks.runners import scheduler_lost
 
     with (
         LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
@@ -99,7 +99,7 @@ def test_training_never_waits_for_a_hung_progress_update(monkeypatch):
     steps on, one update in flight and the later ones skipped, and a failing update is
     only logged."""
     from ensemble_core.config import load_config
-    from tasks import _progress
+    from tasks import progress
 
     gate, calls = threading.Event(), []
 
@@ -110,11 +110,11 @@ def test_training_never_waits_for_a_hung_progress_update(monkeypatch):
         else:
             raise OSError("the server went away")
 
-    monkeypatch.setattr(_progress, "create_progress_artifact", lambda **_: "artifact")
-    monkeypatch.setattr(_progress, "update_progress_artifact", hung_update)
-    monkeypatch.setattr(_progress, "get_run_logger", lambda: logging.getLogger("progress-test"))
-    monkeypatch.setattr(_progress, "PROGRESS_INTERVAL_S", 0.0)
-    monkeypatch.setattr(_progress, "_log_summary", lambda *a: None)
+    monkeypatch.setattr(progress, "create_progress_artifact", lambda **_: "artifact")
+    monkeypatch.setattr(progress, "update_progress_artifact", hung_update)
+    monkeypatch.setattr(progress, "get_run_logger", lambda: logging.getLogger("progress-test"))
+    monkeypatch.setattr(progress, "PROGRESS_INTERVAL_S", 0.0)
+    monkeypatch.setattr(progress, "_log_summary", lambda *a: None)
     config = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", [])
     steps_done = []
 
@@ -135,7 +135,7 @@ def test_training_never_waits_for_a_hung_progress_update(monkeypatch):
         return "summary"
 
     started = time.monotonic()
-    assert _progress.train_with_progress(config, None, train) == "summary"
+    assert progress.train_with_progress(config, None, train) == "summary"
     assert len(steps_done) == 199 and time.monotonic() - started < 30
     assert len(calls) >= 3  # after the failed one, updates went on (the final 100 % among them)
     assert calls[-1] == 100.0

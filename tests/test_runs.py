@@ -12,7 +12,7 @@ from ensemble_core.config import PipelineConfig, load_config
 from ensemble_core.errors import ConfigError, IncompatibleRunError
 from ensemble_core.runs.storage import layout
 from ensemble_core.runs.storage.resume import check_resumable
-from flows._cli import in_flags
+from flows.command_line import in_flags
 from tests.ensembles import tiny_config
 
 # MARK: atomic writes

@@ -63,13 +63,13 @@ def test_prefect_server_with_an_auth_string_refuses_requests_without_credentials
 
 
 def test_the_runs_dask_cluster_refuses_clients_without_its_certificates():
-    """The local cluster a run starts (:func:`tasks._runners.local_cluster_kwargs`) listens
+    """The local cluster a run starts (:func:`tasks.runners.local_cluster_kwargs`) listens
     on loopback over TLS only: a plain TCP client and a TLS client whose certificate the
     cluster's CA did not sign are refused; a client with them is served."""
     from distributed import Client, LocalCluster
     from distributed.security import Security
 
-    from tasks._runners import local_cluster_kwargs
+    from tasks.runners import local_cluster_kwargs
 
     kwargs = {**local_cluster_kwargs(1), "processes": False}  # a thread worker: same scheduler, faster
     with LocalCluster(**kwargs) as cluster:

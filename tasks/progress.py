@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from ensemble_core import runs
 from ensemble_core.config import PipelineConfig
 from ensemble_core.ensemble_setup import group_size
-from tasks._background import BackgroundSender
+from tasks.background_api import BackgroundSender
 
 PROGRESS_KEY = "training-progress"
 PROGRESS_INTERVAL_S = 10.0  # at most one progress-artifact update per 10 s of training

@@ -13,8 +13,8 @@
 - Transient errors inside a stage are retried by that stage's task
   (:data:`tasks.TRANSIENT_RETRIES`); the flow itself has no ``retries``.
 
-A flow watches Prefect's background services with :class:`PrefectServices`
-(:mod:`flows.prefect_services`, re-exported here): a service that died inside the run ends it
+A flow watches Prefect's background services with
+:class:`flows.prefect_services.PrefectServices`: a service that died inside the run ends it
 ``Crashed``.
 """
 
@@ -33,7 +33,7 @@ from prefect.states import Cancelled, Crashed, Failed, State
 
 from ensemble_core.errors import EnsembleError, PreemptedError
 from flows import ephemeral
-from flows._cli import EXIT_BAD_INPUT, EXIT_PREEMPTED, command_seconds, in_flags
+from flows.command_line import EXIT_BAD_INPUT, EXIT_PREEMPTED, command_seconds, in_flags
 
 __all__ = [
     "PREEMPTED_PREFIX",
@@ -132,7 +132,7 @@ def run_cli(
     server, or a temporary one that dies with this process even on SIGKILL (:mod:`flows.ephemeral`).
 
     ``timed``, when the flow completed: called with its result and the command's wall seconds
-    (:func:`flows._cli.command_seconds`) from the command's start to the flow's
+    (:func:`flows.command_line.command_seconds`) from the command's start to the flow's
     call, in the flow, and from the flow's return to the end (the last logs and events sent
     and the temporary server stopped), before the closing lines."""
     try:

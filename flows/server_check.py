@@ -1,7 +1,7 @@
 """Is the Prefect server the commands will talk to answering (or, with none configured,
 can the temporary one keep its database)? One line if not.
 
-python -m flows._server   # exit 0 if it answers (or a temporary one can start), else 2 and one line
+python -m flows.server_check   # exit 0 if it answers (or a temporary one can start), else 2 and one line
 """
 
 from __future__ import annotations
