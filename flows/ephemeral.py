@@ -92,24 +92,39 @@ BLOCK_REGISTRATION_SETTINGS = (
     "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION",
 )
 
+#: Prefect's setting of its automations' triggers and actions services (current, older name).
+TRIGGERS_SETTINGS = ("PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED", "PREFECT_API_SERVICES_TRIGGERS_ENABLED")
 
-def _block_registration_off(env: dict[str, str]) -> dict[str, str]:
-    """The temporary server's block auto-registration off, unless ``env`` sets any of
-    :data:`BLOCK_REGISTRATION_SETTINGS` (then the user's choice stands).
 
-    With it on, every start imports each installed Prefect collection (prefect-dask imports
-    Dask's distributed) to hash the block registry against the last start's: 0.3-0.4 s of a
-    3.5 s start on 2 cores, on the command's critical path. The flows use no block types
-    (task results persist to local storage, which needs none); a server started by
-    ``make serve`` or ``prefect server start`` registers them, for the UI, as before."""
-    if any(name in env for name in BLOCK_REGISTRATION_SETTINGS):
-        return {}
-    return dict.fromkeys(BLOCK_REGISTRATION_SETTINGS[::2], "false")  # the current names
+def _unused_work_off(env: dict[str, str]) -> dict[str, str]:
+    """What the temporary server does at its start and that no run of it needs, switched off:
+    each group of settings below is set to ``false`` under its current names, unless ``env``
+    sets any name of that group (then the user's choice stands).
+
+    - Block auto-registration (:data:`BLOCK_REGISTRATION_SETTINGS`): every start imported each
+      installed Prefect collection (prefect-dask imports Dask's distributed) to hash the block
+      registry against the last start's: 0.3-0.4 s of a 3.5 s start on 2 cores, on the
+      command's critical path. The flows use no block types (task results persist to local
+      storage, which needs none).
+    - The automations' services (:data:`TRIGGERS_SETTINGS`: Prefect's ``ReactiveTriggers``
+      and ``Actions``): at its start the actions service builds two in-process API clients,
+      and each computes the hash of Prefect's whole settings (``create_app``'s cache key,
+      Prefect 3.9.1): 0.3-1.0 s of the server's CPU, on its event loop while the command's
+      first requests wait. The project's automations (:mod:`flows.automations`) live on the
+      long-lived server ``make serve`` starts, which watches runs; a server that lives only
+      as long as one command has nothing for them to act on.
+
+    A server started by ``make serve`` or ``prefect server start`` keeps Prefect's defaults."""
+    off: dict[str, str] = {}
+    for names in (BLOCK_REGISTRATION_SETTINGS, TRIGGERS_SETTINGS):
+        if not any(name in env for name in names):
+            off.update(dict.fromkeys(names[::2], "false"))  # the current names
+    return off
 
 
 def _spawn(port: int, settings_env: dict[str, str]) -> subprocess.Popen:
     env = {
-        **_block_registration_off({**os.environ, **settings_env}),
+        **_unused_work_off({**os.environ, **settings_env}),
         **os.environ,
         **settings_env,
         "PREFECT_UI_ENABLED": "0",

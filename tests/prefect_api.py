@@ -48,9 +48,11 @@ def start_server(home: Path) -> tuple[subprocess.Popen, str]:
         # The services of Prefect's temporary server only (what a command line's own server
         # runs, flows/ephemeral.py): the full set polls the database all session long.
         "PREFECT__SERVER_EPHEMERAL": "1",
-        # As the temporary server (flows/ephemeral.py): no block auto-registration.
+        # As the temporary server (flows/ephemeral.py): no block auto-registration, no
+        # automations' triggers and actions.
         "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
         "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
+        "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
     }
     cmd = [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app"]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error"]

@@ -34,12 +34,13 @@ def _tiny(tfds_dir):
         (["--set", "unknown.key=1"], "unknown config key 'unknown'", "main"),
     ],
 )
-def test_cli_bad_input_exits_2_with_one_line(tmp_path, capfd, args, fragment, through):
+def test_cli_bad_input_exits_2_with_one_line(tmp_path, capfd, args, fragment, through, prefect_api):
     """Exit code 2, one ``error:`` line on stderr naming the problem, nothing written.
     ``process``: the command line in a subprocess (a config value and a preflight check,
-    once each that way); ``main``: its entry point, ``flows.train_ensemble.main``, in this
-    process, which refuses before anything starts and spares a command line's start-up
-    (about 4 CPU s) per case."""
+    once each that way), on the session's Prefect server (a temporary one it started early
+    and stopped at the refusal costs 4-8 CPU s: that is proved once, below); ``main``: its
+    entry point, ``flows.train_ensemble.main``, in this process, which refuses before
+    anything starts and spares a command line's start-up (about 4 CPU s) per case."""
     out = tmp_path / "runs"
     argv = [*args, "--output-dir", str(out)]
     if through == "main":
@@ -49,7 +50,8 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path, capfd, args, fragment, th
         returncode, stderr = main(argv), capfd.readouterr().err
     else:
         cmd = [sys.executable, "-m", "flows.train_ensemble", *argv]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        env = cli_env(prefect_api)
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         returncode, stderr = proc.returncode, proc.stderr
     assert returncode == 2, stderr
     lines = stderr.strip().splitlines()
@@ -298,6 +300,9 @@ def test_work_while_the_server_starts_is_done_only_while_it_does_not_answer(tmp_
 
 
 BLOCKS_PROBE = """
+import os
+
+import httpx
 from prefect import flow, task
 from prefect.cache_policies import INPUTS
 from prefect.client.orchestration import get_client
@@ -321,15 +326,18 @@ with ephemeral.temporary_server():
     results = twice()
     with get_client(sync_client=True) as client:
         block_types = len(client.read_block_types())
-print(results, len(calls), block_types)
+    settings = httpx.get(os.environ["PREFECT_API_URL"] + "/admin/settings").json()  # the server's own
+print(results, len(calls), block_types, settings["server"]["services"]["triggers"]["enabled"])
 """
 
 
-def test_the_temporary_server_registers_no_block_types_and_task_results_still_cache(tmp_path):
+def test_the_temporary_server_registers_no_block_types_runs_no_triggers_and_task_results_still_cache(tmp_path):
     """The command's temporary server starts without Prefect's block auto-registration (which
     imported every Prefect collection, Dask's distributed among them, at each start): on a new
     database it holds no block types, and a task's persisted result is still found by its cache
-    key (results are stored locally and need none)."""
+    key (results are stored locally and need none). Its settings, as the server itself answers
+    them, leave out the automations' triggers and actions services (Prefect starts a service
+    only where its setting enables it)."""
     import os
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
@@ -339,16 +347,19 @@ def test_the_temporary_server_registers_no_block_types_and_task_results_still_ca
         [sys.executable, "-c", BLOCKS_PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["[9,", "9]", "1", "0"], done.stdout
+    assert done.stdout.split() == ["[9,", "9]", "1", "0", "False"], done.stdout
 
 
-def test_a_block_registration_setting_of_the_user_is_left_as_set():
+def test_a_block_registration_or_triggers_setting_of_the_user_is_left_as_set():
     from flows import ephemeral
 
-    off = {
+    blocks_off = {
         "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
         "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
     }
-    assert ephemeral._block_registration_off({"HOME": "/home/u"}) == off
+    triggers_off = {"PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false"}
+    assert ephemeral._unused_work_off({"HOME": "/home/u"}) == {**blocks_off, **triggers_off}
     for name in ephemeral.BLOCK_REGISTRATION_SETTINGS:
-        assert ephemeral._block_registration_off({name: "true"}) == {}
+        assert ephemeral._unused_work_off({name: "true"}) == triggers_off
+    for name in ephemeral.TRIGGERS_SETTINGS:
+        assert ephemeral._unused_work_off({name: "true"}) == blocks_off

@@ -141,9 +141,11 @@ def test_a_model_or_augmentation_that_cannot_work_is_one_line_before_any_compute
 
 
 @pytest.mark.slow
-def test_a_bad_import_path_through_the_command_line_exits_2(tmp_path):
+def test_a_bad_import_path_through_the_command_line_exits_2(tmp_path, prefect_api):
     import subprocess
     import sys
+
+    from tests.prefect_api import cli_env
 
     out = tmp_path / "runs"
     proc = subprocess.run(
@@ -157,6 +159,7 @@ def test_a_bad_import_path_through_the_command_line_exits_2(tmp_path):
             str(out),
         ],
         cwd=ROOT,
+        env=cli_env(prefect_api),  # the session's server: no temporary one started and stopped
         capture_output=True,
         text=True,
         timeout=120,

@@ -5,7 +5,6 @@ at import is logged instead of written to the command's output."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from ensemble_core.data.preparation import import_builder
 from ensemble_core.errors import ConfigError, DataError
 from ensemble_core.models import import_model_function
+from tests.prefect_api import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,11 +77,11 @@ def test_what_a_module_prints_at_import_is_logged_not_printed(modules, capsys, c
 
 
 @pytest.mark.slow  # the CLI in a subprocess: about 5 s of imports
-def test_the_cli_refuses_a_network_module_that_exits_0_before_training(tmp_path):
+def test_the_cli_refuses_a_network_module_that_exits_0_before_training(tmp_path, prefect_api):
     """The reported case: ``sys.exit(0)`` at import made the CLI exit 0 with nothing trained."""
     (tmp_path / "exiting_net.py").write_text(NET + "import sys\nsys.exit(0)\n")
     out = tmp_path / "runs"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = cli_env(prefect_api, PYTHONPATH=str(ROOT))  # the session's server: no temporary one to start
     cmd = [sys.executable, "-m", "flows.train_ensemble", "--set", "model.name=exiting_net:Net"]
     proc = subprocess.run(
         [*cmd, "--output-dir", str(out), "--run-name", "r"], cwd=tmp_path, env=env, capture_output=True, text=True
