@@ -34,7 +34,7 @@ def _tiny(tfds_dir):
         (["--set", "unknown.key=1"], "unknown config key 'unknown'", "main"),
     ],
 )
-def test_cli_bad_input_exits_2_with_one_line(tmp_path, capfd, args, fragment, through, prefect_api):
+def test_cli_bad_input_exits_2_with_one_line(tmp_path, capfd, args, fragment, through, request):
     """Exit code 2, one ``error:`` line on stderr naming the problem, nothing written.
     ``process``: the command line in a subprocess (a config value and a preflight check,
     once each that way), on the session's Prefect server (a temporary one it started early
@@ -50,7 +50,7 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path, capfd, args, fragment, th
         returncode, stderr = main(argv), capfd.readouterr().err
     else:
         cmd = [sys.executable, "-m", "flows.train_ensemble", *argv]
-        env = cli_env(prefect_api)
+        env = cli_env(request.getfixturevalue("prefect_api"))  # the session's server: only the process cases need it
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         returncode, stderr = proc.returncode, proc.stderr
     assert returncode == 2, stderr
