@@ -32,7 +32,6 @@ from ensemble_core.train import (
     learning_rate_table,
     make_optimizer,
     make_train_step,
-    state_shardings,
 )
 from ensemble_core.train.forward import Network
 
@@ -122,10 +121,11 @@ class EnsembleSetup:
         ``first_member ..``, :meth:`ensemble_core.config.PipelineConfig.member_hyperparameters`)."""
         return self.config.member_hyperparameters(self.first_member + self.plan.padded_members)[self.first_member :]
 
-    def init_state(self, init_keys: jax.Array, image_shape: tuple[int, ...]) -> EnsembleState:
+    def init_state(self, init_keys: jax.Array, image_shape: tuple[int, ...], abstract: bool = False) -> EnsembleState:
         """Member i initialised from ``init_keys[i]`` with its hyperparameters; leaves
         ``[E_padded, ...]`` sharded over ``'ensemble'``, with best-epoch tracking when the
-        config holds out a validation split (:func:`ensemble_core.train.init_ensemble`)."""
+        config holds out a validation split (:func:`ensemble_core.train.init_ensemble`;
+        ``abstract``: its shapes, dtypes and shardings only)."""
         return init_ensemble(
             self.model,
             self.optimizer,
@@ -135,6 +135,7 @@ class EnsembleSetup:
             hyperparameters=self.hyperparameters(),
             track_best=self.config.has_validation,
             member_choice=self.config.train.member_choice,
+            abstract=abstract,
         )
 
     def learning_rates(self, num_train: int) -> Callable[[int], np.ndarray]:
@@ -161,10 +162,7 @@ class EnsembleSetup:
     def abstract_state(self, image_shape: tuple[int, ...]) -> EnsembleState:
         """The state's shapes, dtypes and shardings (``jax.ShapeDtypeStruct`` leaves),
         computed without allocating: the target a checkpoint is restored onto."""
-        keys = self.member_keys()["init"]
-        abstract = jax.eval_shape(lambda: self.init_state(keys, image_shape))
-        shardings = state_shardings(abstract, self.mesh)
-        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+        return self.init_state(self.member_keys()["init"], image_shape, abstract=True)
 
     def train_step(self, donate: bool | None = None) -> Callable:
         """The jitted step (:func:`ensemble_core.train.make_train_step`) at the compute

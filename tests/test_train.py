@@ -162,3 +162,24 @@ def test_cpu_step_compiler_options_and_donation(mnist_train, donate):
     new_state, _ = step(state, imgs, labs, member_keys, idx)
     assert kernel.is_deleted() == bool(donate)
     assert not np.array_equal(np.asarray(new_state.params["Conv_0"]["kernel"]), before)  # it did train
+
+
+def test_the_abstract_state_is_the_initialised_states_shapes_and_shardings_from_one_trace(monkeypatch):
+    """What a checkpoint is restored onto (every evaluation, selection and drift check loads
+    one): the same tree, shapes, dtypes and shardings as the state ``init_state`` computes,
+    with the network traced once (it was traced twice, and JAX printed the traced program
+    into a discarded error message at a ``block_until_ready`` on its tracers)."""
+    from ensemble_core.train import state as state_module
+
+    built = small_setup("cnn", 3, devices=4, pad=True)
+    traces, waits = [], []
+    real, real_wait = state_module.init_variables, jax.block_until_ready
+    monkeypatch.setattr(state_module, "init_variables", lambda *a, **k: traces.append(1) or real(*a, **k))
+    monkeypatch.setattr(jax, "block_until_ready", lambda x: waits.append(1) or real_wait(x))
+    abstract = built.abstract_state((28, 28, 1))
+    assert (len(traces), len(waits)) == (1, 0)
+    state = built.init_state(built.member_keys()["init"], (28, 28, 1))
+    assert jax.tree.structure(abstract) == jax.tree.structure(state)
+    for a, x in zip(jax.tree.leaves(abstract), jax.tree.leaves(state), strict=True):
+        assert isinstance(a, jax.ShapeDtypeStruct) and not isinstance(a, jax.Array)
+        assert (a.shape, a.dtype, a.sharding) == (x.shape, x.dtype, x.sharding)

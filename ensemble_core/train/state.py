@@ -111,6 +111,7 @@ def init_ensemble(
     hyperparameters: list[dict] | None = None,
     track_best: bool = False,
     member_choice: str = "best_validation_nll",
+    abstract: bool = False,
 ) -> EnsembleState:
     """Initialise E members, member i from ``init_keys[i]`` only (in inference mode, as
     Flax's examples do: :func:`~ensemble_core.train.forward.init_variables`).
@@ -127,9 +128,13 @@ def init_ensemble(
       member_choice: ``train.member_choice``: ``"best_validation_nll"`` and ``"final"``
         track the best epoch by validation NLL, ``"best_validation_accuracy"`` by
         validation error; ``"final"`` evaluates the latest parameters.
+      abstract: return the state's shapes, dtypes and shardings only
+        (``jax.ShapeDtypeStruct`` leaves; the network traced once, nothing computed or
+        allocated): the target a checkpoint is restored onto.
 
     Returns:
-      An :class:`EnsembleState` whose leaves are ``[E, ...]``, sharded over ``'ensemble'``.
+      An :class:`EnsembleState` whose leaves are ``[E, ...]``, sharded over ``'ensemble'``
+      (with ``abstract``, their ``jax.ShapeDtypeStruct``).
 
     Raises:
       ConfigError: ``hyperparameters`` does not hold E dicts.
@@ -173,10 +178,11 @@ def init_ensemble(
     per_member = {name: column(name) for name in ("learning_rate", "weight_decay", "label_smoothing")}
     # one capture of what a user's network prints, traced and run (jax.debug.print) alike
     with user_output(model, "initialised"):
-        abstract = jax.eval_shape(init_all, init_keys, per_member)
-        return jax.block_until_ready(
-            jax.jit(init_all, out_shardings=state_shardings(abstract, mesh))(init_keys, per_member)
-        )
+        shapes = jax.eval_shape(init_all, init_keys, per_member)
+        shardings = state_shardings(shapes, mesh)
+        if abstract:  # no second trace (jit below) and no block_until_ready on its tracers
+            return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
+        return jax.block_until_ready(jax.jit(init_all, out_shardings=shardings)(init_keys, per_member))
 
 
 def state_shardings(state: EnsembleState, mesh: Mesh) -> EnsembleState:
