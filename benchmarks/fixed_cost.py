@@ -6,7 +6,12 @@ start to exit, for two checkouts side by side.
     python -m benchmarks.fixed_cost --checkout figures=. --checkout none=. --set figures:eval.plots=true
 
 ``--set LABEL:KEY=VALUE`` adds ``--set KEY=VALUE`` to that checkout's command line (the same
-checkout twice, under two labels, measures one setting's cost).
+checkout twice, under two labels, measures one setting's cost). ``--server LABEL`` runs that
+checkout's commands against one Prefect server started before them and kept running
+(``prefect server start``, its own PREFECT_HOME; its start is not counted) instead of each
+command's temporary server: a server kept warm between commands against the temporary one,
+
+    python -m benchmarks.fixed_cost --checkout temporary=. --checkout warm=. --server warm
 
 Runs the training command line on ``configs/tiny.yaml`` (the embedded digits, its
 temporary Prefect server, every default evaluator) from each checkout in turn, A B A B ...
@@ -31,6 +36,7 @@ Writes ``benchmarks/results/fixed-cost-<cpus>core.json`` (or ``--out``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -38,18 +44,26 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import httpx
 
 from benchmarks.provenance import stamp
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def one_run(checkout: Path, out: Path, home: Path, sets: tuple[str, ...] | list[str] = ()) -> dict:
-    """The tiny config's command line from ``checkout`` (with ``--set`` each of ``sets``): its
-    wall seconds (outside) and timing."""
+def one_run(
+    checkout: Path, out: Path, home: Path, sets: tuple[str, ...] | list[str] = (), api_url: str | None = None
+) -> dict:
+    """The tiny config's command line from ``checkout`` (with ``--set`` each of ``sets``;
+    against the server at ``api_url``, else its own temporary one): its wall seconds
+    (outside) and timing."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "XLA_FLAGS"}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(checkout))
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
     cmd = [sys.executable, "-m", "flows.train_ensemble", "--config", "configs/tiny.yaml"]
     cmd += ["--output-dir", str(out), "--run-name", "r", *(a for s in sets for a in ("--set", s))]
     load = os.getloadavg()[0]
@@ -60,6 +74,42 @@ def one_run(checkout: Path, out: Path, home: Path, sets: tuple[str, ...] | list[
         raise SystemExit(f"error: {' '.join(cmd)} in {checkout} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     report = json.loads((out / "r" / "report.json").read_text())
     return {"wall_seconds": wall, "load_average_1min_before": load, "timing": report.get("timing")}
+
+
+@contextlib.contextmanager
+def warm_server(home: Path) -> Iterator[str]:
+    """A Prefect server as a user keeps one running between commands (``prefect server start``,
+    Prefect's defaults, no UI) on PREFECT_HOME ``home``: yields its API URL once it answers,
+    stops it after. Its start is not part of any command's time.
+
+    Raises:
+      SystemExit: it exited, or did not answer within 180 s."""
+    from ensemble_core.processutil import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"]
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if server.poll() is not None:
+                raise SystemExit(f"error: {' '.join(cmd)} exited {server.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2, verify=False).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"error: {' '.join(cmd)} did not answer within 180 s")
+            time.sleep(0.2)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
 
 
 def _commit(checkout: Path) -> str:
@@ -104,6 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--set", action="append", default=[], metavar="LABEL:KEY=VALUE", help="an override for one checkout's runs"
     )
+    parser.add_argument(
+        "--server",
+        action="append",
+        default=[],
+        metavar="LABEL",
+        help="run LABEL's commands against one Prefect server started before them and kept warm "
+        "(prefect server start) instead of each command's temporary server",
+    )
     parser.add_argument("--runs", type=int, default=5, help="counted runs of each (default 5, after one warm-up)")
     parser.add_argument("--plot-repeats", type=int, default=9, help="saves of the figure per zlib level (default 9)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"fixed-cost-{os.cpu_count()}core.json"))
@@ -122,24 +180,32 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --set {s}: not LABEL:KEY=VALUE of a --checkout label; fix: e.g. --set after:eval.plots=true")
             return 2
         sets[label].append(override)
+    unknown = [label for label in args.server if label not in sets]
+    if unknown:
+        print(f"error: --server {unknown[0]}: not a --checkout label; fix: e.g. --server after")
+        return 2
     tmp = Path(tempfile.mkdtemp(prefix="fixed-cost-"))
     runs: dict[str, list[dict]] = {label: [] for label, _ in checkouts}
-    for i in range(args.runs + 1):  # the first round warms both up and is not counted
-        for label, checkout in checkouts:
-            r = one_run(checkout, tmp / f"{label}-{i}", tmp / f"prefect-{label}", sets[label])
-            print(f"{label} run {i}: {r['wall_seconds']:.1f} s", file=sys.stderr)
-            if i:
-                runs[label].append(r)
+    with contextlib.ExitStack() as servers:
+        api = {label: servers.enter_context(warm_server(tmp / f"prefect-{label}")) for label in set(args.server)}
+        for i in range(args.runs + 1):  # the first round warms both up and is not counted
+            for label, checkout in checkouts:
+                r = one_run(checkout, tmp / f"{label}-{i}", tmp / f"prefect-{label}", sets[label], api.get(label))
+                print(f"{label} run {i}: {r['wall_seconds']:.1f} s", file=sys.stderr)
+                if i:
+                    runs[label].append(r)
     (a, _), (b, _) = checkouts
     ratios = [rb["wall_seconds"] / ra["wall_seconds"] for ra, rb in zip(runs[a], runs[b], strict=True)]
     result = {
         "command": "python -m benchmarks.fixed_cost "
         + " ".join(f"--checkout {label}=<checkout of {_commit(path)}>" for label, path in checkouts)
-        + "".join(f" --set {label}:{s}" for label, ss in sets.items() for s in ss),
+        + "".join(f" --set {label}:{s}" for label, ss in sets.items() for s in ss)
+        + "".join(f" --server {label}" for label in args.server),
         **stamp(),
         "what": "python -m flows.train_ensemble --config configs/tiny.yaml, start to exit, warm caches",
         "checkouts": {label: _commit(path) for label, path in checkouts},
         "sets": sets,
+        "warm_server": sorted(set(args.server)),
         "median_wall_seconds": {label: statistics.median(r["wall_seconds"] for r in rs) for label, rs in runs.items()},
         "ratio_median": statistics.median(ratios),
         "ratios": ratios,
