@@ -180,7 +180,9 @@ def init_ensemble(
     with user_output(model, "initialised"):
         shapes = jax.eval_shape(init_all, init_keys, per_member)
         shardings = state_shardings(shapes, mesh)
-        if abstract:  # no second trace (jit below) and no block_until_ready on its tracers
+        # abstract: no second trace (jit below), and no block_until_ready on tracers, whose
+        # AttributeError message JAX builds by printing the whole traced program (jax-ml/jax#40041)
+        if abstract:
             return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
         return jax.block_until_ready(jax.jit(init_all, out_shardings=shardings)(init_keys, per_member))
 
