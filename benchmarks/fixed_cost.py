@@ -47,8 +47,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
-
 from benchmarks.provenance import stamp
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,26 +81,22 @@ def warm_server(home: Path) -> Iterator[str]:
     stops it after. Its start is not part of any command's time.
 
     Raises:
-      SystemExit: it exited, or did not answer within 180 s."""
+      RuntimeError: it exited, or did not answer within ``tests.prefect_api.STARTUP_TIMEOUT_S``
+        (the tail of its log in the message)."""
     from ensemble_core.processutil import free_port
+    from tests.prefect_api import wait_healthy
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"]
-    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    home.mkdir(parents=True, exist_ok=True)
+    log = home / "server.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/api"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"error: {' '.join(cmd)} exited {server.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2, verify=False).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise SystemExit(f"error: {' '.join(cmd)} did not answer within 180 s")
-            time.sleep(0.2)
+        wait_healthy(url, server, log)
         yield url
     finally:
         server.terminate()

@@ -196,8 +196,9 @@ def _answers(port: int, timeout: float) -> bool:
     """Whether the server on ``port`` answers its health check within ``timeout`` seconds.
 
     Plain HTTP on the loopback interface, so no TLS context with certificates: httpx builds
-    one for every client it creates, and loading certifi's bundle into it took 20 ms of this
-    process's CPU per check (httpx 0.28), while the server's start competes for the same cores."""
+    one for every client it creates, and loading a certificate bundle into it (certifi's, or
+    SSL_CERT_FILE's) took 20 ms of this process's CPU per check (httpx 0.28), while the
+    server's start competes for the same cores."""
     try:
         return httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=timeout, verify=False).status_code == 200
     except httpx.HTTPError:

@@ -74,7 +74,7 @@ def wait_healthy(url: str, server: subprocess.Popen | None = None, log: Path | N
             tail = log.read_text()[-2000:] if log is not None else ""
             raise RuntimeError(f"the Prefect server exited with {server.returncode}: {tail}")
         try:
-            # verify=False: plain HTTP on loopback, and httpx loads certifi's bundle (20 ms of CPU) for
+            # verify=False: plain HTTP on loopback, and httpx loads a certificate bundle (20 ms of CPU) for
             # every client otherwise, five times a second while the server starts
             if httpx.get(f"{url}/health", timeout=2, verify=False).status_code == 200:
                 return
