@@ -306,7 +306,8 @@ def detection(score: np.ndarray, is_ood: np.ndarray) -> dict[str, float]:
     """Threshold-free OOD detection metrics of a score where higher means "more OOD".
 
     OOD examples are the positive class; an example is flagged OOD at threshold t when
-    ``score >= t``; equal scores are one threshold. Computed with scikit-learn:
+    ``score >= t``; equal scores are one threshold. All four from one scikit-learn
+    ``roc_curve`` (its cumulative counts), equal to the functions named:
 
     - ``"auroc"``: ``roc_auc_score``, the area under the ROC curve = the Mann-Whitney
       statistic ``P(s_ood > s_id) + 0.5 * P(s_ood == s_id)`` (ties counted half).
@@ -350,15 +351,36 @@ def detection(score: np.ndarray, is_ood: np.ndarray) -> dict[str, float]:
 
     # Imported here, not with the module: training imports this module (validation NLL) and
     # never needs scikit-learn, whose import costs about 0.4 s in every training process.
-    from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
+    from sklearn.metrics import auc, roc_curve
 
+    # One sort for all four figures: roc_curve with every distinct threshold (descending,
+    # after its (0, 0) point at +inf) gives the cumulative counts the others are built from.
+    # roc_auc_score and average_precision_score each sort again and validate their inputs
+    # again: four calls took 37 ms for 11,000 scores against 6 ms for this one, and the
+    # evaluation scores each OOD set for every member and every score (87 calls a run).
     fpr, tpr, _ = roc_curve(y, s, drop_intermediate=False)
+    tps = np.rint(tpr * n_pos)  # OOD examples with score >= threshold k
+    fps = np.rint(fpr * n_neg)  # in-distribution examples with score >= threshold k
     return {
-        "auroc": float(roc_auc_score(y, s)),
-        "aupr_in": float(average_precision_score(~y, -s)),
-        "aupr_out": float(average_precision_score(y, s)),
+        # roc_auc_score's own definition: the trapezoidal area under roc_curve's points
+        "auroc": float(auc(fpr, tpr)),
+        # average_precision_score's: sum over thresholds, descending, of the recall's step
+        # times the precision there
+        "aupr_out": _average_precision(tps[1:], fps[1:], n_pos),
+        # the same with the in-distribution examples positive and -score: its thresholds are
+        # the distinct scores ascending, and at score <= t_k the in-distribution examples
+        # flagged are those not above t_k (n_neg - fps[k-1]), the OOD ones n_pos - tps[k-1]
+        "aupr_in": _average_precision((n_neg - fps[:-1])[::-1], (n_pos - tps[:-1])[::-1], n_neg),
         "fpr_at_95_tpr": float(fpr[tpr >= 0.95].min()),
     }
+
+
+def _average_precision(tp: np.ndarray, fp: np.ndarray, n_pos: int) -> float:
+    """``sum_k (R_k - R_{k-1}) * P_k`` (R_0 = 0) from the true and false positives float
+    ``[K]`` at K thresholds in descending order (scikit-learn's ``average_precision_score``)."""
+    recall = tp / n_pos
+    precision = tp / np.maximum(tp + fp, 1)
+    return float(np.sum(np.diff(recall, prepend=0.0) * precision))
 
 
 def confident_fraction(probs: np.ndarray, tau: float = 0.9) -> float:

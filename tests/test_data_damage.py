@@ -218,3 +218,34 @@ def test_an_unrelated_read_error_is_not_turned_into_damage(error, copied, monkey
     with pytest.raises(type(error)) as err:
         data.load_split(data.EMBEDDED, "train", _snap(variant))
     assert err.value is error
+
+
+def test_a_split_read_again_is_not_decoded_again_until_its_files_change(copied, mnist_train, monkeypatch):
+    """load_split remembers what it read: the same split again is not decoded again (one
+    run reads a split up to seven times), callers get copies, and a shard damaged since
+    (same path and size) is read, and refused, rather than served from memory."""
+    import tensorflow_datasets as tfds
+
+    _, variant = copied
+    reads = []
+    original = tfds.core.DatasetBuilder.as_data_source
+
+    def counted(self, *args, **kwargs):
+        reads.append(kwargs.get("split"))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "as_data_source", counted)
+    first, _ = data.load_split(data.EMBEDDED, "train", _snap(variant))
+    first[:] = 0  # a caller's own change reaches no other caller
+    again, labels = data.load_split(data.EMBEDDED, "train", _snap(variant))
+    assert reads == ["train"]
+    np.testing.assert_array_equal(again, mnist_train[0])
+    np.testing.assert_array_equal(labels, mnist_train[1])
+    data.load_split(data.EMBEDDED, "train", _snap(variant), 200)  # another limit is another read
+    assert reads == ["train", "train"]
+
+    damaged = _corrupt_middle(variant)
+    with pytest.raises(DataError) as err:
+        data.load_split(data.EMBEDDED, "train", _snap(variant))
+    _assert_actionable(err.value, damaged, variant)
+    assert reads == ["train", "train", "train"]

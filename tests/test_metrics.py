@@ -156,6 +156,24 @@ def test_detection_against_loops_with_ties(seed):
     assert metrics.detection(score[perm], is_ood[perm].astype(int)) == pytest.approx(out)
 
 
+@pytest.mark.parametrize("ties", [False, True])
+def test_detection_equals_scikit_learns_own_functions_on_an_evaluation_sized_set(ties):
+    """detection builds every figure from one roc_curve: scikit-learn's roc_auc_score and
+    average_precision_score (in and out) on 11,000 float32 scores are the oracle."""
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    rng = np.random.default_rng(7)
+    is_ood = np.arange(11_000) >= 1_000
+    score = (rng.normal(size=11_000) + 1.5 * is_ood).astype(np.float32)
+    if ties:
+        score = np.round(score, 1)  # about 100 distinct values: ties within and across classes
+    out = metrics.detection(score, is_ood)
+    s = score.astype(np.float64)
+    assert out["auroc"] == pytest.approx(roc_auc_score(is_ood, s), abs=1e-12)
+    assert out["aupr_out"] == pytest.approx(average_precision_score(is_ood, s), abs=1e-12)
+    assert out["aupr_in"] == pytest.approx(average_precision_score(~is_ood, -s), abs=1e-12)
+
+
 def test_detection_all_tied_and_mann_whitney():
     is_ood = np.array([1, 0, 1, 0, 0], bool)
     out = metrics.detection(np.zeros(5), is_ood)
