@@ -44,6 +44,7 @@ BASE = [
     "checkpoint.keep=2",
     "promotion.enabled=false",
     "eval.evaluators=[test]",  # the shift/OOD evaluators are tested in test_evaluators.py
+    "eval.plots=false",  # no test of a kill looks at figures (test_flow.py and test_evaluators.py do)
 ]
 
 
