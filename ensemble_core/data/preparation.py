@@ -359,7 +359,7 @@ def load_split(
     verify_prepared(builder, name, [split])
     key = _read_key(builder, name, split, limit)
     with _READS_LOCK:
-        if key in _READS:
+        if key is not None and key in _READS:
             _READS.move_to_end(key)
             images, labels = _READS[key]
             return images.copy(), labels.copy()
