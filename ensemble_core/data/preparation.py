@@ -364,11 +364,12 @@ def load_split(
             images, labels = _READS[key]
             return images.copy(), labels.copy()
     images, labels = _read_split(builder, name, split, limit)
-    if key is not None and images.nbytes + labels.nbytes <= READ_CACHE_BYTES:
-        with _READS_LOCK:
-            _READS[key] = (images, labels)
-            while sum(i.nbytes + lab.nbytes for i, lab in _READS.values()) > READ_CACHE_BYTES:
-                _READS.popitem(last=False)
+    if key is None or images.nbytes + labels.nbytes > READ_CACHE_BYTES:
+        return images, labels  # not remembered: the caller's alone, no copy (a large split's peak memory)
+    with _READS_LOCK:
+        _READS[key] = (images, labels)
+        while sum(i.nbytes + lab.nbytes for i, lab in _READS.values()) > READ_CACHE_BYTES:
+            _READS.popitem(last=False)
     return images.copy(), labels.copy()
 
 
