@@ -251,6 +251,35 @@ def test_a_failed_process_is_explained_by_its_error_line_not_a_stack_frame(log, 
     assert _explaining_line(log) == line
 
 
+# What the survivor of a peer SIGKILLed mid-collective wrote (CI, 2026-12): gloo's TCP
+# transport failed an enforce on the half-read message and the process aborted itself.
+_GLOO_ABORT = """== session started 2026-12-05 10:00:00 (launcher pid 1)
+epoch 2/4
+terminate called after throwing an instance of 'gloo::EnforceNotMet'
+  what():  [enforce fail at external/gloo/gloo/transport/tcp/pair.cc:446] op.preamble.length <= op.nbytes. 8 vs 4
+*** SIGABRT received at time=1 ***
+    @ 0x7f (unknown)
+"""
+
+
+@pytest.mark.parametrize(
+    "dead, codes, tails, blamed",
+    [
+        # both found dead in one poll: the one SIGKILLed, not the one gloo aborted after
+        ([0, 1], [-signal.SIGABRT, -signal.SIGKILL], [_GLOO_ABORT, "== session started x\nepoch 2/4\n"], 1),
+        ([0, 1], [1, -signal.SIGKILL], ["x\nRuntimeError: Gloo allreduce failed: Connection closed by peer", ""], 1),
+        # a process that aborted on its own is blamed before one SIGKILLed only when that
+        # one's log shows it followed the other's death
+        ([0, 1], [-signal.SIGABRT, -signal.SIGKILL], ["F1 a.cc:1] check failed", "heartbeat timeout"], 0),
+        ([1, 0], [1, 1], ["ValueError: a", "ValueError: b"], 1),  # else the first found dead
+    ],
+)
+def test_the_process_blamed_is_the_one_whose_death_the_others_followed(dead, codes, tails, blamed):
+    from ensemble_core.runs.training.launcher import _blamed
+
+    assert _blamed(dead, codes, tails) == blamed
+
+
 def test_process_0s_epochs_reach_on_epoch_in_the_callers_context():
     """The flow's on_epoch logs through Prefect, whose settings (the API URL) live in
     context variables: without them it started a second Prefect server per run."""

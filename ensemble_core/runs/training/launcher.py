@@ -247,10 +247,25 @@ def _shorten(line: str, limit: int = 400) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-# A process that failed because another one died first (gloo's collective lost its peer,
-# the coordination service saw missed heartbeats): never the one to blame when another
-# process died in the same poll.
-_CONSEQUENCE = re.compile(r"Gloo \w+ failed|Connection closed by peer|another task died|heartbeat timeout")
+# A process that failed because another one died first (gloo's collective lost its peer:
+# an error from its TCP transport, ``[enforce fail at .../gloo/transport/tcp/pair.cc:...]``
+# included; the coordination service saw missed heartbeats): never the one to blame when
+# another process died in the same poll.
+_CONSEQUENCE = re.compile(
+    r"Gloo \w+ failed|gloo/transport/|Connection (closed|reset) by peer|another task died|heartbeat timeout"
+)
+
+
+def _blamed(dead: list[int], codes: list[int | None], tails: list[str]) -> int:
+    """Which of the processes ``dead`` (indices, in the order found dead) to blame: first
+    one whose log shows no consequence of another's death (``_CONSEQUENCE``), and among
+    those one ended from outside (SIGKILL, SIGTERM: the OOM killer, a user) before one that
+    aborted itself (SIGABRT); ``dead[0]`` when every one is a consequence."""
+
+    def rank(i: int) -> tuple[bool, bool]:
+        return bool(_CONSEQUENCE.search(_explaining_line(tails[i]))), codes[i] == -signal.SIGABRT
+
+    return min(dead, key=rank)
 
 
 def _failure(failed: tuple[str, list[int]], procs, tails: list[str], run: RunDir) -> EnsembleError:
@@ -261,7 +276,7 @@ def _failure(failed: tuple[str, list[int]], procs, tails: list[str], run: RunDir
             f"training across {n} JAX processes was stopped; the latest epoch checkpoint is kept",
             fix=resume_fix(owning_run(run.path).name),
         )
-    index = next((i for i in dead if not _CONSEQUENCE.search(_explaining_line(tails[i]))), dead[0])
+    index = _blamed(dead, [p.returncode for p in procs], tails)
     code = procs[index].returncode
     refused = [m["line"] for t in tails for m in [re.search(r"^error: (?P<line>.+)$", t, re.M)] if m]
     if code == 2 and refused:
