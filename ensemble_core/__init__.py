@@ -12,3 +12,13 @@ writes, its lock, orbax checkpoints, preflight, training with resume and stop si
 evaluation and prediction, the champion, the report, and :func:`.runs.run`, the
 sequence every caller uses.
 """
+
+import sys
+
+if sys.argv[:1] == ["-m"] and "ensemble_core.runs.training.processes" in sys.orig_argv:
+    # A JAX process of one program (``python -m ensemble_core.runs.training.processes``):
+    # runpy imports this package first. The garbage collector is off while it imports its
+    # modules; its main() resumes it (ensemble_core.startup_gc).
+    from ensemble_core import startup_gc
+
+    startup_gc.pause()

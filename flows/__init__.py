@@ -5,6 +5,12 @@ import signal
 import sys
 
 if sys.argv[:1] == ["-m"]:  # `python -m flows.<command>`: runpy imports this package first
+    # The garbage collector is off while the command imports its modules (a quarter of
+    # their import time); command_line.command_started, main()'s first statement, resumes it.
+    from ensemble_core import startup_gc
+
+    startup_gc.pause()
+
     # A stop signal while the command starts ends it at once in one line (nothing is written
     # yet): installed before the imports below take their half second. The command replaces
     # these handlers with its own once its modules are imported (flows.command_line).

@@ -43,6 +43,8 @@ from prefect.events.schemas.automations import EventTrigger, Posture
 from prefect.events.schemas.events import ResourceSpecification
 from prefect.exceptions import ObjectNotFound
 
+from flows import command_line
+
 RETRY_CRASHED = "retry-crashed-runs"
 RETRAIN_ON_DRIFT = "retrain-on-drift"
 DEFAULT_RETRAIN_DEPLOYMENT = "train-ensemble/nightly"
@@ -174,6 +176,7 @@ def ensure(
 
 
 def main(argv: list[str] | None = None) -> int:
+    command_line.command_started()
     parser = argparse.ArgumentParser(prog="python -m flows.automations", description=__doc__.split("\n")[0])
     parser.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, metavar="N")
     parser.add_argument(

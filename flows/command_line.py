@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import NoReturn
 
+from ensemble_core import startup_gc
 from ensemble_core.errors import EnsembleError, PreemptedError
 from ensemble_core.timing import process_seconds
 
@@ -25,8 +26,10 @@ _started_at: float | None = None  # time.perf_counter() when main() began (comma
 def command_started() -> None:
     """Mark the start of a command line's ``main()`` (its first statement): the start of
     the command where ``main`` is called from Python (a test, a notebook) rather than as
-    ``python -m flows.<command>``."""
+    ``python -m flows.<command>``; and the end of its imports, during which
+    ``flows/__init__.py`` paused the garbage collector (:func:`ensemble_core.startup_gc.resume`)."""
     global _started_at
+    startup_gc.resume()
     _started_at = time.perf_counter()
 
 

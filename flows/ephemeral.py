@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from ensemble_core import startup_gc
 from ensemble_core.processutil import die_with_parent, free_port
 
 PARENT_ENV = "ENSEMBLE_EPHEMERAL_PARENT_PID"
@@ -42,9 +43,11 @@ def create_app():
     (SIGTERM when it dies; where that is not available, Prefect's own exit hook applies)."""
     expected = os.environ.get(PARENT_ENV)
     die_with_parent(signal.SIGTERM, int(expected) if expected else None)
+    startup_gc.pause()  # while Prefect's server imports and builds its app
     from prefect.server.api.server import create_app as prefect_create_app
 
     app = prefect_create_app()
+    startup_gc.resume()
     prefect_lifespan = app.router.lifespan_context
 
     @contextlib.asynccontextmanager

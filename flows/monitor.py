@@ -76,6 +76,7 @@ def monitor(
 
 
 def main(argv: list[str] | None = None) -> int:
+    command_line.command_started()
     parser = argparse.ArgumentParser(prog="python -m flows.monitor", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--images",

@@ -82,6 +82,7 @@ def predict(
 
 
 def main(argv: list[str] | None = None) -> int:
+    command_line.command_started()
     parser = argparse.ArgumentParser(prog="python -m flows.predict", description=__doc__.split("\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(

@@ -51,6 +51,7 @@ from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFi
 from prefect.flow_engine import MINIMUM_HEARTBEAT_INTERVAL  # Prefect's shortest heartbeat interval
 from prefect.states import Crashed, Scheduled
 
+from flows import command_line
 from flows.automations import DEFAULT_MAX_ATTEMPTS, RETRY_MESSAGE, TAG
 
 NAME = "reconcile-lost-runs"
@@ -173,6 +174,7 @@ def _log(line: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    command_line.command_started()
     parser = argparse.ArgumentParser(prog="python -m flows.reconcile", description=__doc__.split("\n")[0])
     parser.add_argument("--pool", help="only flow runs of this work pool (default: every pool)")
     parser.add_argument("--zombie-after", type=float, default=DEFAULT_ZOMBIE_AFTER_S, metavar="SECONDS")

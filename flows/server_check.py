@@ -104,6 +104,9 @@ def _refuses_this_client(url: str) -> str | None:
 
 
 if __name__ == "__main__":
+    from ensemble_core import startup_gc
+
+    startup_gc.resume()  # paused by flows/__init__.py while this module imported
     message = unreachable()
     if message:
         print(f"error: {message}", file=sys.stderr)

@@ -40,6 +40,7 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
+from ensemble_core import startup_gc
 from ensemble_core.config import PipelineConfig, load_config
 from ensemble_core.data import DatasetInfo
 from ensemble_core.errors import EnsembleError
@@ -56,6 +57,7 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> int:
     """One JAX process of the program: join the others, train, print process 0's summary."""
+    startup_gc.resume()  # paused by ensemble_core/__init__.py while this module imported
     parser = argparse.ArgumentParser(
         prog="python -m ensemble_core.runs.training.processes", description=__doc__.split("\n")[0]
     )

@@ -1,0 +1,89 @@
+"""The garbage collector is off while a command imports its modules, and on again, with
+the imports frozen out of its reach, once the command's main starts (ensemble_core.startup_gc)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Loaded by the interpreter at its start (a sitecustomize on PYTHONPATH): at exit, prints
+# what the collector did from then on (the interpreter's own start collects before it).
+_SITECUSTOMIZE = """
+import atexit, gc, json, os
+
+import sys
+
+_collections = []  # one entry per collection from here on: whether it came while the heavy
+# packages imported (JAX or Prefect begun, no gc.freeze yet)
+def _on_collection(phase, info):
+    if phase == "start":
+        importing = gc.get_freeze_count() == 0 and ("jax" in sys.modules or "prefect" in sys.modules)
+        _collections.append(importing)
+
+gc.callbacks.append(_on_collection)
+
+def _report():
+    os.write(1, ("\\nGC " + json.dumps({
+        "enabled": gc.isenabled(),
+        "frozen": gc.get_freeze_count(),
+        "collections": len(_collections),
+        "collections_while_importing": sum(_collections),
+    }) + "\\n").encode())
+
+atexit.register(_report)
+"""
+
+
+def _gc_report(tmp_path: Path, *args: str) -> dict:
+    (tmp_path / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), "PREFECT_API_URL": ""}
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("GC ")]
+    assert lines, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    return json.loads(lines[-1][3:])
+
+
+@pytest.mark.slow  # five commands import Prefect, JAX and Flax
+@pytest.mark.parametrize(
+    "module",
+    [
+        "flows.train_ensemble",
+        "flows.predict",
+        "flows.monitor",
+        "flows.reconcile",
+        "flows.automations",
+        "ensemble_core.runs.training.processes",
+    ],
+)
+def test_a_command_imports_without_collections_then_collects_again(tmp_path, module):
+    """``python -m <command> --help``: no collection ran while JAX, Prefect and the rest
+    imported (before the freeze at main's start; dozens ran there before), and main() turned the collector
+    back on with what the imports made frozen (never walked by a collection)."""
+    gc = _gc_report(tmp_path, "-m", module, "--help")
+    assert gc["enabled"] is True
+    assert gc["collections_while_importing"] == 0
+    assert gc["frozen"] > 100_000
+
+
+@pytest.mark.slow  # imports Prefect, JAX and Flax
+def test_a_library_import_leaves_the_collector_alone(tmp_path):
+    """Imported by a user's program (not ``python -m``), the flows pause nothing."""
+    gc = _gc_report(tmp_path, "-c", "import flows.train_ensemble")
+    assert gc["enabled"] is True and gc["frozen"] == 0 and gc["collections"] > 0
+
+
+@pytest.mark.slow  # imports Prefect's server
+def test_the_temporary_servers_app_is_built_without_collections(tmp_path):
+    """The temporary Prefect server's app factory (flows.ephemeral.create_app) imports and
+    builds Prefect's app with the collector off, and turns it back on."""
+    code = "import gc; from flows.ephemeral import create_app; n = gc.get_stats()[2]['collections']; create_app()"
+    code += "; assert gc.get_stats()[2]['collections'] == n, 'a full collection while building the app'"
+    gc = _gc_report(tmp_path, "-c", code)
+    assert gc["enabled"] is True and gc["frozen"] > 100_000
