@@ -2,9 +2,9 @@
 
 Importing a command's modules (JAX, Flax, optax, orbax, TFDS, Prefect, pydantic and the
 project: hundreds of thousands of objects, next to none of them garbage) set off
-collection after collection, each walking the objects allocated so far: a quarter of
-the import time (``import flows.train_ensemble``: 3.7 CPU s with the collector, 2.7 s
-paused, 2 cores; ``python -m benchmarks.fixed_cost`` measures the command whole). A
+collection after collection, each walking the objects allocated so far: about a quarter
+of the import time (docs/benchmarks.md, "The fixed cost of a run", with the tiny
+command's before and after from ``python -m benchmarks.fixed_cost``). A
 command started as ``python -m`` pauses the collector before its first heavy import
 (:func:`pause`: ``flows/__init__.py``, ``ensemble_core/runs/training/processes.py``'s
 launcher) and resumes it as its ``main`` starts (:func:`resume`), after moving what the
