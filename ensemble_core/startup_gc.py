@@ -39,12 +39,21 @@ def paused() -> bool:
     return _paused
 
 
-def resume() -> None:
-    """After :func:`pause`: move every object now tracked into the permanent generation
-    (``gc.freeze``: the imported modules' objects, never walked again) and turn the
-    collector back on. Without a pause before it, nothing (idempotent)."""
+def resume(freeze: bool = True) -> None:
+    """After :func:`pause`: with ``freeze``, move every object now tracked into the
+    permanent generation (``gc.freeze``: the imported modules' objects, never walked
+    again), then turn the collector back on. Without a pause before it, nothing
+    (idempotent).
+
+    ``freeze=False`` for a process that goes on to allocate much more that lives long (a
+    test session tracing hundreds of programs): CPython (3.11, 3.12) runs a full
+    collection only when the objects that survived since the last one exceed a quarter of
+    the long-lived generation, and frozen objects no longer count in it, so full
+    collections came more often (measured: 3 test modules 3% slower frozen, 4% faster not;
+    a command's run 7% slower not frozen)."""
     global _paused
     if _paused:
         _paused = False
-        gc.freeze()
+        if freeze:
+            gc.freeze()
         gc.enable()

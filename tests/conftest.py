@@ -25,6 +25,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest
 
+from ensemble_core import startup_gc
+
 pytest_plugins = ["tests.suite_report"]  # ENSEMBLE_SUITE_REPORT: each test's wall and CPU seconds
 
 
@@ -137,6 +139,18 @@ def pytest_collection_modifyitems(items):
         return _LONGEST_FIRST.index(name) if name in _LONGEST_FIRST else len(_LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: within a rank, file and test order stay as collected
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """The garbage collector off while collection imports the test modules (JAX, Flax,
+    Prefect, TFDS), as the commands do (:mod:`ensemble_core.startup_gc`); on again after,
+    the imports not frozen (why: :func:`ensemble_core.startup_gc.resume`)."""
+    startup_gc.pause()
+    try:
+        return (yield)
+    finally:
+        startup_gc.resume(freeze=False)
 
 
 def pytest_collection_finish(session):
