@@ -4,13 +4,17 @@ import os
 import signal
 import sys
 
-if sys.argv[:1] == ["-m"]:  # `python -m flows.<command>`: runpy imports this package first
-    # The garbage collector is off while the command imports its modules (a quarter of
-    # their import time); command_line.command_started, main()'s first statement, resumes it.
+if sys.argv[:1] == ["-m"] or os.environ.get("ENSEMBLE_EPHEMERAL_PARENT_PID"):
+    # `python -m flows.<command>` (runpy imports this package first), or the temporary
+    # Prefect server a command started (flows.ephemeral, whose app factory uvicorn imports):
+    # the garbage collector is off while the process imports its modules (a quarter of
+    # their import time); command_line.command_started (main()'s first statement), or the
+    # server's app factory once its app is built, resumes it.
     from ensemble_core import startup_gc
 
     startup_gc.pause()
 
+if sys.argv[:1] == ["-m"]:
     # A stop signal while the command starts ends it at once in one line (nothing is written
     # yet): installed before the imports below take their half second. The command replaces
     # these handlers with its own once its modules are imported (flows.command_line).

@@ -25,7 +25,6 @@ import sys
 import warnings
 from pathlib import Path
 
-from ensemble_core.config import HOST_DEVICES  # pydantic and numpy, no JAX
 
 __all__ = ["TFDS_VERBOSE_ENV", "apply", "attach_project_logger", "quiet_tfds"]
 _FLAG = "--xla_force_host_platform_device_count"
@@ -37,6 +36,10 @@ TFDS_VERBOSE_ENV = "ENSEMBLE_TFDS_VERBOSE"
 def apply() -> None:
     flags = os.environ.get("XLA_FLAGS", "")
     if _FLAG not in flags:
+        # Imported here: a process started with the flag set (the temporary server, a
+        # command's children) does not import the config's models for it (0.3 s).
+        from ensemble_core.config import HOST_DEVICES  # pydantic and numpy, no JAX
+
         os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={HOST_DEVICES}".strip()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # Prefect warns at import (two lines) when it cannot create PREFECT_HOME; the commands

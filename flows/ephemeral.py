@@ -27,7 +27,7 @@ import httpx
 from ensemble_core import startup_gc
 from ensemble_core.processutil import die_with_parent, free_port
 
-PARENT_ENV = "ENSEMBLE_EPHEMERAL_PARENT_PID"
+PARENT_ENV = "ENSEMBLE_EPHEMERAL_PARENT_PID"  # flows/__init__.py reads it by name (the collector paused)
 # The server imports Prefect's whole API and migrates its database before it answers:
 # seconds on a quiet machine, over a minute on two cores shared with training runs.
 # PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS raises it further.
