@@ -25,7 +25,6 @@ import sys
 import warnings
 from pathlib import Path
 
-
 __all__ = ["TFDS_VERBOSE_ENV", "apply", "attach_project_logger", "quiet_tfds"]
 _FLAG = "--xla_force_host_platform_device_count"
 PROJECT_LOGGER = "ensemble_core"

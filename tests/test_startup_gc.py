@@ -43,7 +43,8 @@ atexit.register(_report)
 
 def _gc_report(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> dict:
     (tmp_path / "sitecustomize.py").write_text(_SITECUSTOMIZE)
-    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), "PREFECT_API_URL": ""}
+    path = os.pathsep.join([str(tmp_path), str(ROOT)])
+    env = {**os.environ, **(env or {}), "PYTHONPATH": path, "PREFECT_API_URL": ""}
     done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("GC ")]
     assert lines, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
