@@ -48,29 +48,48 @@ def _gc_report(tmp_path: Path, *args: str, env: dict[str, str] | None = None) ->
     done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("GC ")]
     assert lines, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
-    return json.loads(lines[-1][3:])
+    return {**json.loads(lines[-1][3:]), "returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
 
 
-@pytest.mark.slow  # five commands import Prefect, JAX and Flax
-@pytest.mark.parametrize(
-    "module",
-    [
-        "flows.train_ensemble",
-        "flows.predict",
-        "flows.monitor",
-        "flows.reconcile",
-        "flows.automations",
-        "ensemble_core.runs.training.processes",
-    ],
-)
+@pytest.mark.slow  # each command imports Prefect, JAX and Flax
+@pytest.mark.parametrize("module", ["flows.train_ensemble", "ensemble_core.runs.training.processes"])
 def test_a_command_imports_without_collections_then_collects_again(tmp_path, module):
-    """``python -m <command> --help``: no collection ran while JAX, Prefect and the rest
-    imported (before the freeze at main's start; dozens ran there before), and main() turned the collector
-    back on with what the imports made frozen (never walked by a collection)."""
+    """``python -m <command> --help`` (a flow's command line; a JAX process of one program):
+    no collection ran while JAX, Prefect and the rest imported (before the freeze at
+    main's start; dozens ran there before), and main() turned the collector back on with
+    what the imports made frozen (never walked by a collection)."""
     gc = _gc_report(tmp_path, "-m", module, "--help")
     assert gc["enabled"] is True
     assert gc["collections_while_importing"] == 0
     assert gc["frozen"] > 100_000
+
+
+# Every other flow command's main in one process (their imports paid once): paused as
+# flows/__init__.py pauses a `python -m flows.<command>`, then the command's main with
+# --help; its first statement must turn the collector back on.
+_EVERY_MAIN = """
+import gc, runpy, sys
+from ensemble_core import startup_gc
+resumed = {}
+for module in sys.argv[1:]:
+    startup_gc.pause()
+    sys.argv = [module, "--help"]
+    try:
+        runpy.run_module(module, run_name="__main__")
+    except SystemExit:
+        pass
+    resumed[module] = gc.isenabled() and not startup_gc.paused()
+print("RESUMED", resumed)
+assert all(resumed.values()), resumed
+"""
+
+
+@pytest.mark.slow  # imports Prefect, JAX and Flax
+def test_every_flow_commands_main_turns_the_collector_back_on(tmp_path):
+    modules = ["flows.predict", "flows.monitor", "flows.reconcile", "flows.automations"]
+    gc = _gc_report(tmp_path, "-c", _EVERY_MAIN, *modules)
+    assert gc["returncode"] == 0, (gc["stdout"][-2000:], gc["stderr"][-2000:])
+    assert "RESUMED {" in gc["stdout"] and gc["enabled"] is True
 
 
 @pytest.mark.slow  # imports Prefect, JAX and Flax
