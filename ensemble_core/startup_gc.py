@@ -6,8 +6,9 @@ collection after collection, each walking the objects allocated so far: about a 
 of the import time (docs/benchmarks.md, "The fixed cost of a run", with the tiny
 command's before and after from ``python -m benchmarks.fixed_cost``). A
 command started as ``python -m`` pauses the collector before its first heavy import
-(:func:`pause`: ``flows/__init__.py``, ``ensemble_core/runs/training/processes.py``'s
-launcher) and resumes it as its ``main`` starts (:func:`resume`), after moving what the
+(:func:`pause`: ``flows/__init__.py`` for a flow's command and the temporary Prefect
+server, ``ensemble_core/__init__.py`` for a JAX process of one program) and resumes it as
+its ``main`` starts (:func:`resume`; the server: once its app is built), after moving what the
 imports made into the permanent generation (``gc.freeze``), which later collections
 do not walk either (Python's ``gc`` documentation, ``gc.freeze``:
 https://docs.python.org/3/library/gc.html#gc.freeze).

@@ -43,11 +43,10 @@ def create_app():
     (SIGTERM when it dies; where that is not available, Prefect's own exit hook applies)."""
     expected = os.environ.get(PARENT_ENV)
     die_with_parent(signal.SIGTERM, int(expected) if expected else None)
-    startup_gc.pause()  # while Prefect's server imports and builds its app
     from prefect.server.api.server import create_app as prefect_create_app
 
     app = prefect_create_app()
-    startup_gc.resume()
+    startup_gc.resume()  # paused by flows/__init__.py (PARENT_ENV) since the server's first import
     prefect_lifespan = app.router.lifespan_context
 
     @contextlib.asynccontextmanager

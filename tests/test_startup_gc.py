@@ -16,9 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Loaded by the interpreter at its start (a sitecustomize on PYTHONPATH): at exit, prints
 # what the collector did from then on (the interpreter's own start collects before it).
 _SITECUSTOMIZE = """
-import atexit, gc, json, os
-
-import sys
+import atexit, gc, json, os, sys
 
 _collections = []  # one entry per collection from here on: whether it came while the heavy
 # packages imported (JAX or Prefect begun, no gc.freeze yet)
