@@ -13,7 +13,10 @@ last clone, under the same load. Writes (``--out``): ``date``, ``machine``, ``co
 and per run the install-and-suite seconds, the suite's seconds as pytest printed them,
 the number of tests by outcome, the CPU seconds of all tests (their processes and the
 children they reaped), the machine's CPU seconds during ``.ci/run`` and the busy core's
-part of them (what is left is the suite's, its servers and daemons included), the 15 slowest tests
+part of them (what is left is the suite's, its servers and daemons included), the same
+machine time by kind of process (``processes``: pytest-xdist workers, Prefect servers,
+flow-run processes, command lines, JAX processes, ...; ``benchmarks/process_cpu.py``) and
+what its samples missed (``unsampled_s``), the 15 slowest tests
 (wall seconds, setup and teardown included), each module's wall and CPU seconds, and
 per pytest-xdist worker when it finished and the modules it ran; ``budget_s`` is the suite's budget
 (15 minutes, issue 37), and ``within_budget`` says whether every run met it. ``--append``
@@ -49,6 +52,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from benchmarks.process_cpu import ProcessSampler
 from benchmarks.provenance import ROOT, stamp
 
 BUDGET_S = 15 * 60  # make test on 2 cores with one held busy, install excluded
@@ -159,11 +163,13 @@ def one_run(work: Path, busy_core: bool, fast: bool) -> dict:
     env["JAX_COMPILATION_CACHE_DIR"] = str(work / "jax-cache")  # cold, as on a fresh machine
     with _busy_core(busy_core) as burner:
         busy_before = _machine_busy_s()
-        rc, total_s, text = _timed([".ci/run"], clone, env, work / "ci.log")
+        with ProcessSampler() as sampler:
+            rc, total_s, text = _timed([".ci/run"], clone, env, work / "ci.log")
         machine_cpu_s = _machine_busy_s() - busy_before
         burner_cpu_s = _process_cpu_s(burner.pid) if burner is not None else 0.0
         counts, suite_s = _counts(text)
         records = _records(report)
+        processes = sampler.by_kind()
         row = {
             "exit_code": rc,
             "install_and_suite_s": round(total_s, 1),
@@ -175,6 +181,11 @@ def one_run(work: Path, busy_core: bool, fast: bool) -> dict:
             # share of it: what the suite had is the rest (its servers and daemons too).
             "machine_cpu_s": round(machine_cpu_s, 1),
             "busy_core_cpu_s": round(burner_cpu_s, 1),
+            # The same machine time by kind of process (benchmarks/process_cpu.py), the
+            # servers and daemons no test reaps included; unsampled_s: what the samples
+            # missed (processes shorter than a sample's interval, the kernel's own).
+            "processes": processes,
+            "unsampled_s": round(machine_cpu_s - sum(k["cpu_s"] for k in processes.values()), 1),
             "slowest": [
                 {"test": r["test"], "wall_s": r["wall_s"], "cpu_s": r["cpu_s"]}
                 for r in sorted(records, key=lambda r: -r["wall_s"])[:15]
