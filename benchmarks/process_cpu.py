@@ -51,6 +51,26 @@ def kind_of(cmdline: str) -> str:
     return "other"
 
 
+def _stat(proc_dir: str) -> tuple[float, int]:
+    """CPU seconds (user + system) and start time (clock ticks since boot) of the process
+    whose ``/proc`` folder is ``proc_dir``, from its ``stat`` file.
+
+    Raises:
+      FileNotFoundError, ProcessLookupError: the process has ended.
+    """
+    fields = Path(proc_dir, "stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[19])
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used (``/proc/<pid>/stat``).
+
+    Raises:
+      FileNotFoundError: no such process.
+    """
+    return _stat(f"/proc/{pid}")[0]
+
+
 class ProcessSampler:
     """Every process's CPU seconds, sampled in a thread while a ``with`` block runs.
 
@@ -64,7 +84,6 @@ class ProcessSampler:
         self.processes: dict[tuple[int, int], dict] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self._tick = os.sysconf("SC_CLK_TCK")
 
     def __enter__(self) -> ProcessSampler:
         self._baseline = self._sample(record=False)
@@ -86,9 +105,8 @@ class ProcessSampler:
             if not entry.name.isdigit():
                 continue
             try:
-                fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
-                key = (int(entry.name), int(fields[19]))
-                cpu_s = (int(fields[11]) + int(fields[12])) / self._tick
+                cpu_s, start = _stat(entry.path)
+                key = (int(entry.name), start)
                 seen[key] = cpu_s
                 if not record:
                     continue
@@ -107,7 +125,7 @@ class ProcessSampler:
         and that used nothing are left out."""
         out: dict[str, dict] = {}
         for key, p in self.processes.items():
-            used = p.get("cpu_s", 0.0) - self._baseline.get(key, 0.0)
+            used = p["cpu_s"] - self._baseline.get(key, 0.0)
             if not p["cmdline"] or used <= 0:
                 continue
             row = out.setdefault(kind_of(p["cmdline"]), {"cpu_s": 0.0, "processes": 0})

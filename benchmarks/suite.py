@@ -52,8 +52,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.process_cpu import ProcessSampler
-from benchmarks.provenance import ROOT, stamp
+from benchmarks.process_cpu import ProcessSampler, process_cpu_s
+from benchmarks.provenance import ROOT, busy_seconds, stamp
 
 BUDGET_S = 15 * 60  # make test on 2 cores with one held busy, install excluded
 FAST_BUDGET_S = 60  # make test-fast (issue 61)
@@ -111,18 +111,17 @@ def _timeline(records: list[dict]) -> dict[str, dict]:
     return dict(sorted(workers.items()))
 
 
-def _machine_busy_s() -> float:
-    """CPU seconds all processes of this machine have used since boot (``/proc/stat``: user,
-    nice, system, irq, softirq, steal; idle and iowait left out)."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+def _linux_busy_s() -> float:
+    """:func:`benchmarks.provenance.busy_seconds`, which this benchmark needs: it measures
+    the machine through ``/proc``.
 
-
-def _process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) process ``pid`` has used (``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    Raises:
+      SystemExit: no ``/proc/stat`` (not Linux).
+    """
+    busy = busy_seconds()
+    if busy is None:
+        raise SystemExit("benchmarks.suite reads /proc/stat: run it on Linux")
+    return busy
 
 
 @contextlib.contextmanager
@@ -162,11 +161,11 @@ def one_run(work: Path, busy_core: bool, fast: bool) -> dict:
     env["ENSEMBLE_SUITE_REPORT"] = str(report)
     env["JAX_COMPILATION_CACHE_DIR"] = str(work / "jax-cache")  # cold, as on a fresh machine
     with _busy_core(busy_core) as burner:
-        busy_before = _machine_busy_s()
+        busy_before = _linux_busy_s()
         with ProcessSampler() as sampler:
             rc, total_s, text = _timed([".ci/run"], clone, env, work / "ci.log")
-        machine_cpu_s = _machine_busy_s() - busy_before
-        burner_cpu_s = _process_cpu_s(burner.pid) if burner is not None else 0.0
+        machine_cpu_s = _linux_busy_s() - busy_before
+        burner_cpu_s = process_cpu_s(burner.pid) if burner is not None else 0.0
         counts, suite_s = _counts(text)
         records = _records(report)
         processes = sampler.by_kind()

@@ -39,9 +39,10 @@ def test_each_kind_by_its_command_line(cmdline, kind):
     assert kind_of(cmdline) == kind
 
 
-def test_a_process_nobody_waits_for_is_counted_with_the_cpu_it_reports_itself():
-    """A child burning a second of CPU, sampled while it runs: its kind's CPU seconds are
-    what the child measured of itself (``getrusage``), within a sample's rounding."""
+def test_a_sampled_process_is_counted_with_the_cpu_it_reports_itself():
+    """A child burning a second of CPU, sampled from /proc while it runs (whoever reaps
+    it): the CPU seconds recorded for it are what the child measured of itself
+    (``getrusage``), within a sample's rounding, and its kind counts it."""
     with ProcessSampler(interval_s=0.1) as sampler:
         proc = subprocess.run([sys.executable, "-c", BURN], capture_output=True, text=True, check=True)
     own = float(proc.stdout)
