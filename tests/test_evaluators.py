@@ -312,6 +312,57 @@ def test_ood_figures_are_recomputed_from_the_npz(finished, name):
     assert section["confident_ood_fraction"]["ensemble"] == pytest.approx(np.mean(ens[is_ood].max(-1) >= 0.9))
 
 
+def test_fashion_mnist_scores_the_first_test_images_of_the_files_and_prepares_no_dataset(tmp_path):
+    """The OOD images are the first N of Debian's ``t10k-images`` file (read here with gzip and
+    numpy, the IDX layout: 16 header bytes, then 28x28 uint8 rows), N the test split's size, and
+    nothing is written under ``data.data_dir`` (no TFDS snapshot of Fashion-MNIST's 70,000
+    images for the 2,000 it scores)."""
+    import gzip
+
+    from ensemble_core.data import DatasetInfo
+    from ensemble_core.evaluators import EvalContext, fashion_mnist
+
+    directory = data.idx_files_available("fashion_mnist")
+    if directory is None:
+        pytest.skip("dataset-fashion-mnist is not installed (make setup says how)")
+    with gzip.open(directory / "t10k-images-idx3-ubyte.gz") as f:
+        raw = f.read()
+    expected = np.frombuffer(raw, np.uint8, offset=16).reshape(-1, 28, 28, 1)
+    n = 300
+    rng = np.random.default_rng(0)
+    test_images, labels = rng.integers(0, 256, (n, 28, 28, 1), np.uint8), rng.integers(0, 10, n).astype(np.int32)
+    weights = rng.normal(size=(2, 784, 10)).astype(np.float32)  # two members, fixed linear "networks"
+    seen = []
+
+    def predict_logits(x):
+        seen.append(x)
+        return np.einsum("np,epc->enc", x.reshape(len(x), -1).astype(np.float32) / 255, weights)
+
+    data_dir = tmp_path / "tfds"
+    info = DatasetInfo(
+        name="digits", data_dir=str(data_dir), num_classes=10, image_shape=(28, 28, 1), num_train=n, num_test=n
+    )
+    ctx = EvalContext(
+        config=PipelineConfig.model_validate({"data": {"data_dir": str(data_dir)}}),
+        dataset=info,
+        healthy=np.ones(2, bool),
+        predict=lambda x: (scipy.special.softmax(predict_logits(x), -1), 1.0),
+        load=lambda split: (test_images, labels),
+        predict_split=lambda split: (scipy.special.softmax(predict_logits(test_images), -1), 1.0),
+        cached=lambda key, build, shapes=None: build(),
+        predict_logits=predict_logits,
+        predict_split_logits=lambda split: predict_logits(test_images),
+    )
+    out = fashion_mnist.evaluate(ctx)
+    assert out.skipped is None
+    ood = [x for x in seen if x is not test_images]
+    assert len(ood) == 1 and ood[0].dtype == np.uint8
+    np.testing.assert_array_equal(ood[0], expected[:n])
+    assert out.metrics["num_in"] == n and out.metrics["num_ood"] == n
+    assert out.arrays["is_ood"].sum() == n
+    assert not data_dir.exists() or not any(data_dir.rglob("*"))
+
+
 @pytest.mark.slow  # over 1 CPU s with a warm compilation cache: make test-fast leaves it out (docs/development.md)
 def test_fashion_mnist_is_skipped_with_one_line_when_its_files_are_absent(tmp_path, tfds_dir, monkeypatch, caplog):
     monkeypatch.setattr(data, "idx_files_available", lambda *a, **k: None)
