@@ -14,6 +14,7 @@ from ensemble_core import ensemble_setup as setup
 from ensemble_core import memory
 from ensemble_core.config import load_config
 from ensemble_core.errors import ConfigError
+from tests.prefect_api import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,7 +97,7 @@ def test_check_refuses_with_the_figures_and_accepts_what_fits():
 
 
 @pytest.mark.slow  # the CLI in a subprocess
-def test_cli_refuses_an_ensemble_that_cannot_fit_before_compiling(tmp_path, tfds_dir):
+def test_cli_refuses_an_ensemble_that_cannot_fit_before_compiling(tmp_path, tfds_dir, prefect_api):
     """1024 members of 73.6 M parameters: over 500 GiB of parameters and momentum, refused
     in seconds with the figure, exit 2, nothing written (it used to compile for minutes)."""
     out = tmp_path / "runs"
@@ -105,6 +106,7 @@ def test_cli_refuses_an_ensemble_that_cannot_fit_before_compiling(tmp_path, tfds
     proc = subprocess.run(
         [sys.executable, "-m", "flows.train_ensemble", *args, "--set", "ensemble.size=1024", "--output-dir", str(out)],
         cwd=ROOT,
+        env=cli_env(prefect_api),  # the session's server: no temporary server of its own (tests/prefect_api.py)
         capture_output=True,
         text=True,
         timeout=300,

@@ -14,6 +14,7 @@ import pytest
 
 from ensemble_core.errors import ConfigError
 from ensemble_core.runs.storage.layout import RESERVED_NAMES, check_output_dir, check_run_name, run_dir_for
+from tests.prefect_api import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,11 +66,13 @@ def test_an_output_directory_with_a_control_character_is_refused(path, tmp_path)
     ],
     ids=["champion.json", "newline-output-dir"],
 )
-def test_the_cli_refuses_them_in_one_line_and_writes_nothing(tmp_path, args, fragment):
+def test_the_cli_refuses_them_in_one_line_and_writes_nothing(tmp_path, args, fragment, prefect_api):
     cmd = [sys.executable, "-m", "flows.train_ensemble", "--set", "train.epochs=1"]
     if "--output-dir" not in args:
         args = [*args, "--output-dir", "runs"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # on the session's server: a command line without one starts its own temporary server
+    # while it checks (tests/test_cli_process.py proves that server stops on a refusal)
+    env = cli_env(prefect_api, PYTHONPATH=str(ROOT))
     proc = subprocess.run([*cmd, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
