@@ -62,12 +62,19 @@ def _heartbeat(client, run, occurred: datetime):
     client.request("POST", "/events", json=[event])
 
 
-def _wait_persisted(client, runs):
-    """Until the server has stored a heartbeat of each run (events are written in batches)."""
+def _wait_persisted(client, newest: list):
+    """Until the server has stored, for each ``(run, occurred)`` of ``newest`` (when the
+    run's newest heartbeat occurred), that newest heartbeat. Events are written in batches, so a run's
+    earlier heartbeat can be stored while its later one is not yet: judged then, a run that
+    is alive looked silent (seen on 2 busy cores)."""
     from flows.reconcile import last_heartbeat
 
+    def stored(run, occurred) -> bool:
+        beat = last_heartbeat(client, run)
+        return beat is not None and beat >= occurred - timedelta(milliseconds=1)
+
     deadline = time.monotonic() + 60
-    while any(last_heartbeat(client, r) is None for r in runs):
+    while not all(stored(run, occurred) for run, occurred in newest):
         assert time.monotonic() < deadline, "the server did not store the heartbeat events"
         time.sleep(0.5)
 
@@ -95,8 +102,9 @@ def test_marks_only_runs_whose_heartbeats_stopped(client, deployment_id, later):
     now = datetime.now(UTC)  # after every run started: a heartbeat of its own
     for run in (silent, alive, finished, other):
         _heartbeat(client, run, now)
-    _heartbeat(client, alive, now + LATER - timedelta(seconds=10))
-    _wait_persisted(client, [silent, alive, finished, other])
+    recent = now + LATER - timedelta(seconds=10)
+    _heartbeat(client, alive, recent)
+    _wait_persisted(client, [(silent, now), (alive, recent), (finished, now), (other, now)])
 
     actions = reconcile.mark_zombies(client, ZOMBIE_AFTER_S)
 
@@ -125,9 +133,10 @@ def test_a_new_execution_is_not_judged_by_the_heartbeats_of_the_last(client, dep
 
     rerun = _run(client, deployment_id, "RUNNING")
     lost = _run(client, deployment_id, "RUNNING")
-    for run in (rerun, lost):
-        _heartbeat(client, run, datetime.now(UTC))
-    _wait_persisted(client, [rerun, lost])
+    beats = [(run, datetime.now(UTC)) for run in (rerun, lost)]
+    for run, occurred in beats:
+        _heartbeat(client, run, occurred)
+    _wait_persisted(client, beats)
     time.sleep(5)
     client.set_flow_run_state(rerun.id, Crashed(message="the process died"))
     client.set_flow_run_state(rerun.id, Pending(), force=True)
