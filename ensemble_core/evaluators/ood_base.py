@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble_core import metrics as metrics_lib
+from ensemble_core import timing
 from ensemble_core.evaluators import EvalContext, EvaluatorOutput, skipped
 from ensemble_core.plotting import image_grid, save, subplots
 
@@ -32,6 +33,11 @@ FIGURES = ("auroc", "aupr_in", "aupr_out", "fpr_at_95_tpr")
 EXAMPLES = 16  # OOD images kept for the plots
 #: The scores a single network has (the mean member's figures).
 MEMBER_SCORES = ("max_prob", "entropy", "energy")
+#: The part of an OOD evaluator's time (:mod:`ensemble_core.timing`) spent importing
+#: scikit-learn's metrics, which :func:`ensemble_core.metrics.detection` imports on first use:
+#: 0.4-0.6 s in the first OOD evaluator of a process (unless the command imported them while
+#: its temporary server started), 0 after; it was the unexplained "other" of that evaluator.
+IMPORTS = "imports"
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -64,6 +70,8 @@ def evaluate_ood(ctx: EvalContext, ood_images: np.ndarray, source: str) -> Evalu
     shape = tuple(ctx.dataset.image_shape)
     if tuple(ood_images.shape[1:]) != shape:
         return skipped(f"the OOD images ({source}) are {tuple(ood_images.shape[1:])}, the model takes {shape}")
+    with timing.part(IMPORTS):
+        import sklearn.metrics  # noqa: F401  (loaded once per process, for metrics_lib.detection)
     images, labels = ctx.load("test")
     logits = np.concatenate([ctx.predict_split_logits("test"), ctx.predict_logits(ood_images)], axis=1)
     probs = softmax(logits)
