@@ -23,6 +23,23 @@ def client():
         yield c
 
 
+@pytest.fixture(autouse=True)
+def nothing_left_running(request):
+    """After each test, every run on the module's server that a reconciler would judge
+    (running, crashed, scheduled) is cancelled, also when the test failed: one test's runs
+    are not the next test's zombies or crashes."""
+    yield
+    if "client" not in request.fixturenames:
+        return
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.states import Cancelled
+
+    client = request.getfixturevalue("client")
+    judged = FlowRunFilterStateType(any_=["RUNNING", "CRASHED", "SCHEDULED", "PENDING"])
+    for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=judged))):
+        client.set_flow_run_state(run.id, Cancelled(), force=True)
+
+
 @pytest.fixture()
 def deployment_id(client):
     flow_id = client.create_flow_from_name(f"reconcile-{uuid.uuid4().hex[:8]}")
@@ -118,16 +135,12 @@ def test_marks_only_runs_whose_heartbeats_stopped(client, deployment_id, later):
     }
     crashed = client.read_flow_run(silent.id).state
     assert "reconcile-lost-runs" in crashed.message and "no heartbeat for" in crashed.message
-    from prefect.states import Cancelled
-
-    for run in (silent, alive, never, other):  # leave nothing running or crashed for the next test
-        client.set_flow_run_state(run.id, Cancelled(), force=True)
 
 
 def test_a_new_execution_is_not_judged_by_the_heartbeats_of_the_last(client, deployment_id):
     """A re-run whose first heartbeat has not reached the server yet keeps running; the
     same silence without a new execution is a zombie (real clocks, a 4 s timeout)."""
-    from prefect.states import Cancelled, Crashed, Pending, Running
+    from prefect.states import Crashed, Pending, Running
 
     from flows import reconcile
 
@@ -146,8 +159,6 @@ def test_a_new_execution_is_not_judged_by_the_heartbeats_of_the_last(client, dep
 
     assert [(a.kind, a.flow_run_id) for a in actions] == [("crashed", str(lost.id))]
     assert _state(client, rerun) == "RUNNING"
-    for run in (rerun, lost):
-        client.set_flow_run_state(run.id, Cancelled(), force=True)
 
 
 def test_reschedules_crashed_deployment_runs_within_the_attempts(client, deployment_id, later):
