@@ -75,7 +75,8 @@ def evaluate(
     stage logs their total and the cache directory's.
 
     The result's ``timing`` says where the stage's wall time went: ``load ensemble``, one
-    part per evaluator, each split into :data:`DERIVED`, :data:`FORWARD` and ``other``
+    part per evaluator, each split into :data:`DERIVED`, :data:`FORWARD` (an OOD evaluator also
+    ``imports``: :data:`ensemble_core.evaluators.ood_base.IMPORTS`) and ``other``
     (metrics, loading), then :data:`WAIT` (:meth:`ensemble_core.timing.Span.to_json`); and
     ``background``: ``{WRITE: {evaluator: seconds}}``, the writer thread's time per evaluator.
 
