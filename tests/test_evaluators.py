@@ -316,7 +316,7 @@ def test_fashion_mnist_scores_the_first_test_images_of_the_files_and_prepares_no
     """The OOD images are the first N of Debian's ``t10k-images`` file (read here with gzip and
     numpy, the IDX layout: 16 header bytes, then 28x28 uint8 rows), N the test split's size, and
     nothing is written under ``data.data_dir`` (no TFDS snapshot of Fashion-MNIST's 70,000
-    images for the 2,000 it scores)."""
+    images for the N it scores)."""
     import gzip
 
     from ensemble_core.data import DatasetInfo

@@ -26,7 +26,7 @@ def client():
 @pytest.fixture(autouse=True)
 def nothing_left_running(request):
     """After each test, every run on the module's server that a reconciler would judge
-    (running, crashed, scheduled) is cancelled, also when the test failed: one test's runs
+    or that could start (running, crashed, scheduled, pending) is cancelled, also when the test failed: one test's runs
     are not the next test's zombies or crashes."""
     yield
     if "client" not in request.fixturenames:
