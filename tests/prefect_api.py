@@ -15,6 +15,7 @@ without the UI.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -117,3 +118,52 @@ def cli_env(api_url: str, **extra: str) -> dict[str, str]:
     ``PREFECT_API_URL=api_url`` and ``extra`` on top."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "XLA_FLAGS"}
     return {**env, "PREFECT_API_URL": api_url, **extra}
+
+
+@contextmanager
+def this_process_on(api_url: str) -> Iterator[None]:
+    """This process's flows and Prefect clients on the server at ``api_url`` (the session's
+    shared server, ``prefect_api``), as ``prefect.testing.utilities.prefect_test_harness``
+    points them at a server of its own (about 10 s of CPU to start one): Prefect's settings
+    for the body, its log and event workers drained at exit, so nothing of the body is sent
+    after it. The server holds other tests' runs: read back only your own
+    (:func:`own_runs`)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api_url}):
+        try:
+            yield
+        finally:
+            with contextlib.suppress(RuntimeError):  # the log worker may not have started
+                APILogWorker.instance().drain()
+            EventsWorker.drain_all()
+
+
+def new_tag() -> str:
+    """A tag no other test's runs carry, for :func:`own_runs`."""
+    import uuid
+
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+@contextmanager
+def own_runs(tag: str | None = None) -> Iterator[str]:
+    """``tag`` (a :func:`new_tag` by default) on every flow run and task run the body starts
+    in this process (``prefect.tags``), to read back only those from a shared server:
+    yields the tag, for :func:`own_flow_run_filter`."""
+    from prefect import tags
+
+    tag = tag or new_tag()
+    with tags(tag):
+        yield tag
+
+
+def own_flow_run_filter(tag: str):
+    """A ``FlowRunFilter`` of the flow runs (subflows included) started under ``own_runs``'s
+    ``tag``: pass it as ``flow_run_filter`` to ``read_task_runs``, ``read_artifacts`` or
+    ``read_flow_runs``."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+
+    return FlowRunFilter(tags=FlowRunFilterTags(all_=[tag]))

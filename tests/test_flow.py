@@ -1,4 +1,5 @@
-"""The Prefect flow end to end on a tiny config, under prefect_test_harness."""
+"""The Prefect flow end to end on a tiny config, on the session's Prefect server (each test
+reads back only its own runs: tests/prefect_api.py)."""
 
 import json
 import subprocess
@@ -16,11 +17,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def prefect_server():
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_server(prefect_api):
+    from tests.prefect_api import this_process_on
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with this_process_on(prefect_api):
         yield
+
+
+@pytest.fixture(scope="module")
+def finished_tag():
+    """The tag of ``finished_run``'s flow and task runs on the shared server."""
+    from tests.prefect_api import new_tag
+
+    return new_tag()
 
 
 _means = "promotion.metric=rotation.means.ensemble.nll"  # 'mean', not 'means'
@@ -32,15 +41,16 @@ def _tiny(tfds_dir):
 
 
 @pytest.fixture(scope="module")
-def finished_run(prefect_server, tfds_dir, tmp_path_factory):
+def finished_run(prefect_server, finished_tag, tfds_dir, tmp_path_factory):
     from flows.train_ensemble import main
+    from tests.prefect_api import own_runs
 
     out = tmp_path_factory.mktemp("runs")
     import contextlib
     import io
 
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
+    with contextlib.redirect_stdout(buf), own_runs(finished_tag):
         # with its figures (tiny.yaml draws none): the one flow run that proves they are drawn
         rc = main([*_tiny(tfds_dir), "--set", "eval.plots=true", "--output-dir", str(out), "--run-name", "tiny"])
     return rc, buf.getvalue(), out / "tiny"
@@ -139,19 +149,24 @@ def test_report_keys(finished_run):
     assert "| ensemble |" in (run_dir / "report.md").read_text()
 
 
-def test_artifacts_and_task_runs(finished_run):
+def test_artifacts_and_task_runs(finished_run, finished_tag):
     import asyncio
 
     from prefect import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, LogFilter, LogFilterFlowRunId
+
+    from tests.prefect_api import own_flow_run_filter
 
     async def read():
         async with get_client() as client:
+            own = own_flow_run_filter(finished_tag)
             arts = await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[*KEYS, "ensemble-eval-rotation"]))
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[*KEYS, "ensemble-eval-rotation"])),
+                flow_run_filter=own,
             )
-            runs = await client.read_task_runs()
-            logs = await client.read_logs()
+            runs = await client.read_task_runs(flow_run_filter=own)
+            ids = [fr.id for fr in await client.read_flow_runs(flow_run_filter=own)]
+            logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)))
             return arts, runs, logs
 
     KEYS = ["ensemble-report", "ensemble-members", "ensemble-eval-letters", "ensemble-pool"]  # noqa: N806
@@ -177,7 +192,7 @@ def test_artifacts_and_task_runs(finished_run):
     } <= names
 
 
-def test_stage_times_agree_with_the_task_runs_and_close_the_cli_output(finished_run):
+def test_stage_times_agree_with_the_task_runs_and_close_the_cli_output(finished_run, finished_tag):
     """``report.json -> timing.stages`` against Prefect's own record of each task run
     (``total_run_time``, read back from the server): each stage timed by the run includes
     its task run, and exceeds it by the task's orchestration only (at most 1.5 s or 10%).
@@ -187,13 +202,18 @@ def test_stage_times_agree_with_the_task_runs_and_close_the_cli_output(finished_
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
+    from tests.prefect_api import own_flow_run_filter
+
     _, stdout, run_dir = finished_run
     t = json.loads((run_dir / "report.json").read_text())["timing"]
 
     async def read():
         async with get_client() as client:
-            tasks = await client.read_task_runs()
-            arts = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[REPORT])))
+            own = own_flow_run_filter(finished_tag)
+            tasks = await client.read_task_runs(flow_run_filter=own)
+            arts = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[REPORT])), flow_run_filter=own
+            )
             return tasks, arts
 
     REPORT = "ensemble-report"  # noqa: N806
@@ -574,10 +594,12 @@ def test_a_label_shifted_snapshot_raises_data_drift(prefect_server, tmp_path):
         "normal": train_idx[:600],
         "shifted": train_idx[600:][labels[train_idx[600:]] < 5][:600],
     }
+    run_ids = {}
     for night, idx in nights.items():
         write_export(export, images[idx], labels[idx], images[test_idx[:200]], labels[test_idx[:200]])
         state = train_ensemble(config=config, output_dir=str(out), run_name=night, return_state=True)
         assert state.is_completed(), state.message
+        run_ids[night] = f"prefect.flow-run.{state.state_details.flow_run_id}"
     report = json.loads((out / "shifted" / "report.json").read_text())
     p = np.bincount(labels[nights["shifted"]], minlength=10) / 600
     q = np.bincount(labels[nights["normal"]], minlength=10) / 600
@@ -585,7 +607,13 @@ def test_a_label_shifted_snapshot_raises_data_drift(prefect_server, tmp_path):
     assert report["drift"]["drifted"] is True
 
     api = PREFECT_API_URL.value()
-    body = {"filter": {"event": {"name": ["data.drift"]}, "resource": {"id": ["ensemble-pipeline.data.mnist"]}}}
+    body = {
+        "filter": {
+            "event": {"name": ["data.drift"]},
+            "resource": {"id": ["ensemble-pipeline.data.mnist"]},
+            "related": {"id": list(run_ids.values())},  # these two nights' (the server is the session's)
+        }
+    }
     found = []
     for _ in range(60):  # events are persisted asynchronously
         found = httpx.post(f"{api}/events/filter", json=body, timeout=30).json()["events"]
@@ -593,6 +621,7 @@ def test_a_label_shifted_snapshot_raises_data_drift(prefect_server, tmp_path):
             break
         time.sleep(1)
     assert len(found) == 1, found  # the shifted night only
+    assert run_ids["shifted"] in {r["prefect.resource.id"] for r in found[0]["related"]}
     payload = found[0]["payload"]
     assert payload["label_shift"]["total_variation"] == pytest.approx(report["drift"]["label_shift"]["total_variation"])
     assert any("label_shift_threshold" in line for line in payload["exceeded"])
@@ -734,10 +763,12 @@ def test_a_hyper_deep_ensemble_through_the_cli_stratifies_in_task_runs_and_predi
 
     from flows.predict import main as predict_main
     from flows.train_ensemble import main as train_main
+    from tests.prefect_api import own_flow_run_filter, own_runs
 
     out = tmp_path / "runs"
     sets = [x for s in [*HYPER_DEEP, f"distributed.member_groups={groups}"] for x in ("--set", s)]
-    assert train_main([*_tiny(tfds_dir), *sets, "--output-dir", str(out), "--run-name", "hd"]) == 0
+    with own_runs() as tag:
+        assert train_main([*_tiny(tfds_dir), *sets, "--output-dir", str(out), "--run-name", "hd"]) == 0
     run_dir = out / "hd"
     report = json.loads((run_dir / "report.json").read_text())
     strat = report["stratification"]
@@ -745,9 +776,11 @@ def test_a_hyper_deep_ensemble_through_the_cli_stratifies_in_task_runs_and_predi
 
     async def read():
         async with get_client() as client:
-            tasks = await client.read_task_runs()
+            own = own_flow_run_filter(tag)
+            tasks = await client.read_task_runs(flow_run_filter=own)
             arts = await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["ensemble-stratified-pool"]))
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["ensemble-stratified-pool"])),
+                flow_run_filter=own,
             )
             return tasks, arts
 

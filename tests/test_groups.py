@@ -202,30 +202,33 @@ def _reference(tfds_dir, tmp_path, *overrides):
 
 
 @pytest.mark.slow
-def test_groups_on_a_local_dask_cluster_equal_one_program(tfds_dir, tmp_path):
+def test_groups_on_a_local_dask_cluster_equal_one_program(tfds_dir, tmp_path, prefect_api):
     """The command with task_runner=dask against a Prefect server: two worker processes
     train a group each (distinct processes, pinned to distinct cores), the members equal
     one program's, and the server holds a task run per group with its own logs and
     progress artifact, under the train-member-groups subflow of the run.
 
-    Why not shorter (about a minute under load): a Prefect test server, a local Dask
-    cluster of two worker processes, and the one-program reference run."""
+    Why not shorter (about a minute under load): a local Dask cluster of two worker
+    processes, and the one-program reference run."""
     import asyncio
     import contextlib
     import io
 
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, LogFilter, LogFilterTaskRunId
-    from prefect.testing.utilities import prefect_test_harness
 
     from flows.train_ensemble import main
+    from tests.prefect_api import own_flow_run_filter, own_runs, this_process_on
 
-    async def records():
+    async def records(tag):
         async with get_client() as client:
-            task_runs = await client.read_task_runs()
-            flow_runs = await client.read_flow_runs()
+            own = own_flow_run_filter(tag)  # the session's server: this run's records only
+            task_runs = await client.read_task_runs(flow_run_filter=own)
+            flow_runs = await client.read_flow_runs(flow_run_filter=own)
             keys = ["training-progress-group-0", "training-progress-group-1"]
-            artifacts = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)))
+            artifacts = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)), flow_run_filter=own
+            )
             logs = {}
             for tr in task_runs:
                 if tr.name.startswith("train_member_group-"):
@@ -233,12 +236,12 @@ def test_groups_on_a_local_dask_cluster_equal_one_program(tfds_dir, tmp_path):
                     logs[tr.name] = [entry.message for entry in found]
             return task_runs, flow_runs, artifacts, logs
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with this_process_on(prefect_api):
         buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
+        with contextlib.redirect_stdout(buf), own_runs() as tag:
             rc = main(_args(tfds_dir, tmp_path / "runs", "dask"))
         assert rc == 0, buf.getvalue()[-2000:]
-        task_runs, flow_runs, artifacts, logs = asyncio.run(records())
+        task_runs, flow_runs, artifacts, logs = asyncio.run(records(tag))
 
     run = tmp_path / "runs" / "dask"
     ref = _reference(tfds_dir, tmp_path)

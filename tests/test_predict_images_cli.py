@@ -16,15 +16,16 @@ from PIL import Image
 
 from tests.ensembles import tiny_config
 
-pytestmark = pytest.mark.slow  # a Prefect test server, a tiny run trained, two predictions: about 30 s
+pytestmark = pytest.mark.slow  # the Prefect flows, a tiny run trained, two predictions: about 30 s
 
 
 @pytest.fixture(scope="module")
-def prefect_server():
+def prefect_server(prefect_api):
     from prefect import flow
-    from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    from tests.prefect_api import this_process_on
+
+    with this_process_on(prefect_api):
         # One flow run here, outside the tests' capsys: Prefect's console log handler then
         # holds the session's stream, not a test's (closed when that test ends).
         flow(lambda: None, name="warm-up")()
@@ -66,13 +67,15 @@ def test_predict_cli_on_a_folder_of_pngs_prints_and_tables_the_same_names_as_arr
 ):
     from ensemble_core.runs.prediction.predict import predict_images
     from flows.predict import main
+    from tests.prefect_api import own_flow_run_filter, own_runs
 
     run_dir, images = tiny_run
     folder = tmp_path / "pngs"
     _png_folder(folder, images)
     order = [folder / f"d{i:02d}.png" for i in range(6)] + [folder / "more" / f"d{i:02d}.png" for i in range(6, 12)]
     out = tmp_path / "p.npz"
-    rc = main(["--images", str(folder), "--run-dir", str(run_dir), "--output", str(out)])
+    with own_runs() as tag:
+        rc = main(["--images", str(folder), "--run-dir", str(run_dir), "--output", str(out)])
     stdout = capsys.readouterr().out
     lines = stdout.strip().splitlines()
     assert rc == 0 and lines[-1] == str(out), stdout
@@ -97,7 +100,8 @@ def test_predict_cli_on_a_folder_of_pngs_prints_and_tables_the_same_names_as_arr
     async def read():
         async with get_client() as client:
             return await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["predictions", "predictions-summary"]))
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["predictions", "predictions-summary"])),
+                flow_run_filter=own_flow_run_filter(tag),  # the session's server: this command's only
             )
 
     kinds = {a.key: a for a in asyncio.run(read())}
