@@ -77,6 +77,7 @@ async def _first_request(app) -> None:
 #: The commands that run a flow (and so need a server); :func:`start_early` starts one for them.
 FLOW_COMMANDS = ("flows.train_ensemble", "flows.predict", "flows.monitor")
 _early: tuple[subprocess.Popen, int] | None = None  # (server, port) started by start_early
+_early_answered = False  # the server start_early started has answered a health check once
 
 
 def _server_command(port: int) -> list[str]:
@@ -154,7 +155,7 @@ def start_early(argv: list[str]) -> bool:
 
     Returns whether it started one. Raises nothing (a server that cannot start is reported
     by :func:`temporary_server`, as before)."""
-    global _early
+    global _early, _early_answered
     if _early is not None or os.environ.get("PREFECT_API_URL"):
         return False
     try:
@@ -167,6 +168,7 @@ def start_early(argv: list[str]) -> bool:
     try:
         port = free_port()
         _early = (_spawn(port, {}), port)
+        _early_answered = False
     except OSError:
         return False
     atexit.register(_stop_early)
@@ -182,13 +184,19 @@ def while_starting(work: Callable[[], object]) -> bool:
     imports the flow needs later) costs the command nothing. When the server already answers,
     or none was started early, ``work`` is left for later, where it would happen anyway.
 
+    Once the server has answered, later calls do not ask it again: a server that has
+    started but is slow to answer one health check (its event loop busy, or both cores
+    busy) has still started, so ``work`` is left for later then too.
+
     Returns whether it called ``work``. Raises what ``work`` raises."""
-    if _early is None:
+    global _early_answered
+    if _early is None or _early_answered:
         return False
     server, port = _early
     if server.poll() is not None:  # exited: temporary_server reports it
         return False
     if _answers(port, timeout=0.05):
+        _early_answered = True
         return False
     work()
     return True
