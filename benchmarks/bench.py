@@ -157,7 +157,7 @@ def precision_overrides(precision: str) -> dict:
     return {} if precision == "float32" else {"train": {"precision": precision}}
 
 
-def _matmul_peak(precision: str = "float32") -> dict:
+def matmul_peak(precision: str = "float32") -> dict:
     """The machine's attainable matmul FLOP/s on one device at the step's precision: a
     jitted ``n x n`` matmul (n = 2048 on CPU, 4096 elsewhere), timed as the best of 10
     chunks of 5.
@@ -532,7 +532,7 @@ def _worker(args: argparse.Namespace) -> dict:
     from flows import environment  # noqa: F401  (device layout and env, as in the flows)
 
     if args.method == "peak":
-        return _matmul_peak(args.precision)
+        return matmul_peak(args.precision)
 
     import jax
     import numpy as np
