@@ -67,15 +67,16 @@ def _worker(batch: int | None, cores: str) -> dict:
     import jax
     import numpy as np
 
+    from benchmarks.bench import IMAGE_SHAPE, NUM_CLASSES
     from benchmarks.flops import count_flops
     from ensemble_core import ensemble_setup as setup
     from ensemble_core.config import load_config
     from ensemble_core.predict import member_probs
 
     cfg = load_config(ROOT / "configs" / "default.yaml")
-    built = setup.build(cfg, 10)
-    state = built.init_state(built.member_keys()["init"], (28, 28, 1))
-    images = np.random.default_rng(0).integers(0, 256, (IMAGES, 28, 28, 1), dtype=np.uint8)
+    built = setup.build(cfg, NUM_CLASSES)
+    state = built.init_state(built.member_keys()["init"], IMAGE_SHAPE)
+    images = np.random.default_rng(0).integers(0, 256, (IMAGES, *IMAGE_SHAPE), dtype=np.uint8)
     predict = built.predict_fn()
     one = built.strategy == "unroll"
     members = cfg.ensemble.size
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             row["share_of_peak"] = row["gflops_per_s"] / peak[cores]["matmul_gflops_per_s"]
             rows.append(row)
             print(
-                f"batch {batch:5d} {cores:3s} cores: {row['member_images_per_s']:8.0f} member-images/s, "
+                f"batch {batch:5d}, {'all cores' if cores == 'all' else 'one core '}: {row['member_images_per_s']:8.0f} member-images/s, "
                 f"{row['gflops_per_s']:5.0f} GFLOP/s ({row['share_of_peak']:.0%} of the matmul peak)",
                 flush=True,
             )
