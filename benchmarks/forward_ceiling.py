@@ -137,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
             row = _run_worker(batch, cores)
             row["share_of_peak"] = row["gflops_per_s"] / peak[cores]["matmul_gflops_per_s"]
             rows.append(row)
+            where = "all cores" if cores == "all" else "one core "
             print(
-                f"batch {batch:5d}, {'all cores' if cores == 'all' else 'one core '}: {row['member_images_per_s']:8.0f} member-images/s, "
+                f"batch {batch:5d}, {where}: {row['member_images_per_s']:8.0f} member-images/s, "
                 f"{row['gflops_per_s']:5.0f} GFLOP/s ({row['share_of_peak']:.0%} of the matmul peak)",
                 flush=True,
             )
