@@ -122,7 +122,7 @@ PRECISION_CHOICES = ("float32", "high", "bfloat16")
 LOOPS = ("fair_host", "fair_device", "guide", "gather")
 
 
-def _best_of(repeats: int, fn) -> float:
+def best_of(repeats: int, fn) -> float:
     """Seconds of the fastest of ``repeats`` calls of ``fn``."""
     best = float("inf")
     for _ in range(repeats):
@@ -179,7 +179,7 @@ def matmul_peak(precision: str = "float32") -> dict:
     def rate(f, a) -> float:
         f(a).block_until_ready()
         # best of 10 chunks: on a shared machine a short measurement can land in a slow moment
-        seconds = _best_of(10, lambda: [f(a) for _ in range(5)][-1].block_until_ready()) / 5
+        seconds = best_of(10, lambda: [f(a) for _ in range(5)][-1].block_until_ready()) / 5
         return 2 * n**3 / seconds / 1e9
 
     if precision == "bfloat16":
@@ -291,7 +291,7 @@ def _project_worker(args: argparse.Namespace, built, keys, order, train_x, train
             state, m = compiled(state, x, y, member_keys, idx[s])
         jax.block_until_ready((state, m))
 
-    out["train_seconds"] = _best_of(repeats, train_chunk)
+    out["train_seconds"] = best_of(repeats, train_chunk)
     predict = built.predict_fn()
     one = strategy == "unroll"
 
@@ -300,7 +300,7 @@ def _project_worker(args: argparse.Namespace, built, keys, order, train_x, train
             member_probs(predict, state.variables, test_x, mesh, EVAL_BATCH, one_member_per_device=one)
 
     eval_all()  # compile
-    out["eval_seconds"] = _best_of(repeats, eval_all)
+    out["eval_seconds"] = best_of(repeats, eval_all)
     out.update(strategy="vmap_patches" if patches else strategy, mesh={"ensemble": plan.ensemble, "data": plan.data})
 
 
@@ -487,7 +487,7 @@ def _loop_worker(args: argparse.Namespace, built, keys, order, train_x, train_y,
         same_states = fresh_states()
         member_chunk(same, batch_of, same_states, range(1))()  # compile and warm up
         same_chunk = member_chunk(same, batch_of, same_states, range(1, steps + 1))
-        out["train_seconds_same_options"] = _best_of(repeats, same_chunk)
+        out["train_seconds_same_options"] = best_of(repeats, same_chunk)
         out["train_member_images_per_s_same_options"] = e * steps * BATCH / out["train_seconds_same_options"]
 
     # evaluation: softmax probabilities of every member, EVAL_BATCH test images per call

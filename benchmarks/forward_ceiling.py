@@ -35,7 +35,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from benchmarks.provenance import ROOT, stamp
@@ -67,7 +66,7 @@ def _worker(batch: int | None, cores: str) -> dict:
     import jax
     import numpy as np
 
-    from benchmarks.bench import IMAGE_SHAPE, NUM_CLASSES
+    from benchmarks.bench import IMAGE_SHAPE, NUM_CLASSES, best_of
     from benchmarks.flops import count_flops
     from ensemble_core import ensemble_setup as setup
     from ensemble_core.config import load_config
@@ -85,11 +84,7 @@ def _worker(batch: int | None, cores: str) -> dict:
         member_probs(predict, state.variables, images, built.mesh, batch, one_member_per_device=one)
 
     forward()  # compiles
-    best = float("inf")
-    for _ in range(REPEATS):
-        t0 = time.perf_counter()
-        forward()
-        best = min(best, time.perf_counter() - t0)
+    best = best_of(REPEATS, forward)
     chunk = images[: min(batch, IMAGES)]
     flops = count_flops(predict, state.variables, jax.numpy.asarray(chunk)) / (members * len(chunk))
     rate = members * IMAGES / best
