@@ -293,7 +293,7 @@ def _project_worker(args: argparse.Namespace, built, keys, order, train_x, train
 
     out["train_seconds"] = best_of(repeats, train_chunk)
     predict = built.predict_fn()
-    one = strategy == "unroll"
+    one = built.one_member_per_device
 
     def eval_all():
         with intercept():

@@ -77,7 +77,7 @@ def _worker(batch: int | None, cores: str) -> dict:
     state = built.init_state(built.member_keys()["init"], IMAGE_SHAPE)
     images = np.random.default_rng(0).integers(0, 256, (IMAGES, *IMAGE_SHAPE), dtype=np.uint8)
     predict = built.predict_fn()
-    one = built.strategy == "unroll"
+    one = built.one_member_per_device
     members = cfg.ensemble.size
 
     def forward() -> None:

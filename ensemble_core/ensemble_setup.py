@@ -104,6 +104,13 @@ class EnsembleSetup:
     #: later calls reuse its traces instead of tracing the network again
     _predict_programs: dict = dataclasses.field(default_factory=dict, init=False, compare=False, repr=False)
 
+    @property
+    def one_member_per_device(self) -> bool:
+        """Whether prediction evaluates the members in groups of one member per device
+        (:func:`ensemble_core.predict.member_probs`'s ``one_member_per_device``): with the
+        'unroll' strategy, so each device's working set is that of a single network."""
+        return self.strategy == "unroll"
+
     def member_keys(self, stratification: StratificationPlan | None = None) -> dict[str, jax.Array]:
         """Typed keys ``{"init": [E_padded], "data": [E_padded], "stochastic": [E_padded]}`` of
         members ``first_member ..``: from ``(seed, i)`` (:func:`ensemble_core.rngs.member_keys`),
@@ -156,7 +163,7 @@ class EnsembleSetup:
             self.mesh,
             self.config.eval.batch_size,
             patience=self.config.train.patience,
-            one_member_per_device=self.strategy == "unroll",
+            one_member_per_device=self.one_member_per_device,
         )
 
     def abstract_state(self, image_shape: tuple[int, ...]) -> EnsembleState:

@@ -90,7 +90,7 @@ class Members:
         if cfg.ensemble.method == "mc_dropout":
             return self._predict_passes(cfg, images, logits=logits)
         predict = self.setup.predict_fn(logits=logits)
-        one = self.setup.strategy == "unroll"
+        one = self.setup.one_member_per_device
         batch = cfg.eval.batch_size
         program = (logits, batch, images.shape[1:], images.dtype.str)
         if program not in self.warm:
@@ -111,7 +111,7 @@ class Members:
         ``cfg.seed``), then row k's ``(expand[k], outputs[k])``; the throughput counts passes."""
         assert self.outputs is not None
         predict = self.setup.predict_fn(logits=logits, stochastic=True)
-        one, batch, mesh = self.setup.strategy == "unroll", cfg.eval.batch_size, self.setup.mesh
+        one, batch, mesh = self.setup.one_member_per_device, cfg.eval.batch_size, self.setup.mesh
         members = jax.tree.leaves(self.variables)[0].shape[0]
         sharding = member_sharding(mesh)
 
