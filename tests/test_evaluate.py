@@ -53,3 +53,61 @@ def test_a_setup_traces_its_network_once_however_often_it_predicts(mnist_test):
     first, again, first_logits, again_logits = counts
     assert first > 0 and again == first, counts
     assert first_logits > again and again_logits == first_logits, counts
+
+
+@pytest.mark.parametrize("strategy, ensemble_axis", [("vmap", 1), ("unroll", 2)])
+def test_a_new_program_is_compiled_on_one_chunk_and_the_timed_pass_compiles_nothing(
+    mnist_test, monkeypatch, strategy, ensemble_axis
+):
+    """``Members.predict`` compiles a program it has not run on one chunk of one member group
+    (``compile_member_probs``), then times a pass that compiles nothing. The warm-up on the
+    first ``eval.batch_size`` images it replaced pushed 4 chunks through a vmapped network
+    (250 images, 62 a chunk) and both member groups through an unrolled one."""
+    from ensemble_core.ensemble_setup import EnsembleSetup
+    from ensemble_core.runs.ensemble.load import Members
+
+    images = mnist_test[0][:230]
+    built = small_setup("mlp", 4, strategy, data=1, ensemble=ensemble_axis)
+    state = built.init_state(built.member_keys()["init"], (28, 28, 1))
+    calls: list[int] = []  # images of every call of the network's program
+    compiles: list[str] = []
+    compiled_before: list[int] = []  # programs compiled before each call
+    original = EnsembleSetup.predict_fn
+
+    def counted_predict_fn(setup, **kwargs):
+        program = original(setup, **kwargs)
+
+        def counted(variables, x):
+            calls.append(x.shape[0])
+            compiled_before.append(len(compiles))
+            return program(variables, x)
+
+        return counted
+
+    def on_event(event: str, _seconds: float, **_kwargs) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":  # jax._src.dispatch.BACKEND_COMPILE_EVENT
+            compiles.append(event)
+
+    monkeypatch.setattr(EnsembleSetup, "predict_fn", counted_predict_fn)
+    members = Members(
+        variables=state.variables, setup=built, rows=np.arange(4), healthy=np.ones(4, bool), expand=np.arange(4)
+    )
+    cfg = built.config
+    assert cfg.eval.batch_size == 250
+    chunk = 250 // 4 if strategy == "vmap" else 230  # images per call: 4 members a device / one member a device
+    passes = -(-230 // chunk) * (1 if strategy == "vmap" else 2)  # calls of one pass over the 230 images
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+    try:
+        probs, throughput = members.predict(cfg, images)
+        first = (len(calls), len(compiles))
+        again, _ = members.predict(cfg, images)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_event)
+    assert calls[0] == chunk and first[0] == 1 + passes, calls  # the warm-up: one call
+    # the timed passes compile nothing (the member slices of an unrolled network included)
+    assert compiled_before[1] == first[1] == len(compiles), (compiled_before, compiles)
+    assert len(calls) == 1 + 2 * passes, calls
+    assert first[1] > 0 and throughput > 0
+    np.testing.assert_array_equal(again, probs)
+    reference = member_probs(built.predict_fn(), state.variables, images, built.mesh, 250)
+    np.testing.assert_allclose(probs, reference, atol=1e-6)

@@ -20,7 +20,7 @@ from ensemble_core.ensemble_setup import EnsembleSetup, build
 from ensemble_core.errors import DivergenceError
 from ensemble_core.mesh import member_sharding
 from ensemble_core.networks import members_per_network
-from ensemble_core.predict import member_probs
+from ensemble_core.predict import compile_member_probs, member_probs
 from ensemble_core.runs.ensemble.pool import final_pool
 from ensemble_core.runs.storage.checkpoint import EnsembleCheckpointer
 from ensemble_core.runs.storage.layout import RunDir
@@ -86,7 +86,8 @@ class Members:
         """Probabilities float32 ``[K, N, C]`` (``logits``: the logits before the softmax)
         of every row on ``images`` (float or uint8 ``[N, H, W, C]``) and the steady-state
         throughput in member-images/s (a program not used before is compiled and run first,
-        on the first ``eval.batch_size`` images, and that run is not timed)."""
+        on one chunk of ``images`` (:func:`~ensemble_core.predict.compile_member_probs`), and
+        that run is not timed)."""
         if cfg.ensemble.method == "mc_dropout":
             return self._predict_passes(cfg, images, logits=logits)
         predict = self.setup.predict_fn(logits=logits)
@@ -94,7 +95,7 @@ class Members:
         batch = cfg.eval.batch_size
         program = (logits, batch, images.shape[1:], images.dtype.str)
         if program not in self.warm:
-            member_probs(predict, self.variables, images[:batch], self.setup.mesh, batch, one_member_per_device=one)
+            compile_member_probs(predict, self.variables, images, self.setup.mesh, batch, one_member_per_device=one)
             self.warm.add(program)
         t0 = time.perf_counter()
         probs = member_probs(predict, self.variables, images, self.setup.mesh, batch, one_member_per_device=one)
@@ -115,14 +116,17 @@ class Members:
         members = jax.tree.leaves(self.variables)[0].shape[0]
         sharding = member_sharding(mesh)
 
+        def pass_variables(t: int) -> tuple[Any, jax.Array]:
+            return self.variables, jax.device_put(mc_dropout.pass_keys(cfg.seed, members, t), sharding)
+
         def one_pass(t: int, x: np.ndarray) -> np.ndarray:
-            keys = jax.device_put(mc_dropout.pass_keys(cfg.seed, members, t), sharding)
-            pair = (self.variables, keys)
-            return member_probs(predict, pair, x, mesh, batch, one_member_per_device=one, indexed=True)
+            return member_probs(predict, pass_variables(t), x, mesh, batch, one_member_per_device=one, indexed=True)
 
         program = ("passes", logits, batch, images.shape[1:], images.dtype.str)
         if program not in self.warm:
-            one_pass(0, images[:batch])
+            compile_member_probs(
+                predict, pass_variables(0), images, mesh, batch, one_member_per_device=one, indexed=True
+            )
             self.warm.add(program)
         t0 = time.perf_counter()
         probs = np.stack([one_pass(t, images) for t in range(int(self.outputs.max()) + 1)], axis=1)  # [U, T, N, C]
