@@ -12,8 +12,10 @@ than ``report.json -> timing.stages`` is measured the same way (``--checkout``: 
 directory's code, imported through ``PYTHONPATH``, run from that directory). Records per
 run: the wall time of ``runs.run`` measured around it, each stage's seconds, the optimizer
 steps' seconds (``TrainingSummary.timing.train_seconds``), ``not_training_steps_fraction``
-= 1 - steps / wall, and the run's own ``report.json -> timing`` where the checkout writes
-one (its training and evaluation parts).
+= 1 - steps / wall, the run's own ``report.json -> timing`` where the checkout writes
+one (its training and evaluation parts), and ``compile_seconds_by_stage``: JAX's compile
+events (tracing, lowering, backend compile; :data:`COMPILE_EVENTS`) summed per stage, so a
+stage that compiles where it should not shows it.
 
 Modes: ``warm`` uses this user's caches as a nightly rerun finds them (the TFDS data dir,
 the derived-set cache and JAX's persistent compilation cache; run the default config once
@@ -40,9 +42,19 @@ ROOT = Path(__file__).resolve().parents[1]
 MODES = ("warm", "cold")
 
 
-def timed_stages(seconds: dict):
+#: JAX's compile events (jax._src.dispatch): tracing, lowering to MLIR, the backend's
+#: compile (or, with a warm persistent cache, its retrieval), in seconds each.
+COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+
+
+def timed_stages(seconds: dict, current: list[str] | None = None):
     """:class:`ensemble_core.runs.Stages` whose every stage adds its wall time to
-    ``seconds`` (by field name), timed from outside the stage."""
+    ``seconds`` (by field name), timed from outside the stage; ``current[0]``, where given,
+    names the stage running (``"outside the stages"`` between them)."""
     import dataclasses
     import time
 
@@ -51,10 +63,14 @@ def timed_stages(seconds: dict):
     def timed(name, fn):
         def call(*args, **kwargs):
             t0 = time.perf_counter()
+            if current is not None:
+                current[0] = name
             try:
                 return fn(*args, **kwargs)
             finally:
                 seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
+                if current is not None:
+                    current[0] = "outside the stages"
 
         return call
 
@@ -76,9 +92,22 @@ def worker(mode: str, overrides: list[str]) -> dict:
     from ensemble_core import runs
     from ensemble_core.config import load_config
 
+    import jax
+
     cfg = load_config("configs/default.yaml", overrides)
     outside: dict[str, float] = {}
-    stages = timed_stages(outside)
+    current = ["outside the stages"]
+    compile_seconds: dict[str, dict[str, float]] = {}
+
+    def on_duration(event: str, duration: float, **_: object) -> None:
+        # every thread's compiles, counted against the stage running when they end
+        if event in COMPILE_EVENTS:
+            per_stage = compile_seconds.setdefault(current[0], {})
+            key = event.rsplit("/", 1)[-1]
+            per_stage[key] = per_stage.get(key, 0.0) + duration
+
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    stages = timed_stages(outside, current)
     out = tempfile.mkdtemp(prefix="stage-timings-out-")
     imported = time.perf_counter() - started
     load_before = os.getloadavg()[0]
@@ -95,6 +124,7 @@ def worker(mode: str, overrides: list[str]) -> dict:
         "import_seconds": imported,
         "wall_seconds": wall,
         "stages_outside": outside,
+        "compile_seconds_by_stage": compile_seconds,
         "training_steps_seconds": steps,
         "not_training_steps_fraction": 1 - steps / wall,
         "train_member_images_per_s": result.training.timing.train_member_images_per_s,
