@@ -89,22 +89,22 @@ def worker(mode: str, overrides: list[str]) -> dict:
         os.environ["JAX_COMPILATION_CACHE_DIR"] = f"{fresh}/jax"
     started = time.perf_counter()
     importlib.import_module("flows.environment")  # device layout and caches, as the flows set them: before JAX
+    import jax
+
     from ensemble_core import runs
     from ensemble_core.config import load_config
-
-    import jax
 
     cfg = load_config("configs/default.yaml", overrides)
     outside: dict[str, float] = {}
     current = ["outside the stages"]
     compile_seconds: dict[str, dict[str, float]] = {}
 
-    def on_duration(event: str, duration: float, **_: object) -> None:
+    def on_duration(event: str, duration_secs: float, **_: str | int) -> None:
         # every thread's compiles, counted against the stage running when they end
         if event in COMPILE_EVENTS:
             per_stage = compile_seconds.setdefault(current[0], {})
             key = event.rsplit("/", 1)[-1]
-            per_stage[key] = per_stage.get(key, 0.0) + duration
+            per_stage[key] = per_stage.get(key, 0.0) + duration_secs
 
     jax.monitoring.register_event_duration_secs_listener(on_duration)
     stages = timed_stages(outside, current)
