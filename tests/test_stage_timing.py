@@ -109,9 +109,11 @@ def test_stage_times_add_up_to_the_runs_wall_time_and_match_outside_timers(tfds_
     from ensemble_core.runs.ensemble import load as ensemble_load
 
     predicted: list[tuple[int, bool]] = []  # (images, logits) of each Members.predict in evaluation
-    passes: list[int] = []  # every member_probs call (warm-ups included)
+    passes: list[int] = []  # every member_probs call
+    warm_ups: list[int] = []  # every compile_member_probs call (evaluation's warm-ups)
     in_evaluation = []
     original_predict, original_passes = ensemble_load.Members.predict, ensemble_load.member_probs
+    original_warm_up = ensemble_load.compile_member_probs
 
     def predict(self, cfg, images, *, logits=False):
         if in_evaluation:
@@ -123,8 +125,14 @@ def test_stage_times_add_up_to_the_runs_wall_time_and_match_outside_timers(tfds_
             passes.append(len(args[2]))
         return original_passes(*args, **kwargs)
 
+    def compile_member_probs(predict, *args, **kwargs):
+        if in_evaluation:
+            warm_ups.append(len(args[1]))
+        return original_warm_up(predict, *args, **kwargs)
+
     monkeypatch.setattr(ensemble_load.Members, "predict", predict)
     monkeypatch.setattr(ensemble_load, "member_probs", member_probs)
+    monkeypatch.setattr(ensemble_load, "compile_member_probs", compile_member_probs)
     outside: dict[str, float] = {}
 
     def timed(name, fn):
@@ -205,4 +213,5 @@ def test_stage_times_add_up_to_the_runs_wall_time_and_match_outside_timers(tfds_
     # prediction-set and abstention rules (the ensemble's are decisions.json's): four forward
     # passes, two programs each warmed up once
     assert predicted == [(200, True), (51, False), (200, False), (200, True)]
-    assert len(passes) == len(predicted) + 2
+    assert len(passes) == len(predicted)
+    assert len(warm_ups) == 2  # the logits program and the softmax one, once each
