@@ -50,8 +50,14 @@ def save(fig, path: Path) -> Path:
       OSError: the file cannot be written (the figure is closed all the same).
     """
     path = Path(path)
+    from matplotlib.layout_engine import TightLayoutEngine
+
     try:
-        fig.tight_layout()
+        # The tight layout applied once, as fig.tight_layout() computes it, without leaving a
+        # layout engine on the figure: after tight_layout() the figure keeps a placeholder
+        # engine, and savefig draws it once more, unrendered, to lay it out again (matplotlib
+        # 3.11, backend_bases.print_figure): a second draw of every figure for the same PNG.
+        TightLayoutEngine().execute(fig)
         png = io.BytesIO()
         # zlib level 1, not Pillow's 6: faster saves for files about a tenth larger (measured:
         # benchmarks/results/fixed-cost-2core.json, "plot"; python -m benchmarks.fixed_cost)
