@@ -124,7 +124,11 @@ def member_probs(
 
     Returns:
       float32 ``[E, N, C]`` on the host (``[E, M, N, C]`` for a network of M members).
+
+    Raises:
+      ValueError: ``images`` is empty (N = 0).
     """
+    _require_images(images)
     e = jax.tree.leaves(variables)[0].shape[0]
     per_device = e // mesh.shape[ENSEMBLE_AXIS]
     if one_member_per_device and per_device > 1:
@@ -158,9 +162,14 @@ def compile_member_probs(
     A timed :func:`member_probs` after it compiles nothing.
 
     Running ``member_probs`` itself on the first ``batch_size`` images, as evaluation did,
-    compiled the same programs at the cost of up to ``members_per_device`` chunks and every
-    member group: for a user's ResNet on a CPU, seconds per evaluation stage.
+    compiled the same programs at the cost of up to ``members_per_device`` chunks (vmap) or
+    every member group (``one_member_per_device``): forward passes that grow with the
+    network and the members per device (docs/benchmarks.md, "The fixed cost of a run").
+
+    Raises:
+      ValueError: ``images`` is empty (N = 0).
     """
+    _require_images(images)
     e = jax.tree.leaves(variables)[0].shape[0]
     per_device = e // mesh.shape[ENSEMBLE_AXIS]
     if one_member_per_device and per_device > 1:
@@ -169,6 +178,13 @@ def compile_member_probs(
     first = images[: _chunk_size(batch_size, per_device, len(images), mesh)]
     with _captured_network_output(predict):
         _chunks(predict, variables, first, mesh, batch_size, per_device, indexed)
+
+
+def _require_images(images: np.ndarray) -> None:
+    if len(images) == 0:
+        raise ValueError(
+            "no images to predict (an array of 0 images); fix: pass at least one image, or skip the prediction"
+        )
 
 
 def _captured_network_output(predict):

@@ -111,3 +111,24 @@ def test_a_new_program_is_compiled_on_one_chunk_and_the_timed_pass_compiles_noth
     np.testing.assert_array_equal(again, probs)
     reference = member_probs(built.predict_fn(), state.variables, images, built.mesh, 250)
     np.testing.assert_allclose(probs, reference, atol=1e-6)
+
+
+def test_no_images_is_refused_in_one_line_before_any_program_runs(monkeypatch):
+    """Zero images: ``member_probs`` and ``compile_member_probs`` refuse with the problem and
+    the fix before the network is called (an empty join used to fail in NumPy's words)."""
+    from ensemble_core.predict import compile_member_probs
+
+    built = small_setup("mlp", 2, "vmap", data=1, ensemble=1)
+    state = built.init_state(built.member_keys()["init"], (28, 28, 1))
+    called: list[int] = []
+    predict = built.predict_fn()
+
+    def counted(variables, x):
+        called.append(len(x))
+        return predict(variables, x)
+
+    empty = np.zeros((0, 28, 28, 1), np.uint8)
+    for fn in (member_probs, compile_member_probs):
+        with pytest.raises(ValueError, match=r"no images to predict .*; fix: pass at least one image"):
+            fn(counted, state.variables, empty, built.mesh, 250)
+    assert called == []
