@@ -120,14 +120,15 @@ def measure(passes: int) -> dict:
             for way, save in ways.items():
                 use(save)
                 drawing[0], draws[way] = way, 0
-                out_dir = Path(tempfile.mkdtemp(prefix=f"figures-{way}-"))
-                t0 = time.process_time()
-                figures = draw_all(out_dir)
-                seconds[way].append(time.process_time() - t0)
-                digests[way] = {
-                    str(p.relative_to(out_dir)): hashlib.md5(p.read_bytes()).hexdigest()
-                    for p in sorted(out_dir.rglob("*.png"))
-                }
+                with tempfile.TemporaryDirectory(prefix=f"figures-{way}-") as tmp:
+                    out_dir = Path(tmp)
+                    t0 = time.process_time()
+                    figures = draw_all(out_dir)
+                    seconds[way].append(time.process_time() - t0)
+                    digests[way] = {
+                        str(p.relative_to(out_dir)): hashlib.md5(p.read_bytes()).hexdigest()
+                        for p in sorted(out_dir.rglob("*.png"))
+                    }
     finally:
         use(real_save)
         setattr(Figure, "draw", real_draw)  # noqa: B010

@@ -129,20 +129,15 @@ def member_probs(
       ValueError: ``images`` is empty (N = 0).
     """
     _require_images(images)
-    e = jax.tree.leaves(variables)[0].shape[0]
-    per_device = e // mesh.shape[ENSEMBLE_AXIS]
-    if one_member_per_device and per_device > 1:
-        # Device d holds members [d * per_device, (d + 1) * per_device): group j takes member
-        # d * per_device + j from every device d, so the slice stays on its device.
-        groups = [
-            member_probs(
-                predict, _take_members(variables, j, per_device, mesh), images, mesh, batch_size, indexed=indexed
-            )
-            for j in range(per_device)
-        ]
-        return np.stack(groups, axis=1).reshape(e, *groups[0].shape[1:])
-    with _captured_network_output(predict):
-        return _chunks(predict, variables, images, mesh, batch_size, per_device, indexed)
+    groups, per_device = _member_groups(variables, mesh, one_member_per_device)
+    out = []
+    for group in groups:
+        with _captured_network_output(predict):
+            out.append(_chunks(predict, group, images, mesh, batch_size, per_device, indexed))
+    if len(out) == 1:
+        return out[0]
+    # group j's row d is member d * len(groups) + j: [D, groups, ...] is the members in order
+    return np.stack(out, axis=1).reshape(-1, *out[0].shape[1:])
 
 
 def compile_member_probs(
@@ -170,14 +165,21 @@ def compile_member_probs(
       ValueError: ``images`` is empty (N = 0).
     """
     _require_images(images)
-    e = jax.tree.leaves(variables)[0].shape[0]
-    per_device = e // mesh.shape[ENSEMBLE_AXIS]
-    if one_member_per_device and per_device > 1:
-        groups = [_take_members(variables, j, per_device, mesh) for j in range(per_device)]
-        variables, per_device = groups[0], 1
+    groups, per_device = _member_groups(variables, mesh, one_member_per_device)
     first = images[: _chunk_size(batch_size, per_device, len(images), mesh)]
     with _captured_network_output(predict):
-        _chunks(predict, variables, first, mesh, batch_size, per_device, indexed)
+        _chunks(predict, groups[0], first, mesh, batch_size, per_device, indexed)
+
+
+def _member_groups(variables: Any, mesh: Mesh, one_member_per_device: bool) -> tuple[list[Any], int]:
+    # The variables of each call of the network's program, and the members per device in
+    # each: all members in one call, or, one_member_per_device, one group per member slot.
+    # Device d holds members [d * per_device, (d + 1) * per_device): group j takes member
+    # d * per_device + j from every device d, so the slice stays on its device.
+    per_device = jax.tree.leaves(variables)[0].shape[0] // mesh.shape[ENSEMBLE_AXIS]
+    if one_member_per_device and per_device > 1:
+        return [_take_members(variables, j, per_device, mesh) for j in range(per_device)], 1
+    return [variables], per_device
 
 
 def _require_images(images: np.ndarray) -> None:
