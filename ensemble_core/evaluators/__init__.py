@@ -26,6 +26,11 @@ module ``ensemble_core/evaluators/<type>.py`` defines:
 - ``table(metrics: dict) -> list[dict]`` (optional): the rows of its Prefect table
   artifact (key ``ensemble-eval-<name>``).
 
+An evaluator times its own work with :func:`ensemble_core.timing.part` under the names
+below (the run layer times the forward passes, derived sets and splits it serves): its
+scoring under :data:`METRICS`, another dataset's files it reads under :data:`DATA`, so that
+``report.json -> timing`` explains where its seconds went and its ``other`` is small.
+
 Plots, arrays, report sections and artifacts are named by the evaluator's *name*
 (``ctx.name``; ``plot`` gets it as ``name=``). The run layer
 (:mod:`ensemble_core.runs.evaluation.evaluate`) writes the arrays to
@@ -54,8 +59,18 @@ from ensemble_core.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
+#: The part of an evaluator's time (:mod:`ensemble_core.timing`) spent computing its
+#: figures from the members' probabilities: scores, intervals, decision rules' coverage,
+#: label-free estimates, detection metrics, the arrays it keeps.
+METRICS = "metrics"
+#: The part spent reading data from disk: the training dataset's splits (``ctx.load``,
+#: read once per evaluation and timed where first read) or another dataset's files.
+DATA = "data"
+
 __all__ = [
+    "DATA",
     "EVALUATOR_NAMES",
+    "METRICS",
     "EvalContext",
     "EvaluatorOutput",
     "NoOptions",

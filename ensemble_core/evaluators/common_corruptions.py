@@ -40,10 +40,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ensemble_core import confidence_intervals as intervals
 from ensemble_core import metrics as metrics_lib
+from ensemble_core import timing
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
 from ensemble_core.decisions import decision_lines, mean_scores
-from ensemble_core.evaluators import EvalContext, EvaluatorOutput, shift_base, skipped
+from ensemble_core.evaluators import METRICS, EvalContext, EvaluatorOutput, shift_base, skipped
 from ensemble_core.plotting import image_grid, save, subplots
 from ensemble_core.shifts.common_corruptions import MIN_SIDE, NAMES, SEVERITIES, corrupt
 
@@ -167,25 +168,27 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     log.info("%s: predicting %d corrupted images (%d cells of %d)", ctx.name, len(shifted), len(grid), n)
     t0 = time.perf_counter()
     out = shift_base.evaluate_shifted(ctx, shifted, labels, level, tuple(range(len(grid))), "corruption and severity")
-    severities = {c: tuple(float(i) for i, (name, _) in enumerate(grid) if name == c) for c in opts.corruptions}
-    out.metrics["mean_intervals"] = shift_base.mean_intervals(
-        ctx, out.arrays["member_probs"], labels, level, tuple(range(len(grid))), severities
-    )
-    for row in out.metrics["levels"]:
-        row["corruption"], row["severity"] = grid[int(row["level"])]
-        row["name"] = f"{row['corruption']}-{row['severity']}"
-    metrics = out.metrics
-    metrics["num_examples"] = n
-    metrics["members_mean"] = members_mean(out.arrays["member_probs"], labels, level, len(grid), ctx)
-    metrics["by_corruption"] = by_corruption(metrics["levels"], opts.corruptions)
     fit = ctx.decision_fit()
-    if fit is not None:
-        metrics["decisions_by_severity"] = decisions_by_severity(metrics["levels"])
-        # the same n test images, uncorrupted: the severity-0 point of the plot
-        at = shift_base.sample_indices(len(images), n)
-        clean, test_labels = ctx.predict_split("test")[0][:, at], ctx.load("test")[1][at]
-        best = metrics_lib.shift_scores(clean, test_labels, ctx.ece_bins, healthy=ctx.healthy)["best_member_index"]
-        metrics["clean"] = fit.score(clean, test_labels, ctx.healthy, best)
+    test_probs, test_labels = ctx.predict_split("test")[0], ctx.load("test")[1]
+    with timing.part(METRICS):
+        severities = {c: tuple(float(i) for i, (name, _) in enumerate(grid) if name == c) for c in opts.corruptions}
+        out.metrics["mean_intervals"] = shift_base.mean_intervals(
+            ctx, out.arrays["member_probs"], labels, level, tuple(range(len(grid))), severities
+        )
+        for row in out.metrics["levels"]:
+            row["corruption"], row["severity"] = grid[int(row["level"])]
+            row["name"] = f"{row['corruption']}-{row['severity']}"
+        metrics = out.metrics
+        metrics["num_examples"] = n
+        metrics["members_mean"] = members_mean(out.arrays["member_probs"], labels, level, len(grid), ctx)
+        metrics["by_corruption"] = by_corruption(metrics["levels"], opts.corruptions)
+        if fit is not None:
+            metrics["decisions_by_severity"] = decisions_by_severity(metrics["levels"])
+            # the same n test images, uncorrupted: the severity-0 point of the plot
+            at = shift_base.sample_indices(len(images), n)
+            clean, clean_labels = test_probs[:, at], test_labels[at]
+            best = metrics_lib.shift_scores(clean, clean_labels, ctx.ece_bins, healthy=ctx.healthy)["best_member_index"]
+            metrics["clean"] = fit.score(clean, clean_labels, ctx.healthy, best)
     metrics["seconds"] = {"generate": built if generated["seconds"] else 0.0, "evaluate": time.perf_counter() - t0}
     log.info(
         "%s: mean over %d cells: ensemble accuracy %.4f, NLL %.4f, ECE %.4f (best member NLL %.4f)",

@@ -18,9 +18,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ensemble_core import data as data_lib
+from ensemble_core import timing
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data import DatasetInfo
-from ensemble_core.evaluators import EvalContext, EvaluatorOutput, ood_base, skipped
+from ensemble_core.evaluators import DATA, EvalContext, EvaluatorOutput, ood_base, skipped
 
 NAME = "fashion_mnist"
 
@@ -42,7 +43,8 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
         where, fix = data_lib.IDX_SOURCES[NAME]
         return skipped(f"the Fashion-MNIST files are not in {where}; fix: {fix}")
     n = len(ctx.load("test")[0])
-    images, _ = data_lib.read_idx_split(directory, "test")
+    with timing.part(DATA):
+        images, _ = data_lib.read_idx_split(directory, "test")
     return ood_base.evaluate_ood(ctx, images[:n], "Fashion-MNIST test split (dataset-fashion-mnist)")
 
 

@@ -51,12 +51,12 @@ import numpy as np
 import pydantic
 
 from ensemble_core import data as data_lib
-from ensemble_core import image_decoding, shifts
+from ensemble_core import image_decoding, shifts, timing
 from ensemble_core.config import PipelineConfig
 from ensemble_core.config.data_section import snake_case
 from ensemble_core.data import DatasetInfo, image_folder
 from ensemble_core.errors import ConfigError, DataError
-from ensemble_core.evaluators import EvalContext, EvaluatorOutput, ood_base, shift_base, skipped
+from ensemble_core.evaluators import DATA, EvalContext, EvaluatorOutput, ood_base, shift_base, skipped
 
 SYNTHETIC = ("uniform_noise", "gaussian_noise", "constant")
 #: The test images with their patches shuffled (:func:`ensemble_core.shifts.shuffle_patches`).
@@ -337,7 +337,8 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
         images = ctx.cached(key, build, {"images": (n, *shape)})["images"]
         what = f"{opts.source} ({n} images, seed {opts.seed})"
     else:
-        images = dataset_images(opts, shape, n, ctx.config.data.data_dir)
+        with timing.part(DATA):
+            images = dataset_images(opts, shape, n, ctx.config.data.data_dir)
         what = f"{opts.source} {opts.name or opts.path} ({opts.split}, {len(images)} images)"
     return ood_base.evaluate_ood(ctx, images, what)
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from ensemble_core import metrics as metrics_lib
 from ensemble_core import timing
-from ensemble_core.evaluators import EvalContext, EvaluatorOutput, skipped
+from ensemble_core.evaluators import METRICS, EvalContext, EvaluatorOutput, skipped
 from ensemble_core.plotting import image_grid, save, subplots
 
 CONFIDENT = 0.9
@@ -72,10 +72,19 @@ def evaluate_ood(ctx: EvalContext, ood_images: np.ndarray, source: str) -> Evalu
         return skipped(f"the OOD images ({source}) are {tuple(ood_images.shape[1:])}, the model takes {shape}")
     with timing.part(IMPORTS):
         import sklearn.metrics  # noqa: F401  (loaded once per process, for metrics_lib.detection)
-    images, labels = ctx.load("test")
-    logits = np.concatenate([ctx.predict_split_logits("test"), ctx.predict_logits(ood_images)], axis=1)
+    labels = ctx.load("test")[1]
+    in_logits, ood_logits = ctx.predict_split_logits("test"), ctx.predict_logits(ood_images)
+    with timing.part(METRICS):
+        return _scores(ctx, labels, ood_images, np.concatenate([in_logits, ood_logits], axis=1), source)
+
+
+def _scores(
+    ctx: EvalContext, labels: np.ndarray, ood_images: np.ndarray, logits: np.ndarray, source: str
+) -> EvaluatorOutput:
+    """:func:`evaluate_ood`'s output from every member's logits ``[E, N+M, C]`` (the test
+    split's N ``labels`` first)."""
     probs = softmax(logits)
-    is_ood = np.concatenate([np.zeros(len(images), bool), np.ones(len(ood_images), bool)])
+    is_ood = np.concatenate([np.zeros(len(labels), bool), np.ones(len(ood_images), bool)])
     all_labels = np.concatenate([labels.astype(np.int32), np.full(len(ood_images), -1, np.int32)])
     healthy, healthy_logits = probs[ctx.healthy], logits[ctx.healthy]
     ens_scores = metrics_lib.ood_scores(healthy, healthy_logits)
@@ -89,7 +98,7 @@ def evaluate_ood(ctx: EvalContext, ood_images: np.ndarray, source: str) -> Evalu
     }
     metrics = {
         "source": source,
-        "num_in": len(images),
+        "num_in": len(labels),
         "num_ood": len(ood_images),
         "ensemble": by_figure(ens),
         "member_mean": by_figure(member_mean),

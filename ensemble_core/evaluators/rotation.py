@@ -18,9 +18,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ensemble_core import metrics as metrics_lib
-from ensemble_core import shifts
+from ensemble_core import shifts, timing
 from ensemble_core.config import PipelineConfig
-from ensemble_core.evaluators import EvalContext, EvaluatorOutput, shift_base
+from ensemble_core.evaluators import METRICS, EvalContext, EvaluatorOutput, shift_base
 from ensemble_core.plotting import save, subplots
 
 SELECTIVE_DEGREES = 60.0
@@ -65,15 +65,17 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     opts = ctx.options or Options()
     n = shift_base.level_examples(ctx, opts, len(opts.degrees))
     out = shift_base.evaluate_shift(ctx, "rotation", "degrees", opts.degrees, shifts.rotate, n)
-    at = out.arrays["level"] == np.float32(opts.selective_degrees)
-    probs, labels = out.arrays["member_probs"][:, at], out.arrays["labels"][at]
-    healthy = ctx.healthy
-    best = out.metrics["levels"][opts.degrees.index(opts.selective_degrees)]["best_member_index"]
-    who = {"ensemble": metrics_lib.ensemble_probs(probs[healthy]), "best_member": probs[best]}
-    out.metrics["selective_degrees"] = opts.selective_degrees
-    out.metrics[_selective_key(opts.selective_degrees)] = {
-        name: [{"tau": tau, **metrics_lib.accuracy_above(p, labels, tau)} for tau in TAUS] for name, p in who.items()
-    }
+    with timing.part(METRICS):
+        at = out.arrays["level"] == np.float32(opts.selective_degrees)
+        probs, labels = out.arrays["member_probs"][:, at], out.arrays["labels"][at]
+        healthy = ctx.healthy
+        best = out.metrics["levels"][opts.degrees.index(opts.selective_degrees)]["best_member_index"]
+        who = {"ensemble": metrics_lib.ensemble_probs(probs[healthy]), "best_member": probs[best]}
+        out.metrics["selective_degrees"] = opts.selective_degrees
+        out.metrics[_selective_key(opts.selective_degrees)] = {
+            name: [{"tau": tau, **metrics_lib.accuracy_above(p, labels, tau)} for tau in TAUS]
+            for name, p in who.items()
+        }
     return out
 
 

@@ -20,11 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ensemble_core import class_metrics
+from ensemble_core import class_metrics, timing
 from ensemble_core import metrics as metrics_lib
 from ensemble_core.calibration import apply_temperature
 from ensemble_core.config import PipelineConfig
-from ensemble_core.evaluators import EvalContext, EvaluatorOutput
+from ensemble_core.decisions import DecisionFit
+from ensemble_core.evaluators import METRICS, EvalContext, EvaluatorOutput
 from ensemble_core.plotting import labelled_image_grid, save, short_label, subplots
 
 #: Images per example set (fewer when fewer exist).
@@ -71,6 +72,21 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     """
     images, labels = ctx.load("test")
     probs, throughput = ctx.predict_split("test")
+    fit = ctx.decision_fit()
+    with timing.part(METRICS):
+        metrics, arrays = _scores(ctx, images, labels, probs, throughput, fit)
+    return EvaluatorOutput(metrics=metrics, arrays=arrays)
+
+
+def _scores(
+    ctx: EvalContext,
+    images: np.ndarray,
+    labels: np.ndarray,
+    probs: np.ndarray,
+    throughput: float,
+    fit: DecisionFit | None,
+) -> tuple[dict, dict]:
+    """:func:`evaluate`'s metrics and arrays from every member's test probabilities."""
     metrics = metrics_lib.evaluate_all(probs, labels, ctx.ece_bins, healthy=ctx.healthy)
     metrics["eval_member_images_per_s"] = throughput
     metrics["ece_bins"] = ctx.ece_bins
@@ -88,7 +104,6 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
         "class_names": names,
         "most_confused": class_metrics.most_confused_pairs(counts, MOST_CONFUSED, names),
     }
-    fit = ctx.decision_fit()
     if fit is not None:
         healthy = np.flatnonzero(ctx.healthy)
         best = int(healthy[np.argmin([metrics["members"][i]["nll"] for i in healthy])])
@@ -105,7 +120,7 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
         arrays[f"{key}_labels"] = np.asarray(labels[idx], np.int32)
         arrays[f"{key}_predicted"] = np.argmax(ensemble[idx], -1).astype(np.int32)
         arrays[f"{key}_probs"] = ensemble[idx].astype(np.float32)
-    return EvaluatorOutput(metrics=metrics, arrays=arrays)
+    return metrics, arrays
 
 
 def class_names(names: tuple[str, ...] | list[str], num_classes: int) -> list[str]:

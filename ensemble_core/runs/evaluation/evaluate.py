@@ -27,7 +27,8 @@ from ensemble_core.runs.storage.layout import RunDir
 log = logging.getLogger(__name__)
 
 #: The parts of an evaluator's time in ``Evaluation.timing`` (:mod:`ensemble_core.timing`),
-#: besides ``other`` (its metrics and the rest): building or reading its derived sets
+#: besides its own metrics and data (:data:`ensemble_core.evaluators.METRICS`, ``DATA``) and
+#: ``other`` (the rest): building or reading its derived sets
 #: (shifted, corrupted, OOD images), the ensemble's forward passes, its arrays and plots written.
 DERIVED, FORWARD, WRITE = "derived sets", "forward passes", "writing and plotting"
 #: The evaluation's part after the last evaluator: waiting for the background writer to
@@ -75,9 +76,11 @@ def evaluate(
     stage logs their total and the cache directory's.
 
     The result's ``timing`` says where the stage's wall time went: ``load ensemble``, one
-    part per evaluator, each split into :data:`DERIVED`, :data:`FORWARD` (an OOD evaluator also
-    ``imports``: :data:`ensemble_core.evaluators.ood_base.IMPORTS`) and ``other``
-    (metrics, loading), then :data:`WAIT` (:meth:`ensemble_core.timing.Span.to_json`); and
+    part per evaluator, each split into :data:`DERIVED`, :data:`FORWARD`,
+    :data:`ensemble_core.evaluators.DATA` (the splits, read where first needed),
+    :data:`ensemble_core.evaluators.METRICS` (its scoring; an OOD evaluator also
+    ``imports``: :data:`ensemble_core.evaluators.ood_base.IMPORTS`) and ``other`` (the rest
+    of its own code), then :data:`WAIT` (:meth:`ensemble_core.timing.Span.to_json`); and
     ``background``: ``{WRITE: {evaluator: seconds}}``, the writer thread's time per evaluator.
 
     Raises:
@@ -118,16 +121,21 @@ def _evaluate(
         derived.setdefault(current["name"], {})[key] = path.stat().st_size if path.exists() else 0
         return arrays
 
-    load_split = functools.cache(lambda split: load(cfg, dataset, split))
+    @functools.cache
+    def load_split(split: str) -> tuple[np.ndarray, np.ndarray]:
+        with timing.part(evaluators.DATA):
+            return load(cfg, dataset, split)
 
     @functools.cache
     def split_outputs(split: str) -> tuple[np.ndarray, np.ndarray, float]:
         # One forward pass per split: the members' logits, their softmax (the probabilities
         # the test evaluator scores; the OOD evaluators' energy needs the logits) and the
         # steady-state throughput.
+        images = load_split(split)[0]
         with timing.part(FORWARD):
-            logits, throughput = members.predict(cfg, load_split(split)[0], logits=True)
-        return logits, scipy.special.softmax(logits, axis=-1).astype(np.float32, copy=False), throughput
+            logits, throughput = members.predict(cfg, images, logits=True)
+            probs = scipy.special.softmax(logits, axis=-1).astype(np.float32, copy=False)
+        return logits, probs, throughput
 
     @functools.cache
     def held_out() -> tuple[np.ndarray, np.ndarray] | None:
