@@ -80,13 +80,15 @@ def test_the_command_lines_stages_add_up_to_its_wall_time(tmp_path, tfds_dir):
     assert abs(total - outside) <= 0.05 * outside, (total, outside, stages)
     # every stage's parts explain it, and every part's own parts (each evaluator's data,
     # forward passes, metrics, ...): no unexplained remainder above 10% of what it is part of
-    spans = [(name, stage) for name, stage in stages.items()]
+    # (plus 20 ms for a stage, 50 ms for a part of one: an evaluator of the tiny config takes
+    # 10-250 ms, and a few lines of its own between its timed parts wait for busy cores)
+    spans = [(name, stage, 0.02) for name, stage in stages.items()]
     while spans:
-        name, span = spans.pop()
+        name, span, slack = spans.pop()
         parts = span.get("parts") or {}
         other = parts.get(OTHER, {"seconds": 0.0})["seconds"]
-        assert other <= 0.1 * span["seconds"] + 0.02, (name, span)
-        spans += [(f"{name}/{part}", p) for part, p in parts.items() if part != OTHER]
+        assert other <= 0.1 * span["seconds"] + slack, (name, span)
+        spans += [(f"{name}/{part}", p, 0.05) for part, p in parts.items() if part != OTHER]
     evaluate = stages["evaluate"]["parts"]
     for evaluator in ("test", "rotation", "ood"):
         assert evaluate[evaluator]["parts"]["metrics"]["seconds"] > 0, evaluator

@@ -28,7 +28,8 @@ module ``ensemble_core/evaluators/<type>.py`` defines:
 
 An evaluator times its own work with :func:`ensemble_core.timing.part` under the names
 below (the run layer times the forward passes, derived sets and splits it serves): its
-scoring under :data:`METRICS`, another dataset's files it reads under :data:`DATA`, so that
+scoring under :data:`METRICS`, another dataset's files it reads under :data:`DATA`, a set it
+builds without ``ctx.cached`` under :data:`DERIVED`, so that
 ``report.json -> timing`` explains where its seconds went and its ``other`` is small.
 
 Plots, arrays, report sections and artifacts are named by the evaluator's *name*
@@ -66,9 +67,14 @@ METRICS = "metrics"
 #: The part spent reading data from disk: the training dataset's splits (``ctx.load``,
 #: read once per evaluation and timed where first read) or another dataset's files.
 DATA = "data"
+#: The part spent building or reading its derived sets: shifted, corrupted or OOD images
+#: made from other images (``ctx.cached`` times its own; an evaluator that builds a set
+#: without caching it times that itself).
+DERIVED = "derived sets"
 
 __all__ = [
     "DATA",
+    "DERIVED",
     "EVALUATOR_NAMES",
     "METRICS",
     "EvalContext",

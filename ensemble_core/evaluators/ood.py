@@ -56,7 +56,7 @@ from ensemble_core.config import PipelineConfig
 from ensemble_core.config.data_section import snake_case
 from ensemble_core.data import DatasetInfo, image_folder
 from ensemble_core.errors import ConfigError, DataError
-from ensemble_core.evaluators import DATA, EvalContext, EvaluatorOutput, ood_base, shift_base, skipped
+from ensemble_core.evaluators import DATA, DERIVED, EvalContext, EvaluatorOutput, ood_base, shift_base, skipped
 
 SYNTHETIC = ("uniform_noise", "gaussian_noise", "constant")
 #: The test images with their patches shuffled (:func:`ensemble_core.shifts.shuffle_patches`).
@@ -329,7 +329,8 @@ def evaluate(ctx: EvalContext) -> EvaluatorOutput:
     if opts.source == SHUFFLED_PATCHES:
         test = ctx.load("test")[0]
         picked = test[shift_base.sample_indices(len(test), n)]
-        images = shifts.shuffle_patches(picked, opts.patches, opts.seed)
+        with timing.part(DERIVED):
+            images = shifts.shuffle_patches(picked, opts.patches, opts.seed)
         what = f"{SHUFFLED_PATCHES} {opts.patches}x{opts.patches} of the test images ({len(images)}, seed {opts.seed})"
     elif opts.source in SYNTHETIC:
         key = f"ood-{opts.source}-v{CACHE_VERSION}-{n}-{'x'.join(map(str, shape))}-seed{opts.seed}"

@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 #: besides its own metrics and data (:data:`ensemble_core.evaluators.METRICS`, ``DATA``) and
 #: ``other`` (the rest): building or reading its derived sets
 #: (shifted, corrupted, OOD images), the ensemble's forward passes, its arrays and plots written.
-DERIVED, FORWARD, WRITE = "derived sets", "forward passes", "writing and plotting"
+DERIVED = evaluators.DERIVED
+FORWARD, WRITE = "forward passes", "writing and plotting"
 #: The evaluation's part after the last evaluator: waiting for the background writer to
 #: finish the arrays and plots (each evaluator's own seconds: ``timing["background"][WRITE]``).
 WAIT = "waiting for writing and plotting"
