@@ -5,8 +5,10 @@ start to exit, for two checkouts side by side.
     python -m benchmarks.fixed_cost --checkout before=/tmp/before --checkout after=. [--runs 5]
     python -m benchmarks.fixed_cost --checkout figures=. --checkout none=. --set figures:eval.plots=true
 
-``--set LABEL:KEY=VALUE`` adds ``--set KEY=VALUE`` to that checkout's command line (the same
-checkout twice, under two labels, measures one setting's cost). ``--server LABEL`` runs that
+``--config PATH`` measures another config's command line the same way (e.g.
+``configs/default.yaml``, the default run). ``--set LABEL:KEY=VALUE`` adds ``--set
+KEY=VALUE`` to that checkout's command line (the same checkout twice, under two labels,
+measures one setting's cost). ``--server LABEL`` runs that
 checkout's commands against one Prefect server started before them and kept running
 (``prefect server start``, its own PREFECT_HOME; its start is not counted) instead of each
 command's temporary server: a server kept warm between commands against the temporary one,
@@ -52,17 +54,26 @@ from benchmarks.provenance import stamp
 ROOT = Path(__file__).resolve().parents[1]
 
 
+#: The config measured unless ``--config`` names another.
+TINY = "configs/tiny.yaml"
+
+
 def one_run(
-    checkout: Path, out: Path, home: Path, sets: tuple[str, ...] | list[str] = (), api_url: str | None = None
+    checkout: Path,
+    out: Path,
+    home: Path,
+    sets: tuple[str, ...] | list[str] = (),
+    api_url: str | None = None,
+    config: str = TINY,
 ) -> dict:
-    """The tiny config's command line from ``checkout`` (with ``--set`` each of ``sets``;
-    against the server at ``api_url``, else its own temporary one): its wall seconds
-    (outside) and timing."""
+    """The command line of ``config`` (a path relative to the checkout; default the tiny
+    config) from ``checkout`` (with ``--set`` each of ``sets``; against the server at
+    ``api_url``, else its own temporary one): its wall seconds (outside) and timing."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "XLA_FLAGS"}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(checkout))
     if api_url:
         env["PREFECT_API_URL"] = api_url
-    cmd = [sys.executable, "-m", "flows.train_ensemble", "--config", "configs/tiny.yaml"]
+    cmd = [sys.executable, "-m", "flows.train_ensemble", "--config", config]
     cmd += ["--output-dir", str(out), "--run-name", "r", *(a for s in sets for a in ("--set", s))]
     load = os.getloadavg()[0]
     t0 = time.monotonic()
@@ -156,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run LABEL's commands against one Prefect server started before them and kept warm "
         "(prefect server start) instead of each command's temporary server",
     )
+    parser.add_argument("--config", default=TINY, help=f"the config, relative to each checkout (default {TINY})")
     parser.add_argument("--runs", type=int, default=5, help="counted runs of each (default 5, after one warm-up)")
     parser.add_argument("--plot-repeats", type=int, default=9, help="saves of the figure per zlib level (default 9)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"fixed-cost-{os.cpu_count()}core.json"))
@@ -184,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         api = {label: servers.enter_context(warm_server(tmp / f"prefect-{label}")) for label in set(args.server)}
         for i in range(args.runs + 1):  # the first round warms both up and is not counted
             for label, checkout in checkouts:
-                r = one_run(checkout, tmp / f"{label}-{i}", tmp / f"prefect-{label}", sets[label], api.get(label))
+                home = tmp / f"prefect-{label}"
+                r = one_run(checkout, tmp / f"{label}-{i}", home, sets[label], api.get(label), args.config)
                 print(f"{label} run {i}: {r['wall_seconds']:.1f} s", file=sys.stderr)
                 if i:
                     runs[label].append(r)
@@ -194,9 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m benchmarks.fixed_cost "
         + " ".join(f"--checkout {label}=<checkout of {_commit(path)}>" for label, path in checkouts)
         + "".join(f" --set {label}:{s}" for label, ss in sets.items() for s in ss)
-        + "".join(f" --server {label}" for label in args.server),
+        + "".join(f" --server {label}" for label in args.server)
+        + (f" --config {args.config}" if args.config != TINY else ""),
         **stamp(),
-        "what": "python -m flows.train_ensemble --config configs/tiny.yaml, start to exit, warm caches",
+        "what": f"python -m flows.train_ensemble --config {args.config}, start to exit, warm caches",
         "checkouts": {label: _commit(path) for label, path in checkouts},
         "sets": sets,
         "warm_server": sorted(set(args.server)),

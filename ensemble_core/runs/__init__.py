@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ensemble_core import stopping
+from ensemble_core import startup_gc, stopping
 from ensemble_core.config import PipelineConfig
 from ensemble_core.data.snapshot import DataSnapshot, snapshot_dir
 from ensemble_core.data.snapshot import in_use as snapshot_in_use
@@ -201,6 +201,7 @@ def _run(
 
     def stage(name: str, what: str, call: Callable[..., Any], *args: Any) -> Any:
         with stopping.stage(what, fix):
+            startup_gc.freeze_survivors()  # what the stages before left lives until the command ends
             return timed(name, call, *args)
 
     timed("preflight", stages.preflight, cfg, output_dir, run_name)
