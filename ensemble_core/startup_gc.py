@@ -70,8 +70,10 @@ def freeze_survivors() -> bool:
     the command exits, and every full collection after walked it again, 0.2-0.5 s each in
     the default run (docs/benchmarks.md, "The fixed cost of a run"). A reference cycle
     already unreachable is frozen too and freed only at exit: the command ends after its
-    run. Elsewhere (a test session, a notebook, a Dask worker, where the objects of one
-    run do not live as long) nothing.
+    run, and at the default run's stage boundaries a full collection found 0 to 26,500 such
+    objects and freed no resident memory (no large array among them). Elsewhere (a test
+    session, a notebook, a Dask worker, where the objects of one run do not live as long)
+    nothing.
 
     Returns whether it froze them. (It does not count them: ``gc.get_freeze_count()`` walks
     every frozen object, 0.05-0.1 s each call in a command.)"""
