@@ -29,7 +29,8 @@ module ``ensemble_core/evaluators/<type>.py`` defines:
 An evaluator times its own work with :func:`ensemble_core.timing.part` under the names
 below (the run layer times the forward passes, derived sets and splits it serves): its
 scoring under :data:`METRICS`, another dataset's files it reads under :data:`DATA`, a set it
-builds without ``ctx.cached`` under :data:`DERIVED`, so that
+builds without ``ctx.cached`` under :data:`DERIVED`, a library it imports on first use under
+:data:`IMPORTS`, so that
 ``report.json -> timing`` explains where its seconds went and its ``other`` is small.
 
 Plots, arrays, report sections and artifacts are named by the evaluator's *name*
@@ -71,11 +72,17 @@ DATA = "data"
 #: made from other images (``ctx.cached`` times its own; an evaluator that builds a set
 #: without caching it times that itself).
 DERIVED = "derived sets"
+#: The part of an OOD evaluator's time spent importing scikit-learn's metrics, which
+#: :func:`ensemble_core.metrics.detection` imports on first use: 0.4-0.6 s in the first OOD
+#: evaluator of a process (unless the command imported them while its temporary server
+#: started), 0 after; it was the unexplained "other" of that evaluator.
+IMPORTS = "imports"
 
 __all__ = [
     "DATA",
     "DERIVED",
     "EVALUATOR_NAMES",
+    "IMPORTS",
     "METRICS",
     "EvalContext",
     "EvaluatorOutput",

@@ -25,7 +25,7 @@ import numpy as np
 
 from ensemble_core import metrics as metrics_lib
 from ensemble_core import timing
-from ensemble_core.evaluators import METRICS, EvalContext, EvaluatorOutput, skipped
+from ensemble_core.evaluators import IMPORTS, METRICS, EvalContext, EvaluatorOutput, skipped
 from ensemble_core.plotting import image_grid, save, subplots
 
 CONFIDENT = 0.9
@@ -33,11 +33,6 @@ FIGURES = ("auroc", "aupr_in", "aupr_out", "fpr_at_95_tpr")
 EXAMPLES = 16  # OOD images kept for the plots
 #: The scores a single network has (the mean member's figures).
 MEMBER_SCORES = ("max_prob", "entropy", "energy")
-#: The part of an OOD evaluator's time (:mod:`ensemble_core.timing`) spent importing
-#: scikit-learn's metrics, which :func:`ensemble_core.metrics.detection` imports on first use:
-#: 0.4-0.6 s in the first OOD evaluator of a process (unless the command imported them while
-#: its temporary server started), 0 after; it was the unexplained "other" of that evaluator.
-IMPORTS = "imports"
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -26,11 +26,10 @@ from ensemble_core.runs.storage.layout import RunDir
 
 log = logging.getLogger(__name__)
 
-#: The parts of an evaluator's time in ``Evaluation.timing`` (:mod:`ensemble_core.timing`),
-#: besides its own metrics and data (:data:`ensemble_core.evaluators.METRICS`, ``DATA``) and
-#: ``other`` (the rest): building or reading its derived sets
-#: (shifted, corrupted, OOD images), the ensemble's forward passes, its arrays and plots written.
-DERIVED = evaluators.DERIVED
+#: The parts of an evaluator's time in ``Evaluation.timing`` (:mod:`ensemble_core.timing`)
+#: that this module times, besides the evaluator's own (``ensemble_core.evaluators.METRICS``,
+#: ``DATA``, ``DERIVED``, ``IMPORTS``) and ``other`` (the rest): the ensemble's forward passes,
+#: its arrays and plots written.
 FORWARD, WRITE = "forward passes", "writing and plotting"
 #: The evaluation's part after the last evaluator: waiting for the background writer to
 #: finish the arrays and plots (each evaluator's own seconds: ``timing["background"][WRITE]``).
@@ -77,10 +76,10 @@ def evaluate(
     stage logs their total and the cache directory's.
 
     The result's ``timing`` says where the stage's wall time went: ``load ensemble``, one
-    part per evaluator, each split into :data:`DERIVED`, :data:`FORWARD`,
-    :data:`ensemble_core.evaluators.DATA` (the splits, read where first needed),
-    :data:`ensemble_core.evaluators.METRICS` (its scoring; an OOD evaluator also
-    ``imports``: :data:`ensemble_core.evaluators.ood_base.IMPORTS`) and ``other`` (the rest
+    part per evaluator, each split into :data:`ensemble_core.evaluators.DERIVED` (its
+    derived sets, built or read), :data:`FORWARD`, :data:`ensemble_core.evaluators.DATA` (the
+    splits, read where first needed), :data:`ensemble_core.evaluators.METRICS` (its scoring;
+    an OOD evaluator also :data:`ensemble_core.evaluators.IMPORTS`) and ``other`` (the rest
     of its own code), then :data:`WAIT` (:meth:`ensemble_core.timing.Span.to_json`); and
     ``background``: ``{WRITE: {evaluator: seconds}}``, the writer thread's time per evaluator.
 
@@ -116,7 +115,7 @@ def _evaluate(
     cap = cfg.eval.derived_cache_mb * MIB
 
     def cached(key, build, shapes=None):
-        with timing.part(DERIVED):
+        with timing.part(evaluators.DERIVED):
             arrays = cached_arrays(dataset, key, build, shapes, cap_bytes=cap)
         path = derived_dir(dataset) / f"{key}.npz"
         derived.setdefault(current["name"], {})[key] = path.stat().st_size if path.exists() else 0
