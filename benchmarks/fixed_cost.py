@@ -5,6 +5,13 @@ start to exit, for two checkouts side by side.
     python -m benchmarks.fixed_cost --checkout before=/tmp/before --checkout after=. [--runs 5]
     python -m benchmarks.fixed_cost --checkout figures=. --checkout none=. --set figures:eval.plots=true
 
+``--deployment`` measures the run as a deployment's flow-run process instead: for each
+checkout a deployment of ``flows/train_ensemble.py:train_ensemble`` (its path the checkout)
+on one warm server (``prefect server start``, as for ``--server``), then per run a flow
+run of it with the config as its ``config`` parameter, executed as Prefect's process worker
+executes one, ``python -m prefect.engine <flow run id>`` in the checkout, process start to
+exit (the worker's own polling is left out: it is the same for both).
+
 ``--config PATH`` measures another config's command line the same way (e.g.
 ``configs/default.yaml``, the default run). ``--set LABEL:KEY=VALUE`` adds ``--set
 KEY=VALUE`` to that checkout's command line (the same checkout twice, under two labels,
@@ -41,6 +48,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -56,6 +64,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: The config measured unless ``--config`` names another.
 TINY = "configs/tiny.yaml"
+#: The flow a ``--deployment`` run executes (prefect.yaml's training deployments).
+ENTRYPOINT = "flows/train_ensemble.py:train_ensemble"
 
 
 def one_run(
@@ -75,14 +85,74 @@ def one_run(
         env["PREFECT_API_URL"] = api_url
     cmd = [sys.executable, "-m", "flows.train_ensemble", "--config", config]
     cmd += ["--output-dir", str(out), "--run-name", "r", *(a for s in sets for a in ("--set", s))]
+    return _timed(cmd, checkout, env, out / "r")
+
+
+def _timed(cmd: list[str], checkout: Path, env: dict[str, str], run_dir: Path) -> dict:
+    """``cmd`` run in ``checkout``: its wall seconds (outside), CPU seconds (its process and
+    the children it reaped), the 1-minute load average before it, and ``run_dir``'s
+    ``report.json -> timing``.
+
+    Raises:
+      SystemExit: the command failed (the tail of its stderr in the message)."""
     load = os.getloadavg()[0]
+    cpu0 = _children_cpu_s()
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
     wall = time.monotonic() - t0
     if proc.returncode != 0:
         raise SystemExit(f"error: {' '.join(cmd)} in {checkout} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    report = json.loads((out / "r" / "report.json").read_text())
-    return {"wall_seconds": wall, "load_average_1min_before": load, "timing": report.get("timing")}
+    report = json.loads((run_dir / "report.json").read_text())
+    cpu = _children_cpu_s() - cpu0
+    return {"wall_seconds": wall, "cpu_seconds": cpu, "load_average_1min_before": load, "timing": report.get("timing")}
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def deployment(checkout: Path, api_url: str, label: str) -> str:
+    """A deployment of the training flow from ``checkout`` (its entrypoint's path) on the
+    server at ``api_url``; returns its id."""
+    import httpx
+
+    with httpx.Client(base_url=api_url, timeout=60) as api:
+        flow_id = api.post("/flows/", json={"name": "train-ensemble"}).raise_for_status().json()["id"]
+        body = {"name": f"fixed-cost-{label}", "flow_id": flow_id, "entrypoint": ENTRYPOINT, "path": str(checkout)}
+        return api.post("/deployments/", json=body).raise_for_status().json()["id"]
+
+
+def one_flow_run(
+    checkout: Path,
+    out: Path,
+    home: Path,
+    sets: tuple[str, ...] | list[str],
+    api_url: str,
+    deployment_id: str,
+    config: str,
+) -> dict:
+    """A flow run of ``deployment_id`` with ``config`` (a path relative to the checkout, with
+    each of ``sets`` applied) as its ``config`` parameter, executed as the process worker
+    executes one (``python -m prefect.engine <id>`` in ``checkout``): as :func:`_timed`."""
+    import httpx
+    import yaml
+
+    parameters = yaml.safe_load((checkout / config).read_text())
+    for s in sets:
+        key, _, value = s.partition("=")
+        *path, last = key.split(".")
+        section = parameters
+        for k in path:
+            section = section.setdefault(k, {})
+        section[last] = yaml.safe_load(value)
+    body = {"parameters": {"config": parameters, "output_dir": str(out), "run_name": "r"}}
+    with httpx.Client(base_url=api_url, timeout=60) as api:
+        run = api.post(f"/deployments/{deployment_id}/create_flow_run", json=body).raise_for_status().json()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "XLA_FLAGS"}
+    env.update(PREFECT_HOME=str(home), PREFECT_API_URL=api_url, PREFECT__FLOW_RUN_ID=run["id"])
+    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(checkout))
+    return _timed([sys.executable, "-m", "prefect.engine"], checkout, env, out / "r")
 
 
 @contextlib.contextmanager
@@ -167,6 +237,11 @@ def main(argv: list[str] | None = None) -> int:
         help="run LABEL's commands against one Prefect server started before them and kept warm "
         "(prefect server start) instead of each command's temporary server",
     )
+    parser.add_argument(
+        "--deployment",
+        action="store_true",
+        help="each run a deployment's flow run (python -m prefect.engine) on one warm server per checkout",
+    )
     parser.add_argument("--config", default=TINY, help=f"the config, relative to each checkout (default {TINY})")
     parser.add_argument("--runs", type=int, default=5, help="counted runs of each (default 5, after one warm-up)")
     parser.add_argument("--plot-repeats", type=int, default=9, help="saves of the figure per zlib level (default 9)")
@@ -192,12 +267,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="fixed-cost-"))
     runs: dict[str, list[dict]] = {label: [] for label, _ in checkouts}
+    warm = sorted({label for label, _ in checkouts} if args.deployment else set(args.server))
     with contextlib.ExitStack() as servers:
-        api = {label: servers.enter_context(warm_server(tmp / f"prefect-{label}")) for label in set(args.server)}
+        api = {label: servers.enter_context(warm_server(tmp / f"prefect-{label}")) for label in warm}
+        deployments = {label: deployment(c, api[label], label) for label, c in checkouts} if args.deployment else {}
         for i in range(args.runs + 1):  # the first round warms both up and is not counted
             for label, checkout in checkouts:
                 home = tmp / f"prefect-{label}"
-                r = one_run(checkout, tmp / f"{label}-{i}", home, sets[label], api.get(label), args.config)
+                out = tmp / f"{label}-{i}"
+                if args.deployment:
+                    r = one_flow_run(checkout, out, home, sets[label], api[label], deployments[label], args.config)
+                else:
+                    r = one_run(checkout, out, home, sets[label], api.get(label), args.config)
                 print(f"{label} run {i}: {r['wall_seconds']:.1f} s", file=sys.stderr)
                 if i:
                     runs[label].append(r)
@@ -208,20 +289,26 @@ def main(argv: list[str] | None = None) -> int:
         + " ".join(f"--checkout {label}=<checkout of {_commit(path)}>" for label, path in checkouts)
         + "".join(f" --set {label}:{s}" for label, ss in sets.items() for s in ss)
         + "".join(f" --server {label}" for label in args.server)
+        + (" --deployment" if args.deployment else "")
         + (f" --config {args.config}" if args.config != TINY else ""),
         **stamp(),
-        "what": f"python -m flows.train_ensemble --config {args.config}, start to exit, warm caches",
+        "what": (
+            f"a deployment's flow run of {args.config} (python -m prefect.engine), start to exit, warm caches"
+            if args.deployment
+            else f"python -m flows.train_ensemble --config {args.config}, start to exit, warm caches"
+        ),
         "checkouts": {label: _commit(path) for label, path in checkouts},
         "sets": sets,
-        "warm_server": sorted(set(args.server)),
+        "warm_server": warm,
         "median_wall_seconds": {label: statistics.median(r["wall_seconds"] for r in rs) for label, rs in runs.items()},
+        "median_cpu_seconds": {label: statistics.median(r["cpu_seconds"] for r in rs) for label, rs in runs.items()},
         "ratio_median": statistics.median(ratios),
         "ratios": ratios,
         "runs": runs,
         "plot": plot_save(args.plot_repeats),
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: result[k] for k in ("median_wall_seconds", "ratio_median", "plot")}))
+    print(json.dumps({k: result[k] for k in ("median_wall_seconds", "median_cpu_seconds", "ratio_median", "plot")}))
     return 0
 
 

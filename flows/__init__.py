@@ -4,12 +4,20 @@ import os
 import signal
 import sys
 
-if sys.argv[:1] == ["-m"] or os.environ.get("ENSEMBLE_EPHEMERAL_PARENT_PID"):
-    # `python -m flows.<command>` (runpy imports this package first), or the temporary
-    # Prefect server a command started (flows.ephemeral, whose app factory uvicorn imports):
-    # the garbage collector is off while the process imports its modules (a quarter of
-    # their import time); command_line.command_started (main()'s first statement), or the
-    # server's app factory once its app is built, resumes it.
+if (
+    sys.argv[:1] == ["-m"]
+    or os.environ.get("ENSEMBLE_EPHEMERAL_PARENT_PID")
+    # a deployment's flow-run process: `python -m prefect.engine`, as Prefect's process worker
+    # and runner start one per flow run, loading a flow of this package from its entrypoint
+    or getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) == "prefect.engine"
+):
+    # `python -m flows.<command>` (runpy imports this package first), the temporary Prefect
+    # server a command started (flows.ephemeral, whose app factory uvicorn imports), or a
+    # deployment's flow-run process loading its flow: the garbage collector is off while the
+    # process imports its modules (a quarter of a command's import time; JAX, Flax, orbax
+    # and TFDS, about 1.5 of a flow-run process's 4 CPU s); command_line.command_started
+    # (main()'s first statement), the server's app factory once its app is built, or the
+    # flow's first statement (flows.train_ensemble, flows.predict, flows.monitor) resumes it.
     from ensemble_core import startup_gc
 
     startup_gc.pause()

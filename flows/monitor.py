@@ -29,6 +29,7 @@ import sys
 from prefect import flow
 from prefect.states import State
 
+from ensemble_core import startup_gc
 from ensemble_core import stopping
 from ensemble_core.errors import EnsembleError, PreemptedError
 from ensemble_core.runs.monitoring import drop
@@ -60,6 +61,7 @@ def monitor(
       estimator: ``auto`` or one of ``ensemble_core.accuracy_estimation.ESTIMATORS``.
       night: the night's id (file names); default ``<UTC time>-<inputs' name>``.
     """
+    startup_gc.resume()  # a deployment's flow-run process: its imports are done (flows/__init__.py)
     services = prefect_services.PrefectServices()
     prefect_services.send_held_logs()  # what the command line's preflight logged (decoding the inputs)
     try:

@@ -27,6 +27,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.states import State
 
+from ensemble_core import startup_gc
 from ensemble_core import stopping
 from ensemble_core.errors import DataError, EnsembleError, PreemptedError
 from ensemble_core.runs.prediction.inputs import output_stem
@@ -61,6 +62,7 @@ def predict(
       output: where to write; default ``<run_dir>/predictions-<input name>.npz``.
       table: the per-image table (``.csv``, or ``.parquet``); default ``output`` as ``.csv``.
     """
+    startup_gc.resume()  # a deployment's flow-run process: its imports are done (flows/__init__.py)
     services = prefect_services.PrefectServices()
     prefect_services.send_held_logs()  # what the command line's preflight logged (decoding the inputs)
     try:

@@ -32,6 +32,7 @@ from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
 from prefect.states import State
 
+from ensemble_core import startup_gc
 from ensemble_core import runs
 from ensemble_core.config import PipelineConfig, load_config, validate
 from ensemble_core.errors import ConfigError, EnsembleError, PreemptedError
@@ -141,6 +142,7 @@ def train_ensemble(
         promotion: Deprecated: use config.promotion.
         distributed: Deprecated: use config.distributed.
     """
+    startup_gc.resume()  # a deployment's flow-run process: its imports are done (flows/__init__.py)
     services = prefect_services.PrefectServices()
     prefect_services.send_held_logs()  # what the command line's preflight logged (preparing the dataset)
     run_name = run_name or default_run_name()

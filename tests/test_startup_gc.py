@@ -8,9 +8,13 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
+import httpx
 import pytest
+
+from tests.prefect_api import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,10 +25,12 @@ import atexit, gc, json, os, sys
 
 _collections = []  # one entry per collection from here on: whether it came while the heavy
 # packages imported (JAX or Prefect begun, no gc.freeze yet)
+_jax = []  # the same, while JAX imported (begun, no gc.freeze yet)
 def _on_collection(phase, info):
     if phase == "start":
-        importing = gc.get_freeze_count() == 0 and ("jax" in sys.modules or "prefect" in sys.modules)
-        _collections.append(importing)
+        unfrozen = gc.get_freeze_count() == 0
+        _collections.append(unfrozen and ("jax" in sys.modules or "prefect" in sys.modules))
+        _jax.append(unfrozen and "jax" in sys.modules)
 
 gc.callbacks.append(_on_collection)
 
@@ -34,6 +40,7 @@ def _report():
         "frozen": gc.get_freeze_count(),
         "collections": len(_collections),
         "collections_while_importing": sum(_collections),
+        "collections_while_importing_jax": sum(_jax),
     }) + "\\n").encode())
 
 atexit.register(_report)
@@ -43,7 +50,7 @@ atexit.register(_report)
 def _gc_report(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> dict:
     (tmp_path / "sitecustomize.py").write_text(_SITECUSTOMIZE)
     path = os.pathsep.join([str(tmp_path), str(ROOT)])
-    env = {**os.environ, **(env or {}), "PYTHONPATH": path, "PREFECT_API_URL": ""}
+    env = {**os.environ, "PREFECT_API_URL": "", **(env or {}), "PYTHONPATH": path}
     done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("GC ")]
     assert lines, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
@@ -109,6 +116,30 @@ def test_the_temporary_server_imports_and_builds_its_app_without_collections(tmp
     gc = _gc_report(tmp_path, "-c", code, env={PARENT_ENV: str(os.getpid())})
     assert gc["collections_while_importing"] == 0
     assert gc["enabled"] is True and gc["frozen"] > 100_000
+
+
+@pytest.mark.slow  # a flow-run process imports Prefect, JAX and Flax
+def test_a_deployments_flow_run_process_loads_its_flow_without_collections(tmp_path, prefect_api):
+    """A deployment's flow-run process (``python -m prefect.engine <flow run id>``, as
+    Prefect's process worker starts one): Prefect imports first, as the engine does; from
+    the moment it loads the flow from the deployment's entrypoint, no collection ran while
+    JAX, Flax and the rest imported (without the pause: dozens, about 1.5 of the process's
+    4 CPU s), and the flow's first statement turned the collector back on with the imports
+    frozen. The flow ran: a predict run with no run to predict with, refused at once."""
+    api = httpx.Client(base_url=prefect_api, timeout=60)
+    flow_id = api.post("/flows/", json={"name": "predict"}).raise_for_status().json()["id"]
+    name = f"gc-probe-{uuid.uuid4().hex[:8]}"
+    deployment = {"name": name, "flow_id": flow_id, "entrypoint": "flows/predict.py:predict", "path": str(ROOT)}
+    deployment_id = api.post("/deployments/", json=deployment).raise_for_status().json()["id"]
+    parameters = {"run_dir": str(tmp_path / "no-such-run"), "images": str(tmp_path)}
+    run = api.post(f"/deployments/{deployment_id}/create_flow_run", json={"parameters": parameters})
+    run_id = run.raise_for_status().json()["id"]
+
+    gc = _gc_report(tmp_path, "-m", "prefect.engine", run_id, env=cli_env(prefect_api))
+    state = api.get(f"/flow_runs/{run_id}").raise_for_status().json()["state"]
+    assert state["type"] == "FAILED" and state["message"].startswith("error: "), (state, gc["stderr"][-2000:])
+    assert gc["collections_while_importing_jax"] == 0, gc
+    assert gc["enabled"] is True and gc["frozen"] > 100_000, gc
 
 
 # Loaded at the interpreter's start: the freeze count after each gc.freeze (the first: the
