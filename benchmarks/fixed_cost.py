@@ -115,12 +115,28 @@ def _children_cpu_s() -> float:
 def deployment(checkout: Path, api_url: str, label: str) -> str:
     """A deployment of the training flow from ``checkout`` (its entrypoint's path) on the
     server at ``api_url``; returns its id."""
+    flow_id = _post(api_url, "/flows/", {"name": "train-ensemble"})["id"]
+    body = {"name": f"fixed-cost-{label}", "flow_id": flow_id, "entrypoint": ENTRYPOINT, "path": str(checkout)}
+    return _post(api_url, "/deployments/", body)["id"]
+
+
+def _post(api_url: str, path: str, body: dict, tries: int = 10) -> dict:
+    """POST ``body`` to the server's ``path``; its JSON answer. A 503 (a server just started,
+    its SQLite database busy) is tried again, a second apart, up to ``tries`` times.
+
+    Raises:
+      httpx.HTTPStatusError: any other error status, or 503 every time."""
     import httpx
 
     with httpx.Client(base_url=api_url, timeout=60) as api:
-        flow_id = api.post("/flows/", json={"name": "train-ensemble"}).raise_for_status().json()["id"]
-        body = {"name": f"fixed-cost-{label}", "flow_id": flow_id, "entrypoint": ENTRYPOINT, "path": str(checkout)}
-        return api.post("/deployments/", json=body).raise_for_status().json()["id"]
+        for _ in range(tries - 1):
+            answer = api.post(path, json=body)
+            if answer.status_code != 503:
+                break
+            time.sleep(1)
+        else:
+            answer = api.post(path, json=body)
+        return answer.raise_for_status().json()
 
 
 def one_flow_run(
@@ -135,7 +151,6 @@ def one_flow_run(
     """A flow run of ``deployment_id`` with ``config`` (a path relative to the checkout, with
     each of ``sets`` applied) as its ``config`` parameter, executed as the process worker
     executes one (``python -m prefect.engine <id>`` in ``checkout``): as :func:`_timed`."""
-    import httpx
     import yaml
 
     parameters = yaml.safe_load((checkout / config).read_text())
@@ -147,8 +162,7 @@ def one_flow_run(
             section = section.setdefault(k, {})
         section[last] = yaml.safe_load(value)
     body = {"parameters": {"config": parameters, "output_dir": str(out), "run_name": "r"}}
-    with httpx.Client(base_url=api_url, timeout=60) as api:
-        run = api.post(f"/deployments/{deployment_id}/create_flow_run", json=body).raise_for_status().json()
+    run = _post(api_url, f"/deployments/{deployment_id}/create_flow_run", body)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "XLA_FLAGS"}
     env.update(PREFECT_HOME=str(home), PREFECT_API_URL=api_url, PREFECT__FLOW_RUN_ID=run["id"])
     env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(checkout))
