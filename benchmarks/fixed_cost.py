@@ -48,7 +48,6 @@ import argparse
 import contextlib
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -57,6 +56,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from benchmarks.process_cpu import children_cpu_seconds
 from benchmarks.provenance import stamp
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,31 +96,26 @@ def _timed(cmd: list[str], checkout: Path, env: dict[str, str], run_dir: Path) -
     Raises:
       SystemExit: the command failed (the tail of its stderr in the message)."""
     load = os.getloadavg()[0]
-    cpu0 = _children_cpu_s()
+    cpu0 = children_cpu_seconds()
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
     wall = time.monotonic() - t0
     if proc.returncode != 0:
         raise SystemExit(f"error: {' '.join(cmd)} in {checkout} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     report = json.loads((run_dir / "report.json").read_text())
-    cpu = _children_cpu_s() - cpu0
+    cpu = children_cpu_seconds() - cpu0
     return {"wall_seconds": wall, "cpu_seconds": cpu, "load_average_1min_before": load, "timing": report.get("timing")}
-
-
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def deployment(checkout: Path, api_url: str, label: str) -> str:
     """A deployment of the training flow from ``checkout`` (its entrypoint's path) on the
     server at ``api_url``; returns its id."""
-    flow_id = _post(api_url, "/flows/", {"name": "train-ensemble"})["id"]
+    flow_id = post_json(api_url, "/flows/", {"name": "train-ensemble"})["id"]
     body = {"name": f"fixed-cost-{label}", "flow_id": flow_id, "entrypoint": ENTRYPOINT, "path": str(checkout)}
-    return _post(api_url, "/deployments/", body)["id"]
+    return post_json(api_url, "/deployments/", body)["id"]
 
 
-def _post(api_url: str, path: str, body: dict, tries: int = 10) -> dict:
+def post_json(api_url: str, path: str, body: dict, tries: int = 10) -> dict:
     """POST ``body`` to the server's ``path``; its JSON answer. A 503 (a server just started,
     its SQLite database busy) is tried again, a second apart, up to ``tries`` times.
 
@@ -162,7 +157,7 @@ def one_flow_run(
             section = section.setdefault(k, {})
         section[last] = yaml.safe_load(value)
     body = {"parameters": {"config": parameters, "output_dir": str(out), "run_name": "r"}}
-    run = _post(api_url, f"/deployments/{deployment_id}/create_flow_run", body)
+    run = post_json(api_url, f"/deployments/{deployment_id}/create_flow_run", body)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "XLA_FLAGS"}
     env.update(PREFECT_HOME=str(home), PREFECT_API_URL=api_url, PREFECT__FLOW_RUN_ID=run["id"])
     env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(checkout))
@@ -201,7 +196,7 @@ def warm_server(home: Path) -> Iterator[str]:
             server.kill()
 
 
-def _commit(checkout: Path) -> str:
+def checkout_commit(checkout: Path) -> str:
     """The commit checked out in ``checkout`` (short hash), or its directory's name."""
     proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True)
     return proc.stdout.strip() or checkout.name
@@ -300,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios = [rb["wall_seconds"] / ra["wall_seconds"] for ra, rb in zip(runs[a], runs[b], strict=True)]
     result = {
         "command": "python -m benchmarks.fixed_cost "
-        + " ".join(f"--checkout {label}=<checkout of {_commit(path)}>" for label, path in checkouts)
+        + " ".join(f"--checkout {label}=<checkout of {checkout_commit(path)}>" for label, path in checkouts)
         + "".join(f" --set {label}:{s}" for label, ss in sets.items() for s in ss)
         + "".join(f" --server {label}" for label in args.server)
         + (" --deployment" if args.deployment else "")
@@ -311,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.deployment
             else f"python -m flows.train_ensemble --config {args.config}, start to exit, warm caches"
         ),
-        "checkouts": {label: _commit(path) for label, path in checkouts},
+        "checkouts": {label: checkout_commit(path) for label, path in checkouts},
         "sets": sets,
         "warm_server": warm,
         "median_wall_seconds": {label: statistics.median(r["wall_seconds"] for r in rs) for label, rs in runs.items()},

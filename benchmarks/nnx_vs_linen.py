@@ -38,7 +38,6 @@ import importlib.metadata
 import json
 import os
 import re
-import resource
 import shutil
 import statistics
 import subprocess
@@ -49,6 +48,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from benchmarks.bench import BATCH, EVAL_BATCH, MODELS, REPEATS, ROOT, run_worker
+from benchmarks.process_cpu import children_cpu_seconds
 from benchmarks.provenance import busy_seconds, stamp
 
 #: the two sides: bench.MODELS names
@@ -58,23 +58,18 @@ FIGURES = ("train_member_images_per_s", "eval_member_images_per_s", "compile_sec
 TOLERANCE = 0.9  # NNX throughput at least this fraction of Linen's
 
 
-def _children_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _measure(model: str, args: argparse.Namespace, env: dict) -> dict:
     """One project worker with its own empty compilation cache (a cold compile), and how
     busy the rest of the machine was meanwhile: ``other_cores_busy``, the cores' worth of
     CPU time (steal included) not spent by the worker, over its wall time (0 on an idle
     machine; 1 means another job took a whole core of the 2)."""
     cache = tempfile.mkdtemp(prefix="ensemble-nnx-vs-linen-jax-")
-    busy0, own0, t0 = busy_seconds(), _children_cpu_seconds(), time.perf_counter()
+    busy0, own0, t0 = busy_seconds(), children_cpu_seconds(), time.perf_counter()
     try:
         out = run_worker(model, args.size, "project", args, {**env, "JAX_COMPILATION_CACHE_DIR": cache})
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    busy1, own1, wall = busy_seconds(), _children_cpu_seconds(), time.perf_counter() - t0
+    busy1, own1, wall = busy_seconds(), children_cpu_seconds(), time.perf_counter() - t0
     others = None if busy0 is None or busy1 is None else max(0.0, (busy1 - busy0) - (own1 - own0)) / wall
     return {**out, "worker_wall_seconds": wall, "other_cores_busy": others}
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import threading
 from pathlib import Path
 
@@ -31,7 +32,7 @@ KINDS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("temporary Prefect server of a command", r"flows\.ephemeral:create_app"),
         ("Prefect API server", r"prefect\.server\.api\.server:create_app|prefect server start"),
         ("Prefect flow-run process (deployments)", r"prefect\.runner\._workspace_supervisor|-m prefect\.engine"),
-        ("Prefect CLI (deploy, worker, ...)", r"bin/prefect |deployment-run\.sh"),
+        ("Prefect CLI (deploy, worker, ...)", r"bin/prefect |deployment-run\.sh|from prefect\.cli import app"),
         ("command line (python -m flows.*)", r"-m flows\."),
         ("JAX training process", r"-m (ensemble_core\.runs\.training\.processes|tests\.train_proc|tests\.stop_proc)"),
         ("Dask", r"distributed\.cli|multiprocessing\.spawn|multiprocessing-fork"),
@@ -60,6 +61,14 @@ def _stat(proc_dir: str) -> tuple[float, int]:
     """
     fields = Path(proc_dir, "stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[19])
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process's children that it has waited for
+    (``RUSAGE_CHILDREN``: a ``subprocess.run`` and what that child reaped in turn); the
+    difference around a ``subprocess.run`` is that command's."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def process_cpu_s(pid: int) -> float:

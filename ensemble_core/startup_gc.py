@@ -10,7 +10,9 @@ command started as ``python -m`` pauses the collector before its first heavy imp
 server, ``ensemble_core/__init__.py`` for a JAX process of one program) and resumes it as
 its ``main`` starts (:func:`resume`; the server: once its app is built), after moving what the
 imports made into the permanent generation (``gc.freeze``), which later collections
-do not walk either (Python's ``gc`` documentation, ``gc.freeze``:
+do not walk either. A deployment's flow-run process (``python -m prefect.engine``, started
+by Prefect's process worker) imports Prefect first; ``flows/__init__.py`` pauses the
+collector as the engine loads the flow, and the flow's first statement resumes it (Python's ``gc`` documentation, ``gc.freeze``:
 https://docs.python.org/3/library/gc.html#gc.freeze).
 
 Standard library only: it is imported before anything else.

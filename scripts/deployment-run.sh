@@ -15,22 +15,31 @@ if [ -z "${PREFECT_API_URL:-}" ] && [ -f "$STATE/env" ]; then
   # shellcheck source=/dev/null
   . "$STATE/env"
 fi
-"$BIN/python" - "$STATE" <<'PY'
+# One interpreter: the server checked, then Prefect's own command line (what the `prefect`
+# executable runs) in the same process, which has imported Prefect once; a second process
+# importing it again cost about a second on every deployment run (docs/deployments.md).
+read -r -d '' CHECK_THEN_RUN <<'PY' || true
 import sys
 
 from prefect.settings import PREFECT_API_URL
 
 from flows.server_check import unreachable
 
+state, args = sys.argv[1], sys.argv[2:]
 if not PREFECT_API_URL.value():
     message = (
-        f"no Prefect server to run the deployment on: the stack is not running (no {sys.argv[1]}/env) and "
+        f"no Prefect server to run the deployment on: the stack is not running (no {state}/env) and "
         "PREFECT_API_URL is not set; fix: start it with `make serve` (or set PREFECT_API_URL to your server)"
     )
 else:
     message = unreachable()
 if message:
     print(f"error: {message}", file=sys.stderr)
-sys.exit(2 if message else 0)
+    sys.exit(2)
+
+from prefect.cli import app
+
+sys.argv = ["prefect", "deployment", "run", *args]
+sys.exit(app())
 PY
-exec "$BIN/prefect" deployment run "$@"
+exec "$BIN/python" -c "$CHECK_THEN_RUN" "$STATE" "$@"

@@ -29,6 +29,11 @@ time.sleep(0.5)
         ("/v/bin/python /v/bin/prefect server start --host 127.0.0.1 --port 4200", "Prefect API server"),
         ("/v/bin/python -m uvicorn --factory prefect.server.api.server:create_app --port 2", "Prefect API server"),
         ("/v/bin/python -m prefect.runner._workspace_supervisor /tmp/s.json", "Prefect flow-run process (deployments)"),
+        ("/bin/bash scripts/deployment-run.sh train-ensemble/adhoc --watch", "Prefect CLI (deploy, worker, ...)"),
+        (
+            "/v/bin/python -c import sys ... from prefect.cli import app ... .serve train-ensemble/adhoc",
+            "Prefect CLI (deploy, worker, ...)",
+        ),
         ("/v/bin/python -m flows.train_ensemble --config configs/tiny.yaml", "command line (python -m flows.*)"),
         ("/v/bin/python -m ensemble_core.runs.training.processes /r --spec s", "JAX training process"),
         ("/usr/lib/postgresql/bin/postgres -D /x", "PostgreSQL"),

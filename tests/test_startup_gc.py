@@ -176,19 +176,14 @@ os._exit = _reporting_exit
 
 
 @pytest.mark.slow  # the tiny config through the command line: 6-10 s
-def test_a_commands_full_collections_do_not_walk_what_its_earlier_stages_left(tmp_path, tfds_dir):
+def test_a_commands_full_collections_do_not_walk_what_its_earlier_stages_left(tmp_path, tfds_dir, prefect_api):
     """Between a run's stages the command freezes what the stages before left (it lives
     until the command exits): every full collection during the tiny config's run walked
     fewer objects than the stages' freezes took out of its reach (without them, the four
     full collections of this run walked 49,000 to 187,000 objects, and the freeze count
     stayed at the imports')."""
     (tmp_path / "sitecustomize.py").write_text(_SITECUSTOMIZE_FULL)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "XLA_FLAGS"}
-    env.update(
-        PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]),
-        PREFECT_HOME=str(tmp_path / "prefect"),
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-    )
+    env = cli_env(prefect_api, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
     cmd = [sys.executable, "-m", "flows.train_ensemble", "--config", str(ROOT / "configs" / "tiny.yaml")]
     cmd += ["--set", f"data.data_dir={tfds_dir}", "--output-dir", str(tmp_path / "runs")]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -1,0 +1,107 @@
+"""The fixed cost of ``scripts/deployment-run.sh``, the command a user starts a deployment's
+run with: two checkouts side by side.
+
+    git worktree add /tmp/before <commit>
+    python -m benchmarks.deployment_command --checkout before=/tmp/before --checkout after=. [--runs 7]
+
+Starts one Prefect server (``prefect server start``, as ``benchmarks.fixed_cost --server``
+does; its start is not counted) with a deployment of the training flow, then runs
+``scripts/deployment-run.sh train-ensemble/<name>`` from each checkout in turn, A B A B ...
+after one warm-up run of each: the server checked, then ``prefect deployment run``, which
+creates the flow run and returns (no ``--watch``; no worker runs it). Timed from outside
+(wall seconds around ``subprocess.run``) with the CPU seconds of the command's processes
+(``RUSAGE_CHILDREN``). Both checkouts use this environment's interpreter
+(``ENSEMBLE_VENV``).
+
+Writes ``benchmarks/results/deployment-command-<cpus>core.json`` (or ``--out``): per
+checkout each run's wall and CPU seconds and their medians, the pairs' wall ratios (second
+checkout over the first) and their median, with ``date``, ``machine`` and ``commit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.fixed_cost import ENTRYPOINT, checkout_commit, post_json, warm_server
+from benchmarks.process_cpu import children_cpu_seconds
+from benchmarks.provenance import stamp
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The deployment each run creates a flow run of.
+DEPLOYMENT = "deployment-command"
+
+
+def one_run(checkout: Path, api_url: str, home: Path) -> dict:
+    """``scripts/deployment-run.sh train-ensemble/<DEPLOYMENT>`` from ``checkout``: wall and
+    CPU seconds.
+
+    Raises:
+      SystemExit: the command failed (its stderr's tail in the message)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_API_URL=api_url, PREFECT_HOME=str(home), ENSEMBLE_VENV=str(Path(sys.executable).parents[1]))
+    cmd = ["scripts/deployment-run.sh", f"train-ensemble/{DEPLOYMENT}"]
+    cpu0, t0 = children_cpu_seconds(), time.monotonic()
+    proc = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"error: {' '.join(cmd)} in {checkout} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return {"wall_seconds": wall, "cpu_seconds": children_cpu_seconds() - cpu0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.deployment_command", description=__doc__.split("\n")[0])
+    parser.add_argument("--checkout", action="append", required=True, metavar="LABEL=DIR", help="two, in order")
+    parser.add_argument("--runs", type=int, default=7, help="counted runs of each (default 7, after one warm-up)")
+    parser.add_argument(
+        "--out", default=str(ROOT / "benchmarks" / "results" / f"deployment-command-{os.cpu_count()}core.json")
+    )
+    args = parser.parse_args(argv)
+    if len(args.checkout) != 2 or any("=" not in c for c in args.checkout):
+        print("error: give two --checkout LABEL=DIR; fix: e.g. --checkout before=/tmp/before --checkout after=.")
+        return 2
+    checkouts = [(c.split("=", 1)[0], Path(c.split("=", 1)[1]).resolve()) for c in args.checkout]
+    if checkouts[0][0] == checkouts[1][0]:
+        print("error: the two --checkout labels are the same; fix: give each its own label")
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="deployment-command-"))
+    runs: dict[str, list[dict]] = {label: [] for label, _ in checkouts}
+    with warm_server(tmp / "prefect") as api_url:
+        flow_id = post_json(api_url, "/flows/", {"name": "train-ensemble"})["id"]
+        body = {"name": DEPLOYMENT, "flow_id": flow_id, "entrypoint": ENTRYPOINT, "path": str(ROOT)}
+        post_json(api_url, "/deployments/", body)
+        for i in range(args.runs + 1):  # the first round warms both up and is not counted
+            for label, checkout in checkouts:
+                r = one_run(checkout, api_url, tmp / "prefect")
+                print(f"{label} run {i}: {r['wall_seconds']:.2f} s, {r['cpu_seconds']:.2f} CPU s", file=sys.stderr)
+                if i:
+                    runs[label].append(r)
+    (a, _), (b, _) = checkouts
+    ratios = [rb["wall_seconds"] / ra["wall_seconds"] for ra, rb in zip(runs[a], runs[b], strict=True)]
+    result = {
+        "command": "python -m benchmarks.deployment_command "
+        + " ".join(f"--checkout {label}=<checkout of {checkout_commit(path)}>" for label, path in checkouts)
+        + f" --runs {args.runs}",
+        **stamp(),
+        "what": "scripts/deployment-run.sh <deployment> (no --watch) on a warm server, start to exit",
+        "checkouts": {label: checkout_commit(path) for label, path in checkouts},
+        "median_wall_seconds": {label: statistics.median(r["wall_seconds"] for r in rs) for label, rs in runs.items()},
+        "median_cpu_seconds": {label: statistics.median(r["cpu_seconds"] for r in rs) for label, rs in runs.items()},
+        "ratio_median": statistics.median(ratios),
+        "ratios": ratios,
+        "runs": runs,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: result[k] for k in ("median_wall_seconds", "median_cpu_seconds", "ratio_median")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
