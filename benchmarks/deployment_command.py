@@ -23,14 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.fixed_cost import ENTRYPOINT, checkout_commit, post_json, warm_server
+from benchmarks.fixed_cost import ENTRYPOINT, checkout_commit, paired, post_json, warm_server
 from benchmarks.process_cpu import children_cpu_seconds
 from benchmarks.provenance import stamp
 
@@ -83,8 +82,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{label} run {i}: {r['wall_seconds']:.2f} s, {r['cpu_seconds']:.2f} CPU s", file=sys.stderr)
                 if i:
                     runs[label].append(r)
-    (a, _), (b, _) = checkouts
-    ratios = [rb["wall_seconds"] / ra["wall_seconds"] for ra, rb in zip(runs[a], runs[b], strict=True)]
     result = {
         "command": "python -m benchmarks.deployment_command "
         + " ".join(f"--checkout {label}=<checkout of {checkout_commit(path)}>" for label, path in checkouts)
@@ -92,10 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         **stamp(),
         "what": "scripts/deployment-run.sh <deployment> (no --watch) on a warm server, start to exit",
         "checkouts": {label: checkout_commit(path) for label, path in checkouts},
-        "median_wall_seconds": {label: statistics.median(r["wall_seconds"] for r in rs) for label, rs in runs.items()},
-        "median_cpu_seconds": {label: statistics.median(r["cpu_seconds"] for r in rs) for label, rs in runs.items()},
-        "ratio_median": statistics.median(ratios),
-        "ratios": ratios,
+        **paired(runs, checkouts[0][0], checkouts[1][0]),
         "runs": runs,
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -196,6 +196,20 @@ def warm_server(home: Path) -> Iterator[str]:
             server.kill()
 
 
+def paired(runs: dict[str, list[dict]], first: str, second: str) -> dict:
+    """The summary of A B pairs (``runs[first][i]`` and ``runs[second][i]``, each with
+    ``wall_seconds`` and ``cpu_seconds``): per label the median wall and CPU seconds, each
+    pair's wall ratio (second over first: the machine's drift cancels within a pair) and
+    their median."""
+    ratios = [b["wall_seconds"] / a["wall_seconds"] for a, b in zip(runs[first], runs[second], strict=True)]
+    return {
+        "median_wall_seconds": {label: statistics.median(r["wall_seconds"] for r in rs) for label, rs in runs.items()},
+        "median_cpu_seconds": {label: statistics.median(r["cpu_seconds"] for r in rs) for label, rs in runs.items()},
+        "ratio_median": statistics.median(ratios),
+        "ratios": ratios,
+    }
+
+
 def checkout_commit(checkout: Path) -> str:
     """The commit checked out in ``checkout`` (short hash), or its directory's name."""
     proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True)
@@ -291,8 +305,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{label} run {i}: {r['wall_seconds']:.1f} s", file=sys.stderr)
                 if i:
                     runs[label].append(r)
-    (a, _), (b, _) = checkouts
-    ratios = [rb["wall_seconds"] / ra["wall_seconds"] for ra, rb in zip(runs[a], runs[b], strict=True)]
     result = {
         "command": "python -m benchmarks.fixed_cost "
         + " ".join(f"--checkout {label}=<checkout of {checkout_commit(path)}>" for label, path in checkouts)
@@ -309,10 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         "checkouts": {label: checkout_commit(path) for label, path in checkouts},
         "sets": sets,
         "warm_server": warm,
-        "median_wall_seconds": {label: statistics.median(r["wall_seconds"] for r in rs) for label, rs in runs.items()},
-        "median_cpu_seconds": {label: statistics.median(r["cpu_seconds"] for r in rs) for label, rs in runs.items()},
-        "ratio_median": statistics.median(ratios),
-        "ratios": ratios,
+        **paired(runs, checkouts[0][0], checkouts[1][0]),
         "runs": runs,
         "plot": plot_save(args.plot_repeats),
     }

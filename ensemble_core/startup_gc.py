@@ -10,10 +10,11 @@ command started as ``python -m`` pauses the collector before its first heavy imp
 server, ``ensemble_core/__init__.py`` for a JAX process of one program) and resumes it as
 its ``main`` starts (:func:`resume`; the server: once its app is built), after moving what the
 imports made into the permanent generation (``gc.freeze``), which later collections
-do not walk either. A deployment's flow-run process (``python -m prefect.engine``, started
-by Prefect's process worker) imports Prefect first; ``flows/__init__.py`` pauses the
-collector as the engine loads the flow, and the flow's first statement resumes it (Python's ``gc`` documentation, ``gc.freeze``:
-https://docs.python.org/3/library/gc.html#gc.freeze).
+do not walk either (Python's ``gc`` documentation, ``gc.freeze``:
+https://docs.python.org/3/library/gc.html#gc.freeze). A deployment's flow-run process
+(``python -m prefect.engine``, started by Prefect's process worker) imports Prefect first;
+``flows/__init__.py`` pauses the collector as the engine loads the flow, and the flow's
+first statement resumes it.
 
 Standard library only: it is imported before anything else.
 """
@@ -65,7 +66,7 @@ def resume(freeze: bool = True) -> None:
 
 
 def freeze_survivors() -> bool:
-    """In a command's process (one whose :func:`resume` froze its imports), move every
+    """In a command's or a deployment's flow-run process (one whose :func:`resume` froze its imports), move every
     object now tracked into the permanent generation too: called between a run's stages
     (:func:`ensemble_core.runs.run`), where what the stages before built (the dataset's
     builder, the compiled programs, the members' parameters, Prefect's records) lives until
