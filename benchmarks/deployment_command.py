@@ -23,14 +23,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from benchmarks.fixed_cost import ENTRYPOINT, checkout_commit, paired, post_json, warm_server
-from benchmarks.process_cpu import children_cpu_seconds
+from benchmarks.fixed_cost import (
+    ENTRYPOINT,
+    alternate,
+    checkout_commit,
+    paired,
+    parse_checkouts,
+    post_json,
+    timed_command,
+    warm_server,
+)
 from benchmarks.provenance import stamp
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,20 +45,14 @@ DEPLOYMENT = "deployment-command"
 
 
 def one_run(checkout: Path, api_url: str, home: Path) -> dict:
-    """``scripts/deployment-run.sh train-ensemble/<DEPLOYMENT>`` from ``checkout``: wall and
-    CPU seconds.
+    """``scripts/deployment-run.sh train-ensemble/<DEPLOYMENT>`` from ``checkout``: as
+    :func:`benchmarks.fixed_cost.timed_command` (wall and CPU seconds).
 
     Raises:
       SystemExit: the command failed (its stderr's tail in the message)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_API_URL=api_url, PREFECT_HOME=str(home), ENSEMBLE_VENV=str(Path(sys.executable).parents[1]))
-    cmd = ["scripts/deployment-run.sh", f"train-ensemble/{DEPLOYMENT}"]
-    cpu0, t0 = children_cpu_seconds(), time.monotonic()
-    proc = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
-    wall = time.monotonic() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"error: {' '.join(cmd)} in {checkout} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return {"wall_seconds": wall, "cpu_seconds": children_cpu_seconds() - cpu0}
+    return timed_command(["scripts/deployment-run.sh", f"train-ensemble/{DEPLOYMENT}"], checkout, env)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,25 +63,17 @@ def main(argv: list[str] | None = None) -> int:
         "--out", default=str(ROOT / "benchmarks" / "results" / f"deployment-command-{os.cpu_count()}core.json")
     )
     args = parser.parse_args(argv)
-    if len(args.checkout) != 2 or any("=" not in c for c in args.checkout):
-        print("error: give two --checkout LABEL=DIR; fix: e.g. --checkout before=/tmp/before --checkout after=.")
-        return 2
-    checkouts = [(c.split("=", 1)[0], Path(c.split("=", 1)[1]).resolve()) for c in args.checkout]
-    if checkouts[0][0] == checkouts[1][0]:
-        print("error: the two --checkout labels are the same; fix: give each its own label")
+    try:
+        checkouts = parse_checkouts(args.checkout)
+    except ValueError as err:
+        print(err)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="deployment-command-"))
-    runs: dict[str, list[dict]] = {label: [] for label, _ in checkouts}
     with warm_server(tmp / "prefect") as api_url:
         flow_id = post_json(api_url, "/flows/", {"name": "train-ensemble"})["id"]
         body = {"name": DEPLOYMENT, "flow_id": flow_id, "entrypoint": ENTRYPOINT, "path": str(ROOT)}
         post_json(api_url, "/deployments/", body)
-        for i in range(args.runs + 1):  # the first round warms both up and is not counted
-            for label, checkout in checkouts:
-                r = one_run(checkout, api_url, tmp / "prefect")
-                print(f"{label} run {i}: {r['wall_seconds']:.2f} s, {r['cpu_seconds']:.2f} CPU s", file=sys.stderr)
-                if i:
-                    runs[label].append(r)
+        runs = alternate(checkouts, args.runs, lambda _label, checkout, _i: one_run(checkout, api_url, tmp / "prefect"))
     result = {
         "command": "python -m benchmarks.deployment_command "
         + " ".join(f"--checkout {label}=<checkout of {checkout_commit(path)}>" for label, path in checkouts)

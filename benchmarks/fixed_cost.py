@@ -53,7 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from benchmarks.process_cpu import children_cpu_seconds
@@ -85,13 +85,13 @@ def one_run(
         env["PREFECT_API_URL"] = api_url
     cmd = [sys.executable, "-m", "flows.train_ensemble", "--config", config]
     cmd += ["--output-dir", str(out), "--run-name", "r", *(a for s in sets for a in ("--set", s))]
-    return _timed(cmd, checkout, env, out / "r")
+    return timed_command(cmd, checkout, env, out / "r")
 
 
-def _timed(cmd: list[str], checkout: Path, env: dict[str, str], run_dir: Path) -> dict:
+def timed_command(cmd: list[str], checkout: Path, env: dict[str, str], run_dir: Path | None = None) -> dict:
     """``cmd`` run in ``checkout``: its wall seconds (outside), CPU seconds (its process and
-    the children it reaped), the 1-minute load average before it, and ``run_dir``'s
-    ``report.json -> timing``.
+    the children it reaped), the 1-minute load average before it, and, with ``run_dir``,
+    that run's ``report.json -> timing``.
 
     Raises:
       SystemExit: the command failed (the tail of its stderr in the message)."""
@@ -102,9 +102,11 @@ def _timed(cmd: list[str], checkout: Path, env: dict[str, str], run_dir: Path) -
     wall = time.monotonic() - t0
     if proc.returncode != 0:
         raise SystemExit(f"error: {' '.join(cmd)} in {checkout} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    report = json.loads((run_dir / "report.json").read_text())
     cpu = children_cpu_seconds() - cpu0
-    return {"wall_seconds": wall, "cpu_seconds": cpu, "load_average_1min_before": load, "timing": report.get("timing")}
+    row = {"wall_seconds": wall, "cpu_seconds": cpu, "load_average_1min_before": load}
+    if run_dir is not None:
+        row["timing"] = json.loads((run_dir / "report.json").read_text()).get("timing")
+    return row
 
 
 def deployment(checkout: Path, api_url: str, label: str) -> str:
@@ -144,24 +146,22 @@ def one_flow_run(
     config: str,
 ) -> dict:
     """A flow run of ``deployment_id`` with ``config`` (a path relative to the checkout, with
-    each of ``sets`` applied) as its ``config`` parameter, executed as the process worker
-    executes one (``python -m prefect.engine <id>`` in ``checkout``): as :func:`_timed`."""
-    import yaml
+    each of ``sets`` applied as the command line's ``--set`` applies it:
+    :func:`ensemble_core.config.load_config` of this environment) as its ``config``
+    parameter, executed as the process worker executes one (``python -m prefect.engine
+    <id>`` in ``checkout``): as :func:`timed_command`.
 
-    parameters = yaml.safe_load((checkout / config).read_text())
-    for s in sets:
-        key, _, value = s.partition("=")
-        *path, last = key.split(".")
-        section = parameters
-        for k in path:
-            section = section.setdefault(k, {})
-        section[last] = yaml.safe_load(value)
+    Raises:
+      ConfigError: the config or an override is invalid."""
+    from ensemble_core.config import load_config
+
+    parameters = load_config(checkout / config, list(sets)).model_dump(mode="json")
     body = {"parameters": {"config": parameters, "output_dir": str(out), "run_name": "r"}}
     run = post_json(api_url, f"/deployments/{deployment_id}/create_flow_run", body)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "XLA_FLAGS"}
     env.update(PREFECT_HOME=str(home), PREFECT_API_URL=api_url, PREFECT__FLOW_RUN_ID=run["id"])
     env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(checkout))
-    return _timed([sys.executable, "-m", "prefect.engine"], checkout, env, out / "r")
+    return timed_command([sys.executable, "-m", "prefect.engine"], checkout, env, out / "r")
 
 
 @contextlib.contextmanager
@@ -194,6 +194,37 @@ def warm_server(home: Path) -> Iterator[str]:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
+
+
+def parse_checkouts(values: list[str]) -> list[tuple[str, Path]]:
+    """``--checkout LABEL=DIR`` twice as ``[(label, resolved dir), ...]``.
+
+    Raises:
+      ValueError: not two ``LABEL=DIR``, or the same label twice (the one-line message)."""
+    if len(values) != 2 or any("=" not in v for v in values):
+        raise ValueError(
+            "error: give two --checkout LABEL=DIR; fix: e.g. --checkout before=/tmp/before --checkout after=."
+        )
+    checkouts = [(v.split("=", 1)[0], Path(v.split("=", 1)[1]).resolve()) for v in values]
+    if checkouts[0][0] == checkouts[1][0]:
+        raise ValueError("error: the two --checkout labels are the same; fix: give each its own label")
+    return checkouts
+
+
+def alternate(
+    checkouts: list[tuple[str, Path]], runs: int, measure: Callable[[str, Path, int], dict]
+) -> dict[str, list[dict]]:
+    """``measure(label, checkout, round)`` for each checkout in turn, A B A B ..., ``runs + 1``
+    rounds: the first warms both up (the dataset, the caches) and is not kept. Each run's
+    wall and CPU seconds are printed to stderr. Returns each label's kept rows, in order."""
+    kept: dict[str, list[dict]] = {label: [] for label, _ in checkouts}
+    for i in range(runs + 1):
+        for label, checkout in checkouts:
+            r = measure(label, checkout, i)
+            print(f"{label} run {i}: {r['wall_seconds']:.2f} s, {r['cpu_seconds']:.2f} CPU s", file=sys.stderr)
+            if i:
+                kept[label].append(r)
+    return kept
 
 
 def paired(runs: dict[str, list[dict]], first: str, second: str) -> dict:
@@ -270,12 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot-repeats", type=int, default=9, help="saves of the figure per zlib level (default 9)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"fixed-cost-{os.cpu_count()}core.json"))
     args = parser.parse_args(argv)
-    checkouts = [(c.split("=", 1)[0], Path(c.split("=", 1)[1]).resolve()) for c in args.checkout]
-    if len(checkouts) != 2 or any("=" not in c for c in args.checkout):
-        print("error: give two --checkout LABEL=DIR; fix: e.g. --checkout before=/tmp/before --checkout after=.")
-        return 2
-    if len({label for label, _ in checkouts}) != 2:
-        print("error: the two --checkout labels are the same; fix: give each its own label")
+    try:
+        checkouts = parse_checkouts(args.checkout)
+    except ValueError as err:
+        print(err)
         return 2
     sets: dict[str, list[str]] = {label: [] for label, _ in checkouts}
     for s in args.set:
@@ -289,22 +318,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --server {unknown[0]}: not a --checkout label; fix: e.g. --server after")
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="fixed-cost-"))
-    runs: dict[str, list[dict]] = {label: [] for label, _ in checkouts}
     warm = sorted({label for label, _ in checkouts} if args.deployment else set(args.server))
     with contextlib.ExitStack() as servers:
         api = {label: servers.enter_context(warm_server(tmp / f"prefect-{label}")) for label in warm}
         deployments = {label: deployment(c, api[label], label) for label, c in checkouts} if args.deployment else {}
-        for i in range(args.runs + 1):  # the first round warms both up and is not counted
-            for label, checkout in checkouts:
-                home = tmp / f"prefect-{label}"
-                out = tmp / f"{label}-{i}"
-                if args.deployment:
-                    r = one_flow_run(checkout, out, home, sets[label], api[label], deployments[label], args.config)
-                else:
-                    r = one_run(checkout, out, home, sets[label], api.get(label), args.config)
-                print(f"{label} run {i}: {r['wall_seconds']:.1f} s", file=sys.stderr)
-                if i:
-                    runs[label].append(r)
+
+        def measure(label: str, checkout: Path, i: int) -> dict:
+            home, out = tmp / f"prefect-{label}", tmp / f"{label}-{i}"
+            if args.deployment:
+                return one_flow_run(checkout, out, home, sets[label], api[label], deployments[label], args.config)
+            return one_run(checkout, out, home, sets[label], api.get(label), args.config)
+
+        runs = alternate(checkouts, args.runs, measure)
     result = {
         "command": "python -m benchmarks.fixed_cost "
         + " ".join(f"--checkout {label}=<checkout of {checkout_commit(path)}>" for label, path in checkouts)
