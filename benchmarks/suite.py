@@ -43,7 +43,6 @@ import contextlib
 import json
 import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -52,7 +51,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.process_cpu import ProcessSampler, process_cpu_s
+from benchmarks.process_cpu import ProcessSampler, children_cpu_seconds, process_cpu_s
 from benchmarks.provenance import ROOT, busy_seconds, stamp
 
 BUDGET_S = 15 * 60  # make test on 2 cores with one held busy, install excluded
@@ -138,11 +137,10 @@ def _busy_core(enabled: bool) -> Iterator[subprocess.Popen | None]:
 def _test_fast(clone: Path, env: dict[str, str], log: Path) -> dict:
     """``make test-fast`` in ``clone``: its exit code, wall and pytest seconds, the CPU
     seconds of its process tree and its tests by outcome."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = children_cpu_seconds()
     rc, wall_s, text = _timed(["make", "test-fast"], clone, env, log)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = children_cpu_seconds() - before
     counts, suite_s = _counts(text)
-    cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     return {
         "exit_code": rc,
         "wall_s": round(wall_s, 1),
