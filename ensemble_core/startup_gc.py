@@ -13,8 +13,9 @@ imports made into the permanent generation (``gc.freeze``), which later collecti
 do not walk either (Python's ``gc`` documentation, ``gc.freeze``:
 https://docs.python.org/3/library/gc.html#gc.freeze). A deployment's flow-run process
 (``python -m prefect.engine``, started by Prefect's process worker) imports Prefect first;
-``flows/__init__.py`` pauses the collector as the engine loads the flow, and the flow's
-first statement resumes it.
+``flows/__init__.py`` pauses the collector as the engine loads one of the package's flow
+modules from the deployment's entrypoint (not when a user's own flow module imports the
+package), and the flow's first statement resumes it.
 
 Standard library only: it is imported before anything else.
 """

@@ -3,14 +3,35 @@
 import os
 import signal
 import sys
+import types
 
-if (
-    sys.argv[:1] == ["-m"]
-    or os.environ.get("ENSEMBLE_EPHEMERAL_PARENT_PID")
-    # a deployment's flow-run process: `python -m prefect.engine`, as Prefect's process worker
-    # and runner start one per flow run, loading a flow of this package from its entrypoint
-    or getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) == "prefect.engine"
-):
+# The modules a deployment's entrypoint names (prefect.yaml): each flow's first statement
+# turns the collector back on (startup_gc.resume).
+_FLOW_MODULES = ("train_ensemble.py", "predict.py", "monitor.py")
+
+
+def _loaded_as_a_flow_run_entrypoint() -> bool:
+    """Whether this process is a deployment's flow-run process (``python -m prefect.engine``,
+    as Prefect's process worker and runner start one per flow run) and the module importing
+    this package is one of its flow modules, which Prefect's engine is loading from the
+    deployment's entrypoint. A user's own flow module that imports this package (for a
+    helper, or to call one of its flows) is not: its process keeps its collector."""
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if getattr(main_spec, "name", None) != "prefect.engine":
+        return False
+    # 0: this function, 1: this package's module code, then the import machinery's frames,
+    # then the module whose import statement imports this package
+    frame: types.FrameType | None = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+        frame = frame.f_back
+    importer = frame.f_globals.get("__file__") if frame is not None else None
+    here = os.path.dirname(os.path.realpath(__file__))
+    return importer is not None and any(
+        os.path.realpath(importer) == os.path.join(here, name) for name in _FLOW_MODULES
+    )
+
+
+if sys.argv[:1] == ["-m"] or os.environ.get("ENSEMBLE_EPHEMERAL_PARENT_PID") or _loaded_as_a_flow_run_entrypoint():
     # `python -m flows.<command>` (runpy imports this package first), the temporary Prefect
     # server a command started (flows.ephemeral, whose app factory uvicorn imports), or a
     # deployment's flow-run process loading its flow: the garbage collector is off while the
@@ -57,4 +78,4 @@ if sys.argv[:1] == ["-m"]:
 
     ephemeral.start_early(sys.orig_argv)
 
-from flows import environment  # noqa: F401  (sets XLA_FLAGS before anything imports JAX)
+from flows import environment  # noqa: F401, E402  (sets XLA_FLAGS before anything imports JAX)

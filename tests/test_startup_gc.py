@@ -41,17 +41,18 @@ def _report():
         "collections": len(_collections),
         "collections_while_importing": sum(_collections),
         "collections_while_importing_jax": sum(_jax),
+        "imported": sorted(name for name in ("flows", "jax") if name in sys.modules),
     }) + "\\n").encode())
 
 atexit.register(_report)
 """
 
 
-def _gc_report(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> dict:
+def _gc_report(tmp_path: Path, *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> dict:
     (tmp_path / "sitecustomize.py").write_text(_SITECUSTOMIZE)
     path = os.pathsep.join([str(tmp_path), str(ROOT)])
     env = {**os.environ, "PREFECT_API_URL": "", **(env or {}), "PYTHONPATH": path}
-    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("GC ")]
     assert lines, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
     return {**json.loads(lines[-1][3:]), "returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
@@ -140,6 +141,42 @@ def test_a_deployments_flow_run_process_loads_its_flow_without_collections(tmp_p
     assert state["type"] == "FAILED" and state["message"].startswith("error: "), (state, gc["stderr"][-2000:])
     assert gc["collections_while_importing_jax"] == 0, gc
     assert gc["enabled"] is True and gc["frozen"] > 100_000, gc
+
+
+_USER_FLOW = """
+from prefect import flow
+
+import flows  # this project's package, imported by a user's own flow module
+
+
+@flow
+def mine() -> str:
+    return "ran"
+"""
+
+
+@pytest.mark.slow  # a flow-run process imports Prefect
+def test_a_users_own_deployed_flow_importing_the_package_keeps_its_collector(tmp_path, prefect_api):
+    """A user's own deployment whose flow module imports this project's ``flows`` package
+    but runs none of its flows: its flow-run process (``python -m prefect.engine``) keeps
+    the collector on. Only a flow module of this package, loaded as the deployment's
+    entrypoint, pauses it, and its flow's first statement turns it back on (before: paused
+    by the import and never resumed, the collector off until the process exited)."""
+    (tmp_path / "user_flow.py").write_text(_USER_FLOW)
+    api = httpx.Client(base_url=prefect_api, timeout=60)
+    flow_id = api.post("/flows/", json={"name": "mine"}).raise_for_status().json()["id"]
+    name = f"gc-user-{uuid.uuid4().hex[:8]}"
+    deployment = {"name": name, "flow_id": flow_id, "entrypoint": "user_flow.py:mine", "path": str(tmp_path)}
+    deployment_id = api.post("/deployments/", json=deployment).raise_for_status().json()["id"]
+    run = api.post(f"/deployments/{deployment_id}/create_flow_run", json={"parameters": {}})
+    run_id = run.raise_for_status().json()["id"]
+
+    # run where the entrypoint is (elsewhere the engine copies the deployment's path there)
+    gc = _gc_report(tmp_path, "-m", "prefect.engine", run_id, env=cli_env(prefect_api), cwd=tmp_path)
+    state = api.get(f"/flow_runs/{run_id}").raise_for_status().json()["state"]
+    assert state["type"] == "COMPLETED", (state, gc["stderr"][-2000:])
+    assert "flows" in gc["imported"], gc
+    assert gc["enabled"] is True and gc["frozen"] == 0, gc
 
 
 # Loaded at the interpreter's start: the freeze count after each gc.freeze (the first: the
