@@ -25,10 +25,10 @@ def _loaded_as_a_flow_run_entrypoint() -> bool:
     while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
         frame = frame.f_back
     importer = frame.f_globals.get("__file__") if frame is not None else None
-    here = os.path.dirname(os.path.realpath(__file__))
-    return importer is not None and any(
-        os.path.realpath(importer) == os.path.join(here, name) for name in _FLOW_MODULES
-    )
+    if importer is None:
+        return False
+    here, name = os.path.split(os.path.realpath(importer))
+    return name in _FLOW_MODULES and here == os.path.dirname(os.path.realpath(__file__))
 
 
 if sys.argv[:1] == ["-m"] or os.environ.get("ENSEMBLE_EPHEMERAL_PARENT_PID") or _loaded_as_a_flow_run_entrypoint():

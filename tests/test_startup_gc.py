@@ -119,6 +119,19 @@ def test_the_temporary_server_imports_and_builds_its_app_without_collections(tmp
     assert gc["enabled"] is True and gc["frozen"] > 100_000
 
 
+def _deployment_flow_run(api: httpx.Client, flow: str, entrypoint: str, path: Path, parameters: dict) -> str:
+    """A new deployment of ``entrypoint`` (code at ``path``) on the server ``api`` talks to,
+    and a flow run of it with ``parameters``, created through Prefect's REST API as
+    ``prefect deployment run`` creates one: returns the flow run's id (what ``python -m
+    prefect.engine`` is given)."""
+    flow_id = api.post("/flows/", json={"name": flow}).raise_for_status().json()["id"]
+    name = f"gc-probe-{uuid.uuid4().hex[:8]}"
+    deployment = {"name": name, "flow_id": flow_id, "entrypoint": entrypoint, "path": str(path)}
+    deployment_id = api.post("/deployments/", json=deployment).raise_for_status().json()["id"]
+    run = api.post(f"/deployments/{deployment_id}/create_flow_run", json={"parameters": parameters})
+    return run.raise_for_status().json()["id"]
+
+
 @pytest.mark.slow  # a flow-run process imports Prefect, JAX and Flax
 def test_a_deployments_flow_run_process_loads_its_flow_without_collections(tmp_path, prefect_api):
     """A deployment's flow-run process (``python -m prefect.engine <flow run id>``, as
@@ -128,13 +141,8 @@ def test_a_deployments_flow_run_process_loads_its_flow_without_collections(tmp_p
     4 CPU s), and the flow's first statement turned the collector back on with the imports
     frozen. The flow ran: a predict run with no run to predict with, refused at once."""
     api = httpx.Client(base_url=prefect_api, timeout=60)
-    flow_id = api.post("/flows/", json={"name": "predict"}).raise_for_status().json()["id"]
-    name = f"gc-probe-{uuid.uuid4().hex[:8]}"
-    deployment = {"name": name, "flow_id": flow_id, "entrypoint": "flows/predict.py:predict", "path": str(ROOT)}
-    deployment_id = api.post("/deployments/", json=deployment).raise_for_status().json()["id"]
     parameters = {"run_dir": str(tmp_path / "no-such-run"), "images": str(tmp_path)}
-    run = api.post(f"/deployments/{deployment_id}/create_flow_run", json={"parameters": parameters})
-    run_id = run.raise_for_status().json()["id"]
+    run_id = _deployment_flow_run(api, "predict", "flows/predict.py:predict", ROOT, parameters)
 
     gc = _gc_report(tmp_path, "-m", "prefect.engine", run_id, env=cli_env(prefect_api))
     state = api.get(f"/flow_runs/{run_id}").raise_for_status().json()["state"]
@@ -164,12 +172,7 @@ def test_a_users_own_deployed_flow_importing_the_package_keeps_its_collector(tmp
     by the import and never resumed, the collector off until the process exited)."""
     (tmp_path / "user_flow.py").write_text(_USER_FLOW)
     api = httpx.Client(base_url=prefect_api, timeout=60)
-    flow_id = api.post("/flows/", json={"name": "mine"}).raise_for_status().json()["id"]
-    name = f"gc-user-{uuid.uuid4().hex[:8]}"
-    deployment = {"name": name, "flow_id": flow_id, "entrypoint": "user_flow.py:mine", "path": str(tmp_path)}
-    deployment_id = api.post("/deployments/", json=deployment).raise_for_status().json()["id"]
-    run = api.post(f"/deployments/{deployment_id}/create_flow_run", json={"parameters": {}})
-    run_id = run.raise_for_status().json()["id"]
+    run_id = _deployment_flow_run(api, "mine", "user_flow.py:mine", tmp_path, {})
 
     # run where the entrypoint is (elsewhere the engine copies the deployment's path there)
     gc = _gc_report(tmp_path, "-m", "prefect.engine", run_id, env=cli_env(prefect_api), cwd=tmp_path)
